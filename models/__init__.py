@@ -1,0 +1,1 @@
+"""Everything that computes: the InteractionModel contract and its implementations."""

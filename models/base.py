@@ -1,0 +1,108 @@
+"""The foreground interaction-model contract (DESIGN.md: Contracts).
+
+Every 200 ms micro-turn the engine calls `step` once with every session due that tick. `step` runs on
+the one inference thread, never on the event loop, and a session's output must not depend on which
+other sessions share its batch.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
+
+__all__ = [
+    "SAMPLE_RATE",
+    "TICK_SAMPLES",
+    "TICK_SECONDS",
+    "BackgroundChunk",
+    "Event",
+    "InteractionModel",
+    "SessionState",
+    "TickInput",
+    "TickOutput",
+    "silence",
+]
+
+Audio = npt.NDArray[np.float32]
+
+
+def silence() -> Audio:
+    return np.zeros(TICK_SAMPLES, dtype=np.float32)
+
+
+@dataclass
+class Event:
+    """Something the model decided this micro-turn.
+
+    Known types: speech_started, speech_stopped (the user's voice, by the model's VAD), yielded
+    (the assistant gave up the floor), backchannel, delegate (data: {"query": str}).
+    """
+
+    type: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BackgroundChunk:
+    """A piece of a background reasoner's answer, delivered into the next micro-turn."""
+
+    request_id: str  # which background request produced it
+    epoch: int  # the session's background epoch when the request was made; stale epochs are dropped
+    text: str  # text delta ("" on a pure done/error chunk)
+    done: bool = False  # the request's answer is complete
+    error: str | None = None  # set when the request failed; the foreground may say so
+
+
+@dataclass
+class TickInput:
+    audio: Audio  # float32[4800] at 24 kHz, silence-padded; never skipped
+    received: int  # how many samples of `audio` really arrived this tick
+    video: npt.NDArray[np.uint8] | None = None  # [H, W, 3] newest frame seen during the tick
+    text: list[str] = field(default_factory=list)  # typed / injected user text
+    background: list[BackgroundChunk] = field(default_factory=list)  # arrived since last tick
+    # Extension to DESIGN.md: the client asked to stop the current utterance (response.cancel).
+    # The model drops what it was going to say; it is a request, not a state.
+    cancel: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.audio.shape == (TICK_SAMPLES,), f"tick audio must be [{TICK_SAMPLES}], got {self.audio.shape}"
+        assert self.audio.dtype == np.float32, f"tick audio must be float32, got {self.audio.dtype}"
+
+
+@dataclass
+class TickOutput:
+    audio: Audio  # float32[4800] at 24 kHz; zeros when silent
+    text: str = ""  # what the assistant said or thought this tick
+    user_text: str = ""  # transcript of the user, when the model produces one
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def silent(self) -> bool:
+        return not bool(np.any(self.audio))
+
+
+class SessionState(Protocol):
+    """Whatever a model keeps per session (KV slot, delay line, VAD state...). Opaque to the server."""
+
+
+@runtime_checkable
+class InteractionModel(Protocol):
+    name: str
+    # How many sessions the model can hold at once (KV slots); None when memory is not the limit.
+    max_sessions: int | None
+
+    def open(self, session_id: str) -> SessionState:
+        """Allocate a session's persistent state. Called on the inference thread."""
+        ...
+
+    def step(self, batch: Sequence[tuple[SessionState, TickInput]]) -> list[TickOutput]:
+        """One micro-turn for every session in `batch`, in order. Called on the inference thread."""
+        ...
+
+    def close(self, state: SessionState) -> None:
+        """Free a session's state. Called on the inference thread."""
+        ...

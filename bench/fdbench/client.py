@@ -1,0 +1,262 @@
+"""Streaming client: one input clip through `/v1/realtime`, output placed on the input's timeline.
+
+Media pace (`pace=media`): the server steps a micro-turn as soon as its 4,800 samples arrive and
+answers every micro-turn with exactly one `response.output_audio.delta` carrying `tick`; the client
+keeps a bounded window of micro-turns in flight so it never runs further ahead than the server's
+input bound, and it knows it is done when the last tick has answered.
+
+Real-time pace: the client sends one micro-turn every 200 ms on absolute deadlines; only non-silent
+micro-turns come back, so it waits a short grace period after the last one. It records both
+placements: by `tick` (what the model said in answer to which micro-turn) and by wall-clock arrival
+(what a listener would have heard, with every network and scheduling delay included).
+"""
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from streaming.pcm import Audio, float32_to_pcm16, pcm16_to_float32
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
+
+# Output micro-turn n is what the model says while input micro-turn n + 1 is being heard: its
+# audio can only start once input n has fully arrived. (server/engine.py: tick alignment.)
+OUTPUT_TICK_OFFSET = 1
+# Media pace: micro-turns sent but not yet answered. Below the server's input backlog bound
+# (streaming.chunker default: 10 micro-turns) so nothing is ever dropped.
+MEDIA_WINDOW = 6
+# Media pace: how long to wait after the switch for real-time ticks already in flight (see _settle).
+MEDIA_SETTLE = 0.4
+
+
+class ClientError(Exception):
+    """The server refused the session, reported an error, or stopped answering."""
+
+
+@dataclass
+class StreamResult:
+    ticks: int  # micro-turns sent (the last one silence-padded)
+    base: int | None = None  # the server tick that consumed our first micro-turn
+    ignore_upto: int = -1  # ticks at or below this were stepped before our audio (silence)
+    last_seen: int = -1  # newest server tick seen in any event
+    by_tick: dict[int, list[Audio]] = field(default_factory=dict)  # server tick -> its audio deltas
+    arrivals: list[tuple[float, int, int]] = field(default_factory=list)  # (s since start, tick, part)
+    errors: list[str] = field(default_factory=list)  # `error` events the server sent
+    transcript: list[str] = field(default_factory=list)  # assistant transcript deltas
+
+    def ours(self) -> dict[int, list[Audio]]:
+        """Deltas of our micro-turns, keyed by input micro-turn index (0 = our first chunk)."""
+        if self.base is None:
+            return {}
+        return {t - self.base: parts for t, parts in self.by_tick.items() if t >= self.base}
+
+    def tick_placement(self, n_samples: int) -> Audio:
+        """The output at 24 kHz by micro-turn, `n_samples` long (trimmed or zero-padded)."""
+        out = np.zeros(n_samples + 2 * TICK_SAMPLES, dtype=np.float32)
+        for index, parts in self.ours().items():
+            audio = np.concatenate(parts)
+            start = (index + OUTPUT_TICK_OFFSET) * TICK_SAMPLES
+            if start >= n_samples:
+                continue
+            out[start : start + len(audio)] = audio[: len(out) - start]
+        return out[:n_samples]
+
+    def arrival_placement(self, n_samples: int) -> Audio:
+        """The output at 24 kHz as a player would have played it: each delta starts when it arrives,
+        or when the previous one finishes, whichever is later."""
+        out = np.zeros(n_samples, dtype=np.float32)
+        cursor = 0
+        for t, tick, part in sorted(self.arrivals):
+            if self.base is None or tick < self.base:
+                continue
+            audio = self.by_tick[tick][part]
+            start = max(round(t * SAMPLE_RATE), cursor)
+            if start >= n_samples:
+                break
+            end = min(n_samples, start + len(audio))
+            out[start:end] = audio[: end - start]
+            cursor = start + len(audio)
+        return out
+
+    def lateness(self) -> list[float]:
+        """Seconds each of our deltas arrived after the earliest moment it could play."""
+        if self.base is None:
+            return []
+        return [
+            t - (tick - self.base + OUTPUT_TICK_OFFSET) * TICK_SECONDS
+            for t, tick, _ in self.arrivals
+            if tick >= self.base
+        ]
+
+
+def _connect(url: str, open_timeout: float) -> Any:
+    from websockets.asyncio.client import connect
+
+    # max_size: a delta is ~13 kB; leave room for larger extension events.
+    return connect(url, open_timeout=open_timeout, max_size=8 * 1024 * 1024, ping_interval=None)
+
+
+async def _expect(ws: Any, wanted: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ClientError(f"no {wanted} from the server within {timeout:.0f}s; is it a duplex server?")
+        raw = await asyncio.wait_for(ws.recv(), left)
+        if isinstance(raw, bytes):
+            continue
+        msg = json.loads(raw)
+        if msg.get("type") == wanted:
+            return dict(msg)
+        if msg.get("type") == "error":
+            raise ClientError(f"server error while waiting for {wanted}: {msg.get('error', msg)}")
+
+
+async def stream(
+    url: str, audio: Audio, pace: str = "media", timeout: float = 120.0, grace: float = 1.5
+) -> StreamResult:
+    """Stream 24 kHz mono `audio` through one session and collect what comes back."""
+    if pace not in ("media", "realtime"):
+        raise ValueError(f"pace must be 'media' or 'realtime', got {pace!r}")
+    n_ticks = max(1, -(-len(audio) // TICK_SAMPLES))
+    padded = np.zeros(n_ticks * TICK_SAMPLES, dtype=np.float32)
+    padded[: len(audio)] = audio
+    result = StreamResult(ticks=n_ticks)
+    try:
+        async with _connect(url, open_timeout=min(timeout, 20.0)) as ws:
+            await _expect(ws, "session.created", 20.0)
+            # tick_stats: a duplex.tick event after every stepped micro-turn, silent ones included,
+            # which is how the client learns which server tick takes its first chunk.
+            await ws.send(
+                json.dumps(
+                    {"type": "session.update", "session": {"pace": pace, "duplex": {"tick_stats": True}}}
+                )
+            )
+            await _expect(ws, "session.updated", 20.0)
+            answered = asyncio.Event()
+            t0 = time.monotonic()
+            receiver = asyncio.create_task(_receive(ws, result, answered, n_ticks, lambda: t0))
+            try:
+                if pace == "media":
+                    await _settle(result, receiver)
+                    t0 = time.monotonic()  # the moment input sample 0 leaves
+                    await _send_media(ws, padded, result, receiver, timeout)
+                    await asyncio.wait_for(_wait_done(answered, receiver), timeout)
+                else:
+                    # Send chunk 0 right after a tick k completes: the engine steps k + 1 only once
+                    # the chunk has arrived (it re-phases to arrivals), so k + 1 takes our first chunk.
+                    k = await asyncio.wait_for(_next_tick(result, receiver), 10.0)
+                    result.base = k + 1
+                    t0 = time.monotonic()
+                    await _send_realtime(ws, padded, t0)
+                    await asyncio.sleep(grace)
+            finally:
+                receiver.cancel()
+                await asyncio.gather(receiver, return_exceptions=True)
+    except TimeoutError:
+        got = len(result.ours())
+        raise ClientError(
+            f"server stopped answering: {got} of {n_ticks} micro-turns came back within {timeout:.0f}s"
+        ) from None
+    except OSError as e:
+        raise ClientError(f"cannot connect to {url} ({e}); start it with `duplex serve`") from None
+    return result
+
+
+async def _settle(result: StreamResult, receiver: "asyncio.Task[None]") -> None:
+    """Media pace: real-time ticks stepped before the switch (silence) may still be delivered; wait
+    for them, then ignore every tick up to the newest one seen."""
+    await asyncio.sleep(MEDIA_SETTLE)
+    if receiver.done():
+        receiver.result()
+    result.ignore_upto = max(result.ignore_upto, result.last_seen)
+
+
+async def _next_tick(result: StreamResult, receiver: "asyncio.Task[None]") -> int:
+    seen = result.last_seen
+    while result.last_seen == seen:
+        if receiver.done():
+            receiver.result()
+            raise ClientError("the server closed the session before its first micro-turn")
+        await asyncio.sleep(0.001)
+    return result.last_seen
+
+
+async def _wait_done(answered: asyncio.Event, receiver: "asyncio.Task[None]") -> None:
+    waiter = asyncio.create_task(answered.wait())
+    done, _ = await asyncio.wait({waiter, receiver}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if receiver in done and not answered.is_set():
+        receiver.result()  # re-raise why the receiver stopped
+        raise ClientError("the server closed the session before answering every micro-turn")
+
+
+async def _send_media(
+    ws: Any, padded: Audio, result: StreamResult, receiver: "asyncio.Task[None]", timeout: float
+) -> None:
+    n_ticks = len(padded) // TICK_SAMPLES
+    deadline = time.monotonic() + timeout
+    for i in range(n_ticks):
+        # Flow control: keep at most MEDIA_WINDOW micro-turns unanswered.
+        while i - len(result.ours()) >= MEDIA_WINDOW:
+            if receiver.done():
+                receiver.result()
+                raise ClientError("the server closed the session mid-stream")
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            await asyncio.sleep(0.002)
+        await ws.send(_append(padded[i * TICK_SAMPLES : (i + 1) * TICK_SAMPLES]))
+
+
+async def _send_realtime(ws: Any, padded: Audio, t0: float) -> None:
+    for i in range(len(padded) // TICK_SAMPLES):
+        # Absolute deadlines: chunk i leaves at t0 + i * 0.2 s, so sending never drifts.
+        delay = t0 + i * TICK_SECONDS - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await ws.send(_append(padded[i * TICK_SAMPLES : (i + 1) * TICK_SAMPLES]))
+
+
+def _append(chunk: Audio) -> str:
+    payload = base64.b64encode(float32_to_pcm16(chunk)).decode()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": payload})
+
+
+async def _receive(
+    ws: Any, result: StreamResult, answered: asyncio.Event, n_ticks: int, start: Callable[[], float]
+) -> None:
+    from websockets.exceptions import ConnectionClosed
+
+    try:
+        async for raw in ws:
+            if isinstance(raw, bytes):
+                continue  # binary frames are only sent to binary-audio clients
+            msg = json.loads(raw)
+            kind = msg.get("type")
+            tick = msg.get("tick")
+            if kind in ("duplex.tick", "response.output_audio.delta") and isinstance(tick, int):
+                result.last_seen = max(result.last_seen, tick)
+            if kind == "response.output_audio.delta":
+                if not isinstance(tick, int):
+                    result.errors.append(f"audio delta without an integer tick: {str(msg)[:120]}")
+                    continue
+                if tick <= result.ignore_upto:
+                    continue
+                if result.base is None:
+                    result.base = tick  # media pace: the first tick after the switch is our chunk 0
+                parts = result.by_tick.setdefault(tick, [])
+                result.arrivals.append((time.monotonic() - start(), tick, len(parts)))
+                parts.append(pcm16_to_float32(base64.b64decode(msg.get("delta", ""))))
+                if len(result.ours()) >= n_ticks:
+                    answered.set()
+            elif kind == "response.output_audio_transcript.delta":
+                result.transcript.append(str(msg.get("delta", "")))
+            elif kind == "error":
+                result.errors.append(str(msg.get("error", msg))[:300])
+    except ConnectionClosed:
+        return

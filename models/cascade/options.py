@@ -1,0 +1,111 @@
+"""Options of the cascade voice, with named presets (`cascade`, `cascade:espeak`, `cascade:key=value,...`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class CascadeOptions:
+    """Every knob of the cascade. Times are in milliseconds of media time."""
+
+    # --- components
+    voice: str = "piper:joe"  # TTS voice (models.speech.tts.list_voices); espeak is ~10x cheaper
+    fallback_voice: str = "espeak:en-us"  # used when `voice` cannot be loaded (e.g. piper missing)
+    asr: str = "sphinx"  # "sphinx", or "whisper" with `whisper_dir` set
+    whisper_dir: str = ""  # a faster-whisper (CTranslate2) model directory; never downloaded
+    asr_decoders: int = 2  # pocketsphinx decoders built at load (~1 s each); more users talking at
+    # the same instant build more, inline (stalling that tick), see models.speech.asr.DecoderPool
+    tts_workers: int = 1  # synthesis threads owned by the model (2 cores are shared with the ticks)
+    # --- voice activity (Silero probabilities per 32 ms window)
+    vad_on: float = 0.5  # a window at or above this is speech
+    vad_off: float = 0.35  # below this is silence; between the two keeps the previous state
+    min_speech_ms: int = 96  # speech shorter than this never opens a user turn (clicks, breaths)
+    preroll_ms: int = 300  # audio before the detected onset that the recogniser also gets
+    # --- end of the user's turn
+    eot_silence_ms: int = 500  # silence that ends a turn whose transcript looks complete
+    eot_max_silence_ms: int = 1500  # silence that ends a turn whatever the transcript
+    min_turn_speech_ms: int = 200  # turns with less speech are noise: no delegate, no reply
+    # --- barge-in (user speech while the assistant speaks)
+    barge_in_ms: int = 500  # overlapped speech that stops the assistant, unless only backchannel words
+    barge_in_max_ms: int = 1000  # overlapped speech that stops it whatever the words
+    echo_max_delay_ms: int = 800  # how far back the echo canceller looks for its own voice
+    echo_min_corr: float = 0.3  # input this correlated with what was played is treated as echo
+    # --- replies
+    ack: bool = True  # say a short acknowledgment right at end of turn, bridging the background
+    ack_phrases: tuple[str, ...] = ("Okay.", "Sure.", "Let me see.", "Hmm, let me think.")
+    error_phrase: str = "Sorry, I could not work that out."
+    typed_text: str = "ask"  # "ask": typed text is a user turn (delegated); "say": spoken verbatim
+    # --- backchannels while the user holds a long turn
+    backchannel: bool = True
+    backchannel_after_ms: int = 3000  # user speech in the turn before the first backchannel
+    backchannel_pause_ms: int = 300  # pause (not an end of turn) at which to backchannel
+    backchannel_gap_ms: int = 4000  # at least this long between two backchannels
+    backchannel_phrases: tuple[str, ...] = ("Mm-hm.", "Yeah.", "Right.")
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.vad_off <= self.vad_on < 1.0:
+            raise ValueError(
+                f"need 0 < vad_off <= vad_on < 1, got vad_off={self.vad_off} vad_on={self.vad_on}"
+            )
+        if self.eot_max_silence_ms < self.eot_silence_ms:
+            raise ValueError("eot_max_silence_ms must be >= eot_silence_ms")
+        if self.barge_in_max_ms < self.barge_in_ms:
+            raise ValueError("barge_in_max_ms must be >= barge_in_ms")
+        if self.typed_text not in ("ask", "say"):
+            raise ValueError(f"typed_text must be 'ask' or 'say', got {self.typed_text!r}")
+        if self.asr not in ("sphinx", "whisper"):
+            raise ValueError(f"asr must be 'sphinx' or 'whisper', got {self.asr!r}")
+        if self.asr == "whisper" and not self.whisper_dir:
+            raise ValueError("asr=whisper needs whisper_dir=<a faster-whisper model directory>")
+
+
+PRESETS: dict[str, dict[str, object]] = {
+    "default": {},
+    # espeak-ng instead of Piper: robotic but an order of magnitude cheaper per spoken second.
+    "espeak": {"voice": "espeak:en-us"},
+}
+
+
+def parse_options(opt: str) -> CascadeOptions:
+    """`""`, a preset name, or `preset,key=value,...` / `key=value,...` -> options.
+
+    Values are parsed by the field's type; tuple fields take `|`-separated phrases.
+    """
+    values: dict[str, object] = {}
+    names = {f.name: f for f in fields(CascadeOptions)}
+    for part in filter(None, (p.strip() for p in opt.split(","))):
+        key, eq, raw = part.partition("=")
+        if not eq:
+            if key not in PRESETS:
+                raise ValueError(f"unknown cascade preset {key!r}; presets: {', '.join(PRESETS)}")
+            values.update(PRESETS[key])
+            continue
+        f = names.get(key)
+        if f is None:
+            raise ValueError(f"unknown cascade option {key!r}; options: {', '.join(names)}")
+        values[key] = _convert(key, str(f.type), raw)
+    return CascadeOptions(**values)  # type: ignore[arg-type]
+
+
+def _convert(key: str, type_name: str, raw: str) -> object:
+    try:
+        if type_name == "bool":
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes", "on")
+        if type_name == "int":
+            return int(raw)
+        if type_name == "float":
+            return float(raw)
+        if type_name.startswith("tuple"):
+            return tuple(p.strip() for p in raw.split("|") if p.strip())
+        return raw
+    except ValueError:
+        raise ValueError(f"cascade option {key}={raw!r} is not a valid {type_name}") from None
+
+
+def describe() -> str:
+    """One line per option with its default (for --help and the README)."""
+    defaults = CascadeOptions()
+    return "\n".join(f"{f.name}={getattr(defaults, f.name)!r}" for f in fields(CascadeOptions))

@@ -1,0 +1,133 @@
+"""The full-duplex turn-taking policy: pure decisions from what the streams contained this micro-turn.
+
+No audio, no models: the cascade feeds it Silero probabilities (of the echo-cancelled input), the
+recogniser's partial transcript and whether the assistant holds the floor, and it answers with what to
+do now. There is no blocking "turn" mode: every micro-turn re-decides, so overlap, pauses and
+interruptions are just states of the counters below.
+
+Rules (all thresholds are `CascadeOptions` fields):
+  1. user speech opens a turn after `min_speech_ms` of speech; if the assistant is speaking the turn
+     is an *overlap* until it proves to be a barge-in;
+  2. an overlap becomes a barge-in after `barge_in_ms` of speech unless its words are only
+     backchannels ("mm-hm", "yeah") or echo of the assistant, and after `barge_in_max_ms` whatever
+     the words; an overlap that falls silent for `OVERLAP_END_MS` first was a backchannel: dropped;
+  3. a turn ends after `eot_silence_ms` of silence if the transcript looks complete, and after
+     `eot_max_silence_ms` in any case;
+  4. in a long turn (`backchannel_after_ms` of speech) a pause of `backchannel_pause_ms` that is not an
+     end of turn gets a backchannel, at most one per `backchannel_gap_ms`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from models.cascade.options import CascadeOptions
+from models.cascade.text import looks_complete, only_backchannel
+from models.speech.vad import WINDOW_SECONDS
+
+WINDOW_MS = WINDOW_SECONDS * 1000.0  # 32 ms per Silero window
+OVERLAP_END_MS = 300  # silence that closes an overlap which never became a barge-in
+
+
+@dataclass
+class TurnState:
+    """One session's policy state; every duration is media time in ms."""
+
+    now_ms: float = 0.0  # media time at the end of the last observed window
+    in_speech: bool = False  # VAD hysteresis state of the latest window
+    speech_run_ms: float = 0.0  # length of the current run of speech windows
+    silence_ms: float = 0.0  # length of the current run of silent windows
+    turn: bool = False  # the user has an open turn (onset seen, no end yet)
+    overlap: bool = False  # that turn began over the assistant and is not (yet) a barge-in
+    announced: bool = False  # speech_started was emitted for this turn
+    turn_speech_ms: float = 0.0  # speech so far in the open turn
+    turn_started_ms: float = 0.0  # media time the open turn began
+    last_backchannel_ms: float = -1e9  # media time of our last backchannel
+    backchanneled_pause: bool = False  # already backchanneled in the current pause
+
+
+@dataclass
+class Decision:
+    onset: bool = False  # a user turn opened this micro-turn (start the recogniser)
+    resumed: bool = False  # the user spoke again (cut any backchannel we are playing)
+    speech_started: bool = False  # announce the user's turn (a normal turn, or a confirmed barge-in)
+    barge_in: bool = False  # stop the assistant now and drop the rest of its utterance
+    abandon: bool = False  # the overlap was only a backchannel/echo: forget it, keep talking
+    end_of_turn: bool = False  # the user finished: reply
+    backchannel: bool = False  # say a short acknowledgment now
+
+
+class TurnPolicy:
+    def __init__(self, opts: CascadeOptions) -> None:
+        self.o = opts
+
+    def observe(self, s: TurnState, probs: npt.NDArray[np.float32], assistant_busy: bool) -> Decision:
+        """Advance the VAD counters by this micro-turn's windows; open a turn on a speech onset."""
+        d = Decision()
+        for p in probs:
+            s.now_ms += WINDOW_MS
+            speech = p >= self.o.vad_on or (s.in_speech and p >= self.o.vad_off)
+            s.in_speech = bool(speech)
+            if speech:
+                if s.silence_ms > 0:
+                    s.backchanneled_pause = False
+                s.speech_run_ms += WINDOW_MS
+                s.silence_ms = 0.0
+                if s.turn:
+                    s.turn_speech_ms += WINDOW_MS
+                    if s.speech_run_ms >= self.o.min_speech_ms:
+                        d.resumed = True
+                elif s.speech_run_ms >= self.o.min_speech_ms:
+                    d.onset = True
+                    s.turn, s.overlap, s.announced = True, assistant_busy, False
+                    s.turn_speech_ms = s.speech_run_ms
+                    s.turn_started_ms = s.now_ms - s.speech_run_ms
+            else:
+                s.speech_run_ms = 0.0
+                s.silence_ms += WINDOW_MS
+        return d
+
+    def decide(
+        self, s: TurnState, d: Decision, partial: str, assistant_busy: bool, echo_like: bool
+    ) -> Decision:
+        """Given the partial transcript of the open turn, decide what happens this micro-turn."""
+        o = self.o
+        if not s.turn:
+            return d
+        if s.overlap:
+            if not assistant_busy:
+                s.overlap = False  # the assistant finished on its own: a normal turn now
+            elif s.silence_ms >= OVERLAP_END_MS:
+                d.abandon = True
+                s.turn = s.overlap = False
+                return d
+            else:
+                spoken = s.turn_speech_ms
+                words_ok = not only_backchannel(partial) and not echo_like
+                if spoken >= o.barge_in_max_ms or (spoken >= o.barge_in_ms and words_ok):
+                    d.barge_in = True
+                    s.overlap = False
+        if s.overlap:
+            return d
+        if not s.announced:
+            s.announced = d.speech_started = True
+        if s.silence_ms >= o.eot_max_silence_ms or (
+            s.silence_ms >= o.eot_silence_ms and looks_complete(partial)
+        ):
+            d.end_of_turn = True
+            s.turn = False
+            return d
+        if (
+            o.backchannel
+            and s.silence_ms >= o.backchannel_pause_ms
+            and not s.backchanneled_pause
+            and s.turn_speech_ms >= o.backchannel_after_ms
+            and s.now_ms - s.last_backchannel_ms >= o.backchannel_gap_ms
+        ):
+            d.backchannel = True
+            s.backchanneled_pause = True
+            s.last_backchannel_ms = s.now_ms
+        return d

@@ -1,0 +1,163 @@
+"""The assistant's mouth: a queue of phrases turned into 24 kHz audio and cut into micro-turns.
+
+Synthesis never runs inside `step`: `Synthesizer` owns a small thread pool (`tts_workers` threads)
+shared by every session; a phrase is submitted as soon as its text is known and its future is
+polled each micro-turn. Pre-rendered phrases (acknowledgments, backchannels) skip the pool, which is
+what lets the first reply audio start in the very micro-turn the end of a turn is detected.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from models.speech.tts import TTSError, Voice, load_voice
+from streaming.resample import resample
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES
+
+Audio = npt.NDArray[np.float32]
+log = logging.getLogger(__name__)
+
+
+class Synthesizer:
+    """Text -> 24 kHz audio on worker threads; also a cache of pre-rendered short phrases."""
+
+    def __init__(self, voice: str, fallback: str, workers: int = 1) -> None:
+        self.voice = _load(voice, fallback)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cascade-tts")
+        self._cache: dict[str, Audio] = {}
+        self._lock = threading.Lock()
+
+    def render(self, text: str) -> Audio:
+        """Synthesise now, on the calling thread (used for the phrase cache at load time)."""
+        parts = list(self.voice.sentences(text))
+        audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        return resample(audio, self.voice.sample_rate, SAMPLE_RATE)
+
+    def prerender(self, phrases: tuple[str, ...]) -> None:
+        for p in phrases:
+            self._cache[p] = self.render(p)
+
+    def cached(self, text: str) -> Audio | None:
+        return self._cache.get(text)
+
+    def submit(self, text: str) -> Future[Audio]:
+        return self._pool.submit(self.render, text)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _load(voice: str, fallback: str) -> Voice:
+    try:
+        return load_voice(voice)
+    except TTSError as e:
+        if not fallback or fallback == voice:
+            raise
+        log.warning("voice %s unavailable (%s); falling back to %s", voice, e, fallback)
+        return load_voice(fallback)
+
+
+@dataclass
+class Phrase:
+    """One queued piece of speech."""
+
+    text: str
+    kind: str  # "ack", "answer", "backchannel", "say", "error"
+    future: Future[Audio] | None = None  # pending synthesis; None once `audio` is known
+    audio: Audio | None = None  # 24 kHz, set when rendered
+    pos: int = 0  # samples of `audio` already played
+    request_id: str = ""  # the background request it came from (answers only)
+
+
+@dataclass
+class TickSpeech:
+    audio: Audio  # float32[TICK_SAMPLES]
+    text: str  # text of phrases that started playing this tick
+    started: list[Phrase] = field(default_factory=list)
+    finished: list[Phrase] = field(default_factory=list)
+    starved: bool = False  # a phrase was queued but its audio was not ready (synthesis lagging)
+
+
+class Speaker:
+    """Per-session output queue. `tick()` yields exactly one micro-turn of audio."""
+
+    def __init__(self, synth: Synthesizer) -> None:
+        self._synth = synth
+        self.queue: deque[Phrase] = deque()
+        self.starved_ticks = 0  # micro-turns where queued speech was not synthesised in time
+
+    def say(self, text: str, kind: str, request_id: str = "") -> Phrase:
+        cached = self._synth.cached(text)
+        p = Phrase(text, kind, request_id=request_id)
+        if cached is not None:
+            p.audio = cached
+        else:
+            p.future = self._synth.submit(text)
+        if kind == "backchannel" and not (self.queue and self.queue[0].pos > 0):
+            # A backchannel is said now, in a pause of the user, ahead of any answer held back
+            # while the user talks (never mid-phrase: then the queue head is already playing).
+            self.queue.appendleft(p)
+        else:
+            self.queue.append(p)
+        return p
+
+    @property
+    def busy(self) -> bool:
+        """Anything queued or playing, backchannels excluded (they never hold the floor)."""
+        return any(p.kind != "backchannel" for p in self.queue)
+
+    @property
+    def playing_backchannel(self) -> bool:
+        return bool(self.queue) and self.queue[0].kind == "backchannel"
+
+    def drop(self, kinds: tuple[str, ...] | None = None) -> list[Phrase]:
+        """Stop now: forget queued phrases (all, or those of `kinds`); returns what was dropped."""
+        keep = deque(p for p in self.queue if kinds is not None and p.kind not in kinds)
+        dropped = [p for p in self.queue if p not in keep]
+        for p in dropped:
+            if p.future is not None:
+                p.future.cancel()  # a running synthesis finishes and is ignored
+        self.queue = keep
+        return dropped
+
+    def tick(self, hold: bool = False) -> TickSpeech:
+        """One micro-turn of audio. `hold`: the user has the floor; play backchannels only."""
+        out = np.zeros(TICK_SAMPLES, dtype=np.float32)
+        filled = 0
+        res = TickSpeech(out, "")
+        texts = []
+        while filled < TICK_SAMPLES and self.queue:
+            p = self.queue[0]
+            if hold and p.kind != "backchannel":
+                break
+            if p.audio is None:
+                assert p.future is not None
+                if not p.future.done():
+                    res.starved = True
+                    break
+                try:
+                    p.audio = p.future.result()
+                except Exception as e:  # a phrase that cannot be spoken is skipped, not fatal
+                    log.warning("synthesis of %r failed: %s", p.text, e)
+                    p.audio = np.zeros(0, dtype=np.float32)
+                p.future = None
+            if p.pos == 0:
+                res.started.append(p)
+                texts.append(p.text)
+            take = min(TICK_SAMPLES - filled, len(p.audio) - p.pos)
+            out[filled : filled + take] = p.audio[p.pos : p.pos + take]
+            filled += take
+            p.pos += take
+            if p.pos >= len(p.audio):
+                res.finished.append(self.queue.popleft())
+        if res.starved:
+            self.starved_ticks += 1
+        res.text = "".join(t + " " for t in texts)  # deltas concatenate into the transcript
+        return res

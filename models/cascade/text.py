@@ -1,0 +1,88 @@
+"""Text heuristics of the turn-taking policy: transcript completeness, backchannel words, sentences.
+
+pocketsphinx gives lower-case words without punctuation, so "does this transcript look finished?" is
+judged from its last word: a turn that ends on an article, preposition, conjunction, auxiliary or
+filler is almost certainly mid-sentence ("what is the weather in ..."), so the policy waits for the
+longer `eot_max_silence_ms` before taking the floor.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def _wordset(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+# Last words after which an English utterance is very unlikely to be finished.
+_INCOMPLETE_END = _wordset(
+    """
+    a an the this that these those my your his her its our their some any every each no
+    and or but so because if when while than then as though although unless until whether
+    of to in on at by for with from into onto about over under between through after before
+    during without within against toward towards like
+    is are was were be been being am do does did have has had can could will would shall should
+    may might must
+    i you he she we they it me him us them
+    um uh er ah hmm mm well also just very really more most less
+    what which who whom whose where how why
+    """
+)
+
+# Words a listener says without taking the floor.
+BACKCHANNEL_WORDS = _wordset(
+    """
+    mm hmm hm mhm uh-huh huh uh um yeah yes yep yup ok okay right sure ah oh aha wow
+    cool nice great alright
+    """
+)
+
+
+def looks_complete(transcript: str) -> bool:
+    """True when the transcript does not end on a word that needs a continuation."""
+    words = transcript.lower().split()
+    return bool(words) and words[-1] not in _INCOMPLETE_END
+
+
+def only_backchannel(transcript: str) -> bool:
+    """True for an empty transcript or one made only of backchannel words."""
+    return all(w in BACKCHANNEL_WORDS for w in transcript.lower().split())
+
+
+def words_of(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+_SENTENCE_END = re.compile(r"[.!?](?:[\"')\]]*)\s")
+_CLAUSE_END = re.compile(r"[,;:]\s")
+
+
+class SentenceSplitter:
+    """Accumulates streamed text deltas and releases whole sentences as soon as they end.
+
+    A long clause (`max_words` or more before a comma) is released early too, so the first audio of
+    a long first sentence does not wait for its full stop.
+    """
+
+    def __init__(self, max_words: int = 12) -> None:
+        self.buf = ""
+        self.max_words = max_words
+
+    def push(self, delta: str) -> list[str]:
+        self.buf += delta
+        out = []
+        while True:
+            m = _SENTENCE_END.search(self.buf)
+            if m is None:
+                m = _CLAUSE_END.search(self.buf)
+                if m is None or len(self.buf[: m.end()].split()) < self.max_words:
+                    break
+            piece, self.buf = self.buf[: m.end()].strip(), self.buf[m.end() :]
+            if piece:
+                out.append(piece)
+        return out
+
+    def flush(self) -> list[str]:
+        piece, self.buf = self.buf.strip(), ""
+        return [piece] if piece else []

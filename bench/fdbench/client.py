@@ -152,7 +152,9 @@ async def stream(
                     # the chunk has arrived (it re-phases to arrivals), so k + 1 takes our first chunk.
                     k = await asyncio.wait_for(_next_tick(result, receiver), 10.0)
                     result.base = k + 1
-                    t0 = time.monotonic()
+                    # Chunk i is complete once input second 0.2 * (i + 1) has been heard: the
+                    # timeline starts one micro-turn before chunk 0 leaves.
+                    t0 = time.monotonic() - TICK_SECONDS
                     await _send_realtime(ws, padded, t0)
                     await asyncio.sleep(grace)
             finally:
@@ -215,8 +217,9 @@ async def _send_media(
 
 async def _send_realtime(ws: Any, padded: Audio, t0: float) -> None:
     for i in range(len(padded) // TICK_SAMPLES):
-        # Absolute deadlines: chunk i leaves at t0 + i * 0.2 s, so sending never drifts.
-        delay = t0 + i * TICK_SECONDS - time.monotonic()
+        # Absolute deadlines: chunk i leaves when it has been heard, at t0 + (i + 1) * 0.2 s, like
+        # a microphone's; sending never drifts.
+        delay = t0 + (i + 1) * TICK_SECONDS - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         await ws.send(_append(padded[i * TICK_SAMPLES : (i + 1) * TICK_SAMPLES]))

@@ -69,9 +69,11 @@ class Speaker:
         return np.clip(audio, -0.99, 0.99).astype(np.float32)
 
     def random_voice(self, rng: random.Random) -> Voice:
-        return Voice(
-            rng.choice(self.voices), round(rng.uniform(0.85, 1.15), 2), round(rng.uniform(0.85, 1.2), 2)
-        )
+        # Half the speakers use the natural Piper voice when there is one; the rest are spread over
+        # the espeak voices, so a set has several distinct speakers.
+        natural = [v for v in self.voices if v.startswith("piper:")]
+        name = rng.choice(natural) if natural and rng.random() < 0.5 else rng.choice(self.voices)
+        return Voice(name, round(rng.uniform(0.85, 1.15), 2), round(rng.uniform(0.85, 1.2), 2))
 
 
 def _trim(audio: Audio, keep_s: float = 0.02) -> Audio:

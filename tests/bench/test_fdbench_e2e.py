@@ -1,0 +1,114 @@
+"""A tiny generated set, run end to end against a real server (echo model) and scored.
+
+The echo model with delay 0 answers every micro-turn with that micro-turn's input, so a correctly
+aligned output.wav is exactly the input delayed by one micro-turn (200 ms): that checks the
+harness's timeline placement in both paces without trusting any other model.
+"""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.fdbench.__main__ import main
+from bench.fdbench.generate import generate
+from bench.fdbench.layout import find_samples
+from bench.fdbench.runner import run
+from streaming.wav import read_wav
+
+TASKS = (
+    "synthetic_pause_handling",
+    "candor_turn_taking",
+    "synthetic_user_interruption",
+    "icc_backchannel",
+    "user_interruption",
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fdb") / "set"
+    generate(out, samples=1, v15_samples=1, seed=7, tasks=TASKS)
+    return out
+
+
+def delay_error(inp: np.ndarray, out: np.ndarray, delay: int) -> float:
+    """Relative error between `out` and `inp` shifted right by `delay` samples."""
+    want = np.concatenate([np.zeros(delay, np.float32), inp[: len(inp) - delay]])
+    return float(np.abs(out - want).max() / (np.abs(inp).max() + 1e-9))
+
+
+def test_generated_layout_is_official(tiny_set: Path) -> None:
+    samples = {s.group: s for s in find_samples(tiny_set)}
+    assert set(samples) == set(TASKS)
+    pause = json.loads((samples["synthetic_pause_handling"].file("pause.json")).read_text())
+    assert pause[0]["text"] == "[PAUSE]" and pause[0]["timestamp"][0] < pause[0]["timestamp"][1]
+    tt = json.loads(samples["candor_turn_taking"].file("turn_taking.json").read_text())
+    assert tt[0]["text"] == "[TURN-TAKING]"
+    ui = json.loads(samples["synthetic_user_interruption"].file("interrupt.json").read_text())
+    assert set(ui[0]) == {"context", "interrupt", "timestamp"}
+    for name in ("context.wav", "interrupt.wav"):
+        assert samples["synthetic_user_interruption"].file(name).exists()
+    gt = json.loads((tiny_set / "icc_backchannel" / "icc_gt_distribution.json").read_text())
+    assert sum(gt["1"]) == pytest.approx(1.0)
+    meta = json.loads(samples["user_interruption"].file("metadata.json").read_text())
+    start, end = meta["timestamps"]
+    clean, _ = read_wav(samples["user_interruption"].file("clean_input.wav"))
+    mixed, rate = read_wav(samples["user_interruption"].file("input.wav"))
+    assert rate == 16000 and len(clean) == len(mixed)
+    # The overlap is in input.wav only, and only inside its timestamps.
+    diff = np.flatnonzero(np.abs(mixed - clean) > 1e-3)
+    assert start - 0.05 <= diff[0] / rate and diff[-1] / rate <= end + 0.05
+
+
+def test_media_run_is_aligned_and_scores(
+    tiny_set: Path, duplex_server: Callable[..., Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = duplex_server("--model", "echo:0")
+    summary = run(tiny_set, server.ws_url, pace="media")
+    assert summary.failed == {} and len(summary.done) == len(TASKS)
+    for sample in find_samples(tiny_set):
+        inp, _ = read_wav(sample.file("input.wav"))
+        out, rate = read_wav(sample.file("output.wav"))
+        assert rate == 16000 and len(out) == len(inp), sample.name
+        assert delay_error(inp, out, 3200) < 0.05, sample.name  # 200 ms at 16 kHz
+    overlap = next(s for s in find_samples(tiny_set) if s.kind == "overlap")
+    clean_in, _ = read_wav(overlap.file("clean_input.wav"))
+    clean_out, _ = read_wav(overlap.file("clean_output.wav"))
+    assert delay_error(clean_in, clean_out, 3200) < 0.05
+    assert json.loads((tiny_set / "run.json").read_text())["model"] == "echo"
+
+    assert main(["score", "--data", str(tiny_set), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["errors"] == {}
+    assert {g: t["samples"] for g, t in res["tasks"].items()} == dict.fromkeys(TASKS, 1)
+    # Echo talks over the user the whole time: it takes the floor in the pause and "answers" the
+    # turn before the user has finished.
+    assert res["tasks"]["synthetic_pause_handling"]["tor"] == 1.0
+    assert res["tasks"]["candor_turn_taking"]["early_speech_rate"] == 1.0
+    # The user is silent just before the overlap, so the echo is too when it begins: nothing to stop.
+    v15 = res["tasks"]["user_interruption"]
+    assert v15["speaking_at_overlap_rate"] == 0.0 and v15["stop_latency"] is None
+    written = json.loads((tiny_set / "candor_turn_taking" / "1" / "output.json").read_text())
+    assert written["chunks"] and set(written["chunks"][0]) == {"text", "timestamp"}
+
+
+def test_realtime_run_records_both_placements(tmp_path: Path, duplex_server: Callable[..., Any]) -> None:
+    data = tmp_path / "rt"
+    generate(data, samples=1, v15_samples=0, seed=3, tasks=("synthetic_pause_handling",))
+    server = duplex_server("--model", "echo:0")
+    summary = run(data, server.ws_url, pace="realtime")
+    assert summary.failed == {}
+    sample = find_samples(data)[0]
+    inp, _ = read_wav(sample.file("input.wav"))
+    by_tick, _ = read_wav(sample.file("output.wav"))
+    by_clock, _ = read_wav(sample.file("output_wallclock.wav"))
+    assert len(by_tick) == len(by_clock) == len(inp)
+    assert delay_error(inp, by_tick, 3200) < 0.05
+    # Wall-clock placement is later than the ideal by the real delays, but not by a whole second.
+    lags = [int(np.argmax(np.abs(by_clock) > 0.01)) - int(np.argmax(np.abs(inp) > 0.01))]
+    assert 3200 - 160 <= lags[0] <= 3200 + 16000
+    assert summary.lateness and max(summary.lateness) < 1.0

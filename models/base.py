@@ -7,7 +7,7 @@ other sessions share its batch.
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -85,8 +85,10 @@ class TickOutput:
         return not bool(np.any(self.audio))
 
 
-class SessionState(Protocol):
-    """Whatever a model keeps per session (KV slot, delay line, VAD state...). Opaque to the server."""
+# Whatever a model keeps per session (KV slot, delay line, VAD state...). Opaque to the server; each
+# model names its own concrete type, so the contract uses Any (a Protocol here would make every
+# model's `step` signature incompatible by contravariance).
+SessionState: TypeAlias = Any
 
 
 @runtime_checkable

@@ -1,0 +1,71 @@
+# The two commands of the README:
+#   make serve   set up (Debian packages, venv, torch CPU, duplex) and run the server on http://127.0.0.1:8000
+#   make test    set up (plus test-only packages such as Chromium) and run the whole test suite
+# Everything is idempotent: a second run only does what changed.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+TORCH  ?= torch==2.13.0
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+MODEL  ?= cascade
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+
+# Debian packages: espeak-ng is the fallback voice and the benchmark's second voice family;
+# cmake/g++ build llama-cpp-python; chromium drives the browser tests (test only).
+APT_RUN  := espeak-ng libsndfile1 cmake g++
+APT_TEST := chromium chromium-driver sox
+
+.PHONY: serve test setup setup-test lint typecheck check bench-latency clean help
+
+help:
+	@echo "make serve   - set up and run the server with the embedded defaults (http://$(HOST):$(PORT))"
+	@echo "make test    - set up and run the whole test suite"
+	@echo "make lint    - ruff + mypy"
+	@echo "make clean   - remove the virtual environment and caches"
+
+serve: setup
+	$(BIN)/duplex serve --host $(HOST) --port $(PORT) --model $(MODEL) $(SERVE_ARGS)
+
+test: setup-test
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+setup: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps
+
+setup-test: setup $(VENV)/.stamp-apt-test
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+check: lint test
+
+$(VENV)/bin/python:
+	@echo ">> creating virtual environment $(VENV)"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.stamp-apt-run: | $(VENV)/bin/python
+	@bash .ci/apt.sh $(APT_RUN)
+	@touch $@
+
+$(VENV)/.stamp-apt-test: | $(VENV)/bin/python
+	@bash .ci/apt.sh $(APT_TEST)
+	@touch $@
+
+# torch goes in first and pinned: anything that depends on torch would otherwise pull a multi-GB CUDA
+# build. A torch already in the venv (e.g. a CUDA build you installed) is kept.
+$(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
+	@$(BIN)/python -c "import torch" 2>/dev/null || { echo ">> installing $(TORCH) (CPU)"; \
+		$(BIN)/python -m pip install --progress-bar on "$(TORCH)"; }
+	@echo ">> installing duplex and its dependencies (llama-cpp-python builds from source: ~5 min the first time)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev,llamacpp]"
+	@touch $@
+
+bench-latency: setup
+	$(BIN)/python -m bench.latency --sessions 1,32 --seconds 20
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

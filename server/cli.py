@@ -1,0 +1,133 @@
+"""`duplex` command line: `duplex serve` runs the server."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from models.registry import DEFAULT_MODEL, available
+from server.config import ServerConfig
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, with a drain step first on SIGTERM/SIGINT: live sessions are told why and closed cleanly."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the captured signal after shutdown, so the process would die "by SIGTERM"
+        # even after a clean drain. We drain and exit 0 instead, which is what a supervisor expects
+        # from a graceful stop.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        app = self.config.loaded_app
+        # loaded_app is wrapped by uvicorn's middlewares; find the FastAPI app underneath.
+        while app is not None and not hasattr(app, "state"):
+            app = getattr(app, "app", None)
+        runtime = getattr(getattr(app, "state", None), "runtime", None)
+        if runtime is not None:
+            await runtime.drain("server shutting down")
+        await super().shutdown(sockets)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="duplex", description="duplex: a real-time full-duplex multimodal interaction server.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="run the server", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                           description="Run the duplex server: WebSocket /v1/realtime, WebRTC /v1/realtime/calls, "
+                           "the web client at /, /metrics and /healthz.")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind; a non-loopback one needs --api-key")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port")
+    serve.add_argument("--model", default=DEFAULT_MODEL,
+                       help=f"foreground interaction model: one of {', '.join(available())}, with an option after "
+                       "a colon (echo:2 = echo delayed 2 micro-turns, native:tiny, native:base)")
+    serve.add_argument("--checkpoint", default=None, help="weights file for the model (native: safetensors)")
+    serve.add_argument("--device", default=None, help="torch device for the model (cpu, cuda, cuda:1)")
+    serve.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY"),
+                       help="require this key on every API endpoint (default: $DUPLEX_API_KEY)")
+    serve.add_argument("--allow-no-auth", action="store_true",
+                       help="allow binding a non-loopback interface without an API key")
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="browser origin allowed on the WebSocket besides the server's own ('*' = any); repeatable")
+    serve.add_argument("--max-sessions", type=int, default=None,
+                       help="sessions admitted at once; default: measured at start-up from the step time")
+    serve.add_argument("--phase-groups", type=int, default=20,
+                       help="phase slots per 200 ms micro-turn: real-time sessions tick in the slot just after "
+                       "their input arrives (1 = one shared tick)")
+    serve.add_argument("--guard-ms", type=float, default=2.0, help="margin after a chunk arrives before its tick")
+    serve.add_argument("--max-backlog-ticks", type=int, default=10,
+                       help="micro-turns of input buffered per session before the oldest is dropped")
+    serve.add_argument("--max-frame-bytes", type=int, default=256 * 1024, help="largest client message accepted")
+    serve.add_argument("--resume-grace", type=float, default=30.0,
+                       help="seconds a disconnected session can be resumed with its token")
+    serve.add_argument("--idle-timeout", type=float, default=0.0,
+                       help="close sessions whose client sent nothing for this many seconds (0 = never)")
+    serve.add_argument("--background", default="auto",
+                       help="background reasoner: auto (embedded llama.cpp when the model delegates), none, "
+                       "llamacpp, openai, sglang")
+    serve.add_argument("--background-url", default=None,
+                       help="openai backend: base URL of an OpenAI-compatible server (e.g. http://127.0.0.1:30000/v1)")
+    serve.add_argument("--background-model", default=None,
+                       help="openai/sglang backend: model name; llamacpp backend: path of a GGUF file")
+    serve.add_argument("--ice-server", action="append", default=[], metavar="URL",
+                       help="WebRTC STUN/TURN server URL (stun:host:port, turn:user:pass@host:port); repeatable")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        host=args.host, port=args.port, model=args.model, checkpoint=args.checkpoint, device=args.device,
+        api_key=args.api_key or None, allow_no_auth=args.allow_no_auth, allowed_origins=args.allow_origin,
+        max_sessions=args.max_sessions, phase_groups=args.phase_groups, guard_ms=args.guard_ms,
+        max_backlog_ticks=args.max_backlog_ticks, max_frame_bytes=args.max_frame_bytes,
+        resume_grace=args.resume_grace, idle_timeout=args.idle_timeout, background=args.background,
+        background_url=args.background_url, background_model=args.background_model,
+        ice_servers=args.ice_server, log_level=args.log_level)
+
+
+def serve(config: ServerConfig) -> int:
+    from server.app import create_app
+
+    try:
+        config.check()
+    except ValueError as exc:
+        print(f"duplex: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(config)
+    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, ws_max_size=16 << 20,
+                        ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=10)
+    server = _Server(uv)
+    server.run()
+    return 0 if server.started else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(config_from_args(args))
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Server configuration: one dataclass, filled by the CLI (server/cli.py documents every field)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from models.registry import DEFAULT_MODEL
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = DEFAULT_MODEL
+    checkpoint: str | None = None
+    device: str | None = None
+    api_key: str | None = None  # when set, every API endpoint requires it
+    allow_no_auth: bool = False  # explicit opt-in to serve a non-loopback interface without a key
+    allowed_origins: list[str] = field(default_factory=list)  # extra browser origins ("*" = any)
+    max_sessions: int | None = None  # None = measured at start-up (see server/admission.py)
+    phase_groups: int = 20  # phase slots per micro-turn for real-time sessions
+    guard_ms: float = 2.0  # margin between a chunk's arrival and its tick
+    max_backlog_ticks: int = 10  # input buffered per session before the oldest is dropped
+    max_frame_bytes: int = 256 * 1024  # larger client messages are refused with an error event
+    resume_grace: float = 30.0  # seconds a dropped session waits for its client to resume
+    idle_timeout: float = 0.0  # seconds without client activity before an attached session is closed (0 = never)
+    background: str = "auto"  # background reasoner: auto | none | llamacpp | openai | sglang
+    background_url: str | None = None  # openai backend: base URL
+    background_model: str | None = None  # openai backend: model name; llamacpp: GGUF path
+    ice_servers: list[str] = field(default_factory=list)  # WebRTC STUN/TURN URLs
+    log_level: str = "info"
+
+    def is_loopback(self) -> bool:
+        if self.host in ("localhost", "ip6-localhost"):
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def check(self) -> None:
+        """Refuse unsafe or impossible settings before anything starts."""
+        if not self.api_key and not self.is_loopback() and not self.allow_no_auth:
+            raise ValueError(
+                f"refusing to serve {self.host} without an API key: anyone who can reach it could use it. "
+                "Set --api-key (or DUPLEX_API_KEY), bind 127.0.0.1, or pass --allow-no-auth to accept the risk."
+            )
+        if not 1 <= self.phase_groups <= 200:
+            raise ValueError(f"--phase-groups must be between 1 and 200, got {self.phase_groups}")
+        if self.max_sessions is not None and self.max_sessions < 1:
+            raise ValueError(f"--max-sessions must be at least 1, got {self.max_sessions}")
+        if self.max_backlog_ticks < 1:
+            raise ValueError("--max-backlog-ticks must be at least 1")

@@ -1,0 +1,292 @@
+"""The micro-turn engine: one clock, one inference thread, batched steps.
+
+What it does every micro-turn, for every live session:
+  1. take the session's pending input (silence-padded, surplus kept, oldest dropped past a bound),
+  2. run one batched `model.step` for all sessions due at the same moment, on the inference thread,
+  3. hand each output to its session's transport, on the event loop.
+
+Real-time sessions tick at absolute deadlines `t0 + n * 200 ms + slot * grid`. The slot (phase) of each
+session is chosen from when its input actually arrives, so a client whose 200 ms chunks land just
+after a shared tick does not wait almost a whole micro-turn: the micro-turn is cut into `phase_groups`
+slots and each session ticks in the first slot after its chunks are complete. Sessions in the same
+slot are stepped in one batch; more groups mean less waiting but smaller batches (bench/latency.py
+measures both).
+
+Media-pace sessions are stepped as soon as a full micro-turn of input has arrived, as fast as the
+model allows; the model sees exactly the same inputs as in real time, so the outputs are identical.
+
+What the engine does not know: sockets, JSON, the wire protocol. Transports push input into a
+`Session` and receive outputs through its `OutputSink`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from models.base import Event, InteractionModel, SessionState, TickInput, TickOutput, silence
+from server.metrics import Metrics
+from server.sessions import Pace, Session
+from streaming.types import TICK_SAMPLES, TICK_SECONDS
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_IN_FLIGHT = 2  # steps queued per session before its next deadline waits (bounded memory when overloaded)
+CATCH_UP_STREAK = 3  # ticks a surplus must persist before an extra tick is stepped to drain it
+
+
+@dataclass
+class _Planned:
+    session: Session
+    tick: int  # the session's micro-turn index
+    deadline: float | None  # absolute deadline (real-time pace), None in media pace
+
+
+class Engine:
+    def __init__(self, model: InteractionModel, metrics: Metrics, phase_groups: int = 20, guard: float = 0.002,
+                 period: float = TICK_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        if phase_groups < 1:
+            raise ValueError("phase_groups must be >= 1")
+        self.model = model
+        self.metrics = metrics
+        self.period = period
+        self.groups = phase_groups
+        self.grid = period / phase_groups  # spacing of phase slots (s)
+        self.guard = guard  # margin after a chunk's arrival before its tick, for jitter (s)
+        self.clock = clock
+        self.t0 = clock()
+        # One thread owns the model and its state (KV pool): open, step and close all run here.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="duplex-inference")
+        self._realtime: set[Session] = set()
+        self._media: set[Session] = set()
+        self._rt_wake = asyncio.Event()
+        self._media_wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.t0 = self.clock()
+        self._loops = [asyncio.create_task(self._realtime_loop(), name="duplex-realtime"),
+                       asyncio.create_task(self._media_loop(), name="duplex-media")]
+
+    async def stop(self) -> None:
+        """Cancel the loops, let in-flight steps finish, then release the inference thread."""
+        for task in self._loops:
+            task.cancel()
+        for task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn` on the inference thread (model open/close, calibration)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def open_state(self, session_id: str) -> SessionState:
+        return await self.call(self.model.open, session_id)
+
+    async def close_state(self, session: Session) -> None:
+        self.remove(session)
+        await self.call(self.model.close, session.state)
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def add(self, session: Session) -> None:
+        self.remove(session)
+        if session.pace is Pace.REALTIME:
+            # Until audio arrives, tick in the first slot after now; arrivals re-phase it.
+            self._schedule_at(session, self.clock() + self.guard)
+            self._realtime.add(session)
+            self._rt_wake.set()
+        else:
+            self._media.add(session)
+            self._media_wake.set()
+
+    def remove(self, session: Session) -> None:
+        self._realtime.discard(session)
+        self._media.discard(session)
+
+    def resumed(self, session: Session) -> None:
+        """A detached session is attached again: pick up where it paused, from now."""
+        if session.pace is Pace.REALTIME:
+            self._schedule_at(session, self.clock() + self.guard)
+            self._rt_wake.set()
+        else:
+            self._media_wake.set()
+
+    def push_audio(self, session: Session, audio: np.ndarray) -> int:
+        """Queue real-time input; returns samples dropped because the client ran ahead."""
+        session.audio_started = True
+        before = session.chunker.ready()
+        dropped = session.chunker.push(audio)
+        if dropped:
+            self.metrics.dropped_samples.inc(dropped)
+        if session.pace is Pace.REALTIME and session.chunker.ready() > before:
+            self._rephase(session, self.clock())
+        elif session.pace is Pace.MEDIA:
+            self._media_wake.set()
+        return dropped
+
+    async def push_audio_media(self, session: Session, audio: np.ndarray) -> None:
+        """Queue media-pace input, waiting while the backlog is full (back-pressure, nothing dropped)."""
+        for start in range(0, len(audio), TICK_SAMPLES):
+            piece = audio[start : start + TICK_SAMPLES]
+            while session.chunker.buffered + len(piece) > session.chunker.max_samples and not session.closed:
+                session.room.clear()
+                self._media_wake.set()
+                await session.room.wait()
+            self.push_audio(session, piece)
+
+    def nudge(self, session: Session) -> None:
+        """Something other than audio changed (text, cancel); media sessions may be steppable."""
+        if session.pace is Pace.MEDIA:
+            self._media_wake.set()
+
+    # -- real-time scheduling --------------------------------------------------------------------
+
+    def _deadline(self, s: Session) -> float:
+        return self.t0 + s.period_index * self.period + s.slot * self.grid
+
+    def _schedule_at(self, s: Session, t: float) -> None:
+        """Put `s` on the first slot boundary at or after `t`."""
+        k = math.ceil((t - self.t0) / self.grid - 1e-9)
+        s.period_index, s.slot = divmod(k, self.groups)
+
+    def _rephase(self, s: Session, now: float) -> None:
+        """A full micro-turn of input just completed: line the session's tick up with its arrivals.
+
+        The target is the latest recent arrival phase plus the guard, so that jitter does not make
+        chunks miss their tick; old arrivals age out of the window, so a session drifts back earlier.
+        """
+        phase = (now - self.t0) % self.period
+        s.arrivals.append(phase)
+        half = self.period / 2
+        latest = max(((a - phase + half) % self.period) - half for a in s.arrivals)
+        target = phase + latest + self.guard
+        slot = math.ceil(target / self.grid - 1e-9) % self.groups
+        if slot != s.slot or self._deadline(s) > now + self.period:
+            next_time = now + ((slot * self.grid - phase) % self.period)
+            self._schedule_at(s, next_time)
+            self._rt_wake.set()
+
+    async def _realtime_loop(self) -> None:
+        tolerance = 0.0005  # sessions due within this are stepped now, in the same batch
+        while True:
+            active = [s for s in self._realtime if s.attached and not s.closed]
+            now = self.clock()
+            due = [s for s in active if s.in_flight < MAX_IN_FLIGHT
+                   and (s.catch_up or self._deadline(s) <= now + tolerance)]
+            if due:
+                self._launch(due, realtime=True)
+                continue
+            waiting = [self._deadline(s) for s in active if s.in_flight < MAX_IN_FLIGHT]
+            timeout = max(0.0, min(waiting) - now) if waiting else 1.0
+            self._rt_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rt_wake.wait(), timeout)
+
+    async def _media_loop(self) -> None:
+        while True:
+            await self._media_wake.wait()
+            self._media_wake.clear()
+            ready = [s for s in self._media
+                     if s.attached and not s.closed and s.in_flight == 0 and s.chunker.ready() >= 1]
+            if ready:
+                await self._launch(ready, realtime=False)
+                self._media_wake.set()  # more may have become ready while stepping
+
+    # -- stepping -----------------------------------------------------------------------------
+
+    def _launch(self, sessions: Sequence[Session], realtime: bool) -> asyncio.Task[None]:
+        """Take one micro-turn of input from each session and step them as one batch."""
+        planned: list[_Planned] = []
+        inputs: list[tuple[SessionState, TickInput]] = []
+        for s in sessions:
+            deadline = None
+            if realtime:
+                deadline = self._deadline(s) if not s.catch_up else self.clock()
+                if not s.catch_up:
+                    s.period_index += 1  # absolute cadence: the next deadline is one period on
+                s.catch_up = False
+            inputs.append((s.state, self._take_input(s, realtime)))
+            planned.append(_Planned(s, s.tick, deadline))
+            s.tick += 1
+            s.in_flight += 1
+        task = asyncio.create_task(self._step_and_deliver(planned, inputs, realtime))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _take_input(self, s: Session, realtime: bool) -> TickInput:
+        chunk = s.chunker.pop()
+        if realtime:
+            if chunk.received < TICK_SAMPLES:
+                self.metrics.underruns.inc()
+            # A surplus that persists means the client got ahead (burst or late phase): drain it.
+            s.surplus_streak = s.surplus_streak + 1 if s.chunker.ready() >= 1 else 0
+            if s.surplus_streak >= CATCH_UP_STREAK:
+                s.catch_up, s.surplus_streak = True, 0
+        s.room.set()
+        tick = TickInput(audio=chunk.audio, received=chunk.received, video=s.video, text=s.text_in,
+                         background=s.background.drain(), cancel=s.cancel)
+        s.video, s.text_in, s.cancel = None, [], False
+        return tick
+
+    async def _step_and_deliver(self, planned: list[_Planned], inputs: list[tuple[SessionState, TickInput]],
+                                realtime: bool) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            outs, t_start, t_end = await loop.run_in_executor(self._executor, self._step, inputs)
+        except Exception as exc:  # a model failure must not stop the engine or other sessions
+            log.exception("model step failed for %d session(s)", len(inputs))
+            outs = [TickOutput(silence(), events=[Event("error", {"message": f"model step failed: {exc}"})])
+                    for _ in inputs]
+            t_start = t_end = self.clock()
+        m = self.metrics
+        m.step_seconds.observe(t_end - t_start)
+        m.batch_size.observe(len(inputs))
+        m.ticks.labels("realtime" if realtime else "media").inc(len(inputs))
+        for p, out in zip(planned, outs, strict=True):
+            s = p.session
+            s.in_flight -= 1
+            if p.deadline is not None:
+                m.lateness_seconds.observe(max(0.0, t_start - p.deadline))
+                if t_end > p.deadline + self.period:
+                    m.missed_deadlines.inc()
+            if s.closed:
+                continue
+            t = p.tick * self.period
+            s.log.add(t, "user", out.user_text)
+            s.log.add(t, "assistant", out.text)
+            s.background.on_output(out, p.tick)
+            s.deliver(out, p.tick)
+        if realtime:
+            self._rt_wake.set()
+        else:
+            self._media_wake.set()
+
+    def _step(self, inputs: list[tuple[SessionState, TickInput]]) -> tuple[list[TickOutput], float, float]:
+        """Runs on the inference thread."""
+        t_start = self.clock()
+        outs = self.model.step(inputs)
+        t_end = self.clock()
+        if len(outs) != len(inputs):
+            raise RuntimeError(f"model {self.model.name} returned {len(outs)} outputs for {len(inputs)} inputs")
+        for out in outs:
+            if out.audio.shape != (TICK_SAMPLES,):
+                raise RuntimeError(f"model {self.model.name} returned audio of shape {out.audio.shape}")
+        return outs, t_start, t_end

@@ -1,0 +1,49 @@
+"""Prometheus metrics for the engine and transports, on a registry of their own per server."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+
+# Buckets in seconds, dense below one micro-turn where the interesting numbers live.
+_TIME_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)  # process_resident_memory_bytes etc., for the load test
+        self.step_seconds = Histogram(
+            "duplex_tick_step_seconds", "Wall time of one batched model step", registry=r, buckets=_TIME_BUCKETS
+        )
+        self.lateness_seconds = Histogram(
+            "duplex_tick_lateness_seconds",
+            "How late a real-time session's step started against its absolute deadline",
+            registry=r,
+            buckets=_TIME_BUCKETS,
+        )
+        self.batch_size = Histogram(
+            "duplex_tick_batch_size", "Sessions stepped together in one batch", registry=r, buckets=_BATCH_BUCKETS
+        )
+        self.ticks = Counter("duplex_ticks", "Micro-turns stepped, by pace", ["pace"], registry=r)
+        self.missed_deadlines = Counter(
+            "duplex_missed_deadlines",
+            "Real-time micro-turns whose output was not ready before the session's next deadline",
+            registry=r,
+        )
+        self.underruns = Counter(
+            "duplex_input_underruns", "Real-time micro-turns stepped with less than 200 ms of input", registry=r
+        )
+        self.dropped_samples = Counter(
+            "duplex_input_dropped_samples", "Input samples dropped because a client ran ahead of real time",
+            registry=r,
+        )
+        self.sessions_live = Gauge("duplex_sessions_live", "Sessions held (attached or awaiting resume)", registry=r)
+        self.sessions_refused = Counter(
+            "duplex_sessions_refused", "Connections refused because the server was full", registry=r
+        )
+        self.client_errors = Counter(
+            "duplex_client_errors", "Error events sent to clients, by code", ["code"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

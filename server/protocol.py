@@ -1,0 +1,129 @@
+"""The event codec shared by the WebSocket endpoint and the WebRTC data channel.
+
+A compatible subset of the OpenAI Realtime API (GA names, beta names accepted where free); our own
+extensions use the `duplex.` prefix. Nothing here touches sockets or the engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+EXT = "duplex."  # prefix of every extension event
+
+# Client event types we understand (beta aliases map to the same handlers).
+CLIENT_EVENTS = frozenset({
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "conversation.item.create",
+    "response.create",
+    "response.cancel",
+    "output_audio_buffer.clear",
+    "duplex.background.request",
+})
+
+_ids = itertools.count(1)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{next(_ids):012x}"
+
+
+class ProtocolError(Exception):
+    """A client message we cannot act on; becomes an `error` event, the session continues."""
+
+    def __init__(self, code: str, message: str, param: str | None = None, event_id: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+
+
+def error_event(code: str, message: str, param: str | None = None, client_event_id: str | None = None,
+                kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"type": "error", "event_id": new_id("event"),
+            "error": {"type": kind, "code": code, "message": message, "param": param,
+                      "event_id": client_event_id}}
+
+
+def parse_client_text(text: str) -> dict[str, Any]:
+    """JSON text -> event dict with a known `type`, or ProtocolError naming what is wrong."""
+    try:
+        event = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError("invalid_json", f"message is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(event, dict):
+        raise ProtocolError("invalid_event", "an event must be a JSON object with a 'type' field")
+    etype = event.get("type")
+    eid = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+    if not isinstance(etype, str):
+        raise ProtocolError("missing_type", "event has no string 'type' field", "type", eid)
+    if etype not in CLIENT_EVENTS:
+        raise ProtocolError("unknown_event_type", f"unknown event type {etype!r}; supported: "
+                            + ", ".join(sorted(CLIENT_EVENTS)), "type", eid)
+    return event
+
+
+def decode_audio_b64(value: Any, event_id: str | None) -> bytes:
+    if not isinstance(value, str):
+        raise ProtocolError("invalid_audio", "'audio' must be a base64 string of PCM16 samples", "audio", event_id)
+    try:
+        data = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_base64", "'audio' is not valid base64", "audio", event_id) from None
+    if len(data) % 2:
+        raise ProtocolError("odd_pcm_length", f"decoded audio has {len(data)} bytes; PCM16 needs an even number",
+                            "audio", event_id)
+    return data
+
+
+def encode_audio_b64(pcm: bytes) -> str:
+    return base64.b64encode(pcm).decode("ascii")
+
+
+@dataclass
+class AudioFormat:
+    rate: int = 24000
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "audio/pcm", "rate": self.rate}
+
+
+SUPPORTED_RATES = (8000, 16000, 24000, 48000)
+
+
+def parse_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
+    """Accept GA `{"type": "audio/pcm", "rate": R}` and beta `"pcm16"` (24 kHz)."""
+    if value == "pcm16":
+        return AudioFormat(24000)
+    if isinstance(value, dict) and value.get("type", "audio/pcm") in ("audio/pcm", "pcm16"):
+        rate = value.get("rate", 24000)
+        if rate not in SUPPORTED_RATES:
+            raise ProtocolError("unsupported_rate", f"{param}.rate {rate!r} is not supported; use one of "
+                                f"{list(SUPPORTED_RATES)}", param, event_id)
+        return AudioFormat(int(rate))
+    raise ProtocolError("unsupported_format", f"{param} {value!r} is not supported; use "
+                        "{'type': 'audio/pcm', 'rate': 24000} (or beta 'pcm16')", param, event_id)
+
+
+def item_text(item: Any, event_id: str | None) -> str:
+    """Text of a user `message` item (`input_text` / `text` parts)."""
+    if not isinstance(item, dict):
+        raise ProtocolError("invalid_item", "'item' must be an object", "item", event_id)
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise ProtocolError("invalid_item", "message item needs a non-empty 'content' list", "item.content",
+                            event_id)
+    texts = [part.get("text") for part in content
+             if isinstance(part, dict) and part.get("type") in ("input_text", "text")]
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise ProtocolError("invalid_item", "message content needs 'input_text' parts with a 'text' string",
+                            "item.content", event_id)
+    return " ".join(t for t in texts if t)

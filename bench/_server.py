@@ -1,0 +1,87 @@
+"""Start a duplex server subprocess for a benchmark (when no --url is given)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def local_server(*args: str, ready_timeout: float = 180.0) -> Iterator[str]:
+    """Yield the base http URL of a fresh `duplex serve` on loopback; stop it afterwards."""
+    port = _free_port()
+    log = open(os.devnull, "wb")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+                             "--log-level", "warning", *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}; run `duplex serve {' '.join(args)}` to see why")
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server did not answer /healthz within {ready_timeout}s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} (enough for our own counters and histograms)."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", headers=headers, timeout=5).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def histogram_quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float | None:
+    """Quantile of the observations made between two scrapes, interpolated inside buckets (as Prometheus does)."""
+    buckets: list[tuple[float, float]] = []
+    for key, value in after.items():
+        if key.startswith(name + "_bucket{le="):
+            le = key.split('le="')[1].split('"')[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets.append((bound, value - before.get(key, 0.0)))
+    buckets.sort()
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return prev_bound
+            span = count - prev_count
+            return prev_bound + (bound - prev_bound) * ((rank - prev_count) / span if span else 1.0)
+        prev_bound, prev_count = bound, count
+    return prev_bound

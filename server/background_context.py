@@ -11,10 +11,10 @@ from __future__ import annotations
 from models.background import Message
 from server.conversation import ConversationLog
 
+# Short and plain on purpose: the embedded 135M model drifts (even into French) under a long prompt.
 SYSTEM_PROMPT = (
-    "You are the background reasoner of a live spoken conversation. Another model is talking with the "
-    "user right now and will say your answer aloud. Answer the task directly in one to three short "
-    "plain sentences that sound natural when spoken: no lists, no markdown, no preamble."
+    "You are a helpful assistant helping in a live voice conversation; another voice will speak your "
+    "answer aloud. Answer briefly, in one or two plain spoken sentences."
 )
 
 _LABELS = {("user", "speech"): "User", ("user", "typed"): "User (typed)",

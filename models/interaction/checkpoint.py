@@ -1,0 +1,69 @@
+"""Weights as safetensors, with the config in the file's metadata so a checkpoint describes itself."""
+
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from models.interaction.config import InteractionConfig, preset
+from models.interaction.model import InteractionTransformer, init_weights
+
+log = logging.getLogger(__name__)
+FORMAT = "duplex-native-1"
+INIT_SEED = 1234
+
+
+def save_checkpoint(net: InteractionTransformer, path: str | Path, preset_name: str) -> None:
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in net.state_dict().items()}
+    meta = {"format": FORMAT, "preset": preset_name, "config": json.dumps(net.cfg.to_dict())}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def read_config(path: str | Path) -> tuple[str, InteractionConfig]:
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("format") != FORMAT:
+        raise ValueError(
+            f"{path} is not a duplex native checkpoint (metadata format {meta.get('format')!r}, want {FORMAT!r}); "
+            "save one with models.interaction.save_checkpoint"
+        )
+    return meta["preset"], InteractionConfig.from_dict(json.loads(meta["config"]))
+
+
+def build(preset_name: str, checkpoint: str | None) -> InteractionTransformer:
+    """The network for `native:<preset>`: from a checkpoint, or seeded random weights with a warning."""
+    if checkpoint is None:
+        net = InteractionTransformer(preset(preset_name))
+        init_weights(net, INIT_SEED)
+        msg = (
+            f"native:{preset_name} has RANDOM weights (seed {INIT_SEED}, no --checkpoint): it stays mostly silent "
+            "and says nothing meaningful. Pass --checkpoint FILE.safetensors with trained weights."
+        )
+        warnings.warn(msg, stacklevel=2)
+        log.warning(msg)
+        return net
+    if not Path(checkpoint).is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint} does not exist; check the --checkpoint path")
+    saved_preset, cfg = read_config(checkpoint)
+    if saved_preset != preset_name:
+        raise ValueError(
+            f"checkpoint {checkpoint} holds a native:{saved_preset} model, not native:{preset_name}; "
+            f"run with --model native:{saved_preset}"
+        )
+    net = InteractionTransformer(cfg)
+    state = load_file(checkpoint)
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {checkpoint} does not match the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}; it was saved by a different version"
+        )
+    return net
+
+
+def parameter_count(net: torch.nn.Module) -> int:
+    return sum(p.numel() for p in net.parameters())

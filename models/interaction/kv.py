@@ -1,0 +1,212 @@
+"""Per-session memory: the preallocated KV pool, its ring buffers, and the teacher-forced equivalent.
+
+Memory is kept in whole micro-turns (tokens_per_turn tokens each). Every layer's store for one
+session holds `sink + ring` micro-turns:
+
+* sliding layers: sink = 0, ring = window_turns. Micro-turn n lives at ring index n % ring and
+  overwrites micro-turn n - ring, so a session runs for hours in fixed memory.
+* global layers: the first `sink_turns` micro-turns stay forever (the attention sink, as in
+  StreamingLLM), later ones go round a ring of global_turns - sink_turns. Until the cap is reached a
+  global layer sees the whole conversation; after it, the sink plus the most recent micro-turns.
+  Nothing is ever reset silently and memory never grows.
+
+While micro-turn n is processed its own keys are already stored, so a query sees: every held
+micro-turn before n fully, and its own micro-turn causally. Keys are stored after RoPE with their
+absolute positions, so evicting old ones changes nothing about the ones kept.
+
+Attention always runs over all `(sink + ring) * T` stored keys with a mask, so one micro-turn costs the
+same for a fresh session and for a ten-minute-old one.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models.interaction.config import InteractionConfig
+from models.interaction.layers import TileKeys
+
+
+@dataclass(frozen=True)
+class Geometry:
+    sink: int  # micro-turns kept from the start of the session
+    ring: int  # most recent micro-turns kept, the current one included
+    tokens: int  # tokens per micro-turn
+
+    @property
+    def turns(self) -> int:
+        return self.sink + self.ring
+
+    def store_index(self, n: Tensor) -> Tensor:
+        """Micro-turn n [B] -> where it is stored [B]."""
+        return torch.where(n < self.sink, n, self.sink + torch.remainder(n, self.ring))
+
+    def held_turns(self, n: Tensor) -> Tensor:
+        """While micro-turn n [B] is processed: which micro-turn each store index holds [B, turns], -1 = none."""
+        j = torch.arange(self.sink, device=n.device)
+        sink = torch.where(j[None] <= n[:, None], j[None], -1)  # [B, sink]
+        p = torch.arange(self.ring, device=n.device)
+        m = n[:, None] - torch.remainder(n[:, None] - p[None], self.ring)  # newest m <= n with m % ring == p
+        ring = torch.where(m >= self.sink, m, -1)  # [B, ring]
+        return torch.cat([sink, ring], dim=1)
+
+    def mask(self, n: Tensor) -> Tensor:
+        """Attention mask [B, T, turns*T] for micro-turn n [B]: held turns fully, the current one causally."""
+        held = self.held_turns(n)  # [B, S]
+        t = self.tokens
+        causal = torch.ones(t, t, dtype=torch.bool, device=n.device).tril()  # [Tq, Tk]
+        valid = (held >= 0)[:, None, :, None]  # [B, 1, S, 1]
+        current = (held == n[:, None])[:, None, :, None]  # [B, 1, S, 1]
+        m = valid & (~current | causal[None, :, None, :])  # [B, Tq, S, Tk]
+        return m.reshape(len(n), t, self.turns * t)
+
+
+def geometries(cfg: InteractionConfig) -> list[Geometry]:
+    t = cfg.tokens_per_turn
+    return [
+        Geometry(cfg.sink_turns, cfg.global_turns - cfg.sink_turns, t)
+        if cfg.layer_is_global(i)
+        else Geometry(0, cfg.window_turns, t)
+        for i in range(cfg.n_layers)
+    ]
+
+
+class PoolFullError(RuntimeError):
+    """Every KV slot is taken; the server should refuse the session (WebSocket close 1013)."""
+
+
+class KVPool:
+    """All sessions' KV memory, allocated once on the model's device; a session owns one slot (row)."""
+
+    def __init__(
+        self, cfg: InteractionConfig, n_slots: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        if n_slots < 1:
+            raise ValueError(f"a KV pool needs at least one slot, got {n_slots}")
+        self.geoms = geometries(cfg)
+        self.n_slots = n_slots
+        shape = (cfg.n_kv_heads, cfg.head_dim)
+        # k[l], v[l]: [slots, sink+ring, T, Hkv, hd]
+        self.k = [
+            torch.zeros(n_slots, g.turns, g.tokens, *shape, device=device, dtype=dtype) for g in self.geoms
+        ]
+        self.v = [torch.zeros_like(x) for x in self.k]
+        # The last k-1 normalised inputs of each layer's causal conv: [slots, layers, k-1, D]
+        self.conv = torch.zeros(
+            n_slots, cfg.n_layers, cfg.conv_kernel - 1, cfg.dim, device=device, dtype=dtype
+        )
+        self._free = list(range(n_slots - 1, -1, -1))
+
+    @staticmethod
+    def session_bytes(cfg: InteractionConfig, dtype: torch.dtype) -> int:
+        """Bytes one session occupies; the same at every age."""
+        item = torch.empty(0, dtype=dtype).element_size()
+        kv = sum(2 * g.turns * g.tokens * cfg.n_kv_heads * cfg.head_dim for g in geometries(cfg))
+        return (kv + cfg.n_layers * (cfg.conv_kernel - 1) * cfg.dim) * item
+
+    @property
+    def in_use(self) -> int:
+        return self.n_slots - len(self._free)
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise PoolFullError(
+                f"all {self.n_slots} KV slots are in use; close a session or give the model a larger KV budget"
+            )
+        slot = self._free.pop()
+        # Zero it: a new session must not see (or leak) the previous owner's keys.
+        for x in (*self.k, *self.v):
+            x[slot].zero_()
+        self.conv[slot].zero_()
+        return slot
+
+    def release(self, slot: int) -> None:
+        if slot in self._free or not 0 <= slot < self.n_slots:
+            raise ValueError(f"KV slot {slot} is not allocated; was the session closed twice?")
+        self._free.append(slot)
+
+
+class StreamCache:
+    """One batched micro-turn of live sessions against the pool: slots [B], their micro-turn index turns [B]."""
+
+    def __init__(self, pool: KVPool, slots: Sequence[int], turns: Tensor) -> None:
+        self.pool = pool
+        self.slots = list(slots)
+        self.slot_t = torch.tensor(self.slots, device=turns.device)
+        self.turns = turns
+        self._masks: dict[Geometry, Tensor] = {}
+
+    def conv_prev(self, layer: int, h: Tensor) -> Tensor:
+        k1 = self.pool.conv.shape[2]
+        prev = self.pool.conv[self.slot_t, layer]  # [B, k-1, D] (a copy)
+        self.pool.conv[self.slot_t, layer] = torch.cat([prev, h], dim=1)[:, -k1:]
+        return prev
+
+    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, Tensor]:
+        g = self.pool.geoms[layer]
+        idx = g.store_index(self.turns)
+        kp, vp = self.pool.k[layer], self.pool.v[layer]
+        kp[self.slot_t, idx] = k
+        vp[self.slot_t, idx] = v
+        if g not in self._masks:
+            self._masks[g] = g.mask(self.turns)
+        # Views of each slot's memory, [turns*T, Hkv, hd]: attention reads the pool in place.
+        ks = [kp[s].view(-1, *kp.shape[3:]) for s in self.slots]
+        vs = [vp[s].view(-1, *vp.shape[3:]) for s in self.slots]
+        return ks, vs, self._masks[g]
+
+
+class _Gathered:
+    """Lazily gathered per-micro-turn keys of a whole sequence (materialising all at once is N x K)."""
+
+    def __init__(self, flat: Tensor, idx: Tensor, valid: Tensor) -> None:
+        self.flat, self.idx, self.valid = flat, idx, valid  # [N*T, Hkv, hd], [N, K], [N, K]
+
+    def __len__(self) -> int:
+        return int(self.idx.shape[0])
+
+    def __getitem__(self, i: int) -> Tensor:  # -> [K, Hkv, hd], zeros where nothing is held
+        return self.flat[self.idx[i]] * self.valid[i, :, None, None].to(self.flat.dtype)
+
+
+class SequenceCache:
+    """Teacher forcing: micro-turns 0..N-1 of one session as N tiles, no pool.
+
+    It rebuilds, from positions alone, exactly what the pool would hold at every micro-turn (same key
+    order, zeros where nothing is held yet), so streaming and this must agree bit for bit in
+    deterministic mode.
+    """
+
+    def __init__(self, cfg: InteractionConfig, n_turns: int, device: torch.device) -> None:
+        self.geoms = geometries(cfg)
+        self.turns = torch.arange(n_turns, device=device)
+        self.k1 = cfg.conv_kernel - 1
+
+    def conv_prev(self, layer: int, h: Tensor) -> Tensor:
+        first = torch.zeros_like(h[:1, : self.k1])
+        return torch.cat([first, h[:-1, -self.k1 :]], dim=0)  # [N, k-1, D]: the previous tile's tail
+
+    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, Tensor]:
+        g = self.geoms[layer]
+        held = g.held_turns(self.turns)  # [N, S]
+        t = torch.arange(g.tokens, device=k.device)
+        index = (held.clamp(min=0)[:, :, None] * g.tokens + t).reshape(len(held), -1)  # [N, S*T]
+        valid = (held >= 0)[:, :, None].expand(-1, -1, g.tokens).reshape(len(held), -1)
+        kf, vf = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
+        return _Gathered(kf, index, valid), _Gathered(vf, index, valid), g.mask(self.turns)
+
+
+def flat_mask(cfg: InteractionConfig, n_turns: int, layer: int, device: torch.device) -> Tensor:
+    """The same visibility written as one [N*T, N*T] mask over the whole sequence (the reference path).
+
+    Query in micro-turn n sees key in micro-turn m when: m == n and causal; or m < n and
+    m >= n - ring + 1 (sliding); or, for global layers, additionally m < sink.
+    """
+    g = geometries(cfg)[layer]
+    t = g.tokens
+    turn = torch.arange(n_turns * t, device=device) // t
+    n, m = turn[:, None], turn[None, :]
+    causal = torch.ones(n_turns * t, n_turns * t, dtype=torch.bool, device=device).tril()
+    recent = (m <= n) & (m > n - g.ring)
+    return causal & (recent | (m < g.sink))

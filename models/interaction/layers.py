@@ -1,0 +1,189 @@
+"""Transformer pieces: tile-wise linear, RMSNorm, RoPE, causal depthwise conv, SwiGLU, GQA attention block.
+
+A *tile* is one session's micro-turn: [T, D] with T = tokens_per_turn. In deterministic mode every
+matrix product runs once per tile with the same shape, so a tile's result cannot depend on how many
+other tiles (sessions in the batch, micro-turns in a teacher-forced sequence) are computed with it:
+same shape -> same kernel -> same reduction order. Everything else here is elementwise or reduces
+within one row, which does not depend on the row count.
+"""
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.interaction.config import InteractionConfig
+
+
+def tile_matmul(x: Tensor, w: Tensor, det: bool) -> Tensor:
+    """x [B, ..., K] @ w [K, N] -> [B, ..., N]; in deterministic mode one product per leading index."""
+    if not det:
+        return x @ w
+    return torch.stack([x[b] @ w for b in range(x.shape[0])])
+
+
+class Lin(nn.Module):
+    """Linear layer that honours the model's deterministic (batch-invariant) mode."""
+
+    det: bool = False
+
+    def __init__(self, d_in: int, d_out: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in))
+        self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:  # [B, ..., d_in] -> [B, ..., d_out]
+        if not self.det:
+            return F.linear(x, self.weight, self.bias)
+        return torch.stack([F.linear(x[b], self.weight, self.bias) for b in range(x.shape[0])])
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+def rope_tables(pos: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """Absolute positions [B, T] -> cos, sin [B, T, 1, head_dim/2].
+
+    Angles are computed in float64: positions reach 10^6 in long sessions and float32 would lose the
+    fine frequencies' phase. The same position always yields the same bits, streaming or not.
+    """
+    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=pos.device) / head_dim)
+    ang = pos.to(torch.float64)[..., None] * inv  # [B, T, hd/2]
+    return torch.cos(ang)[:, :, None, :].float(), torch.sin(ang)[:, :, None, :].float()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x [B, T, H, hd]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def causal_dwconv(h: Tensor, prev: Tensor, w: Tensor) -> Tensor:
+    """Depthwise causal conv along tokens: h [B, L, D], prev [B, k-1, D] (the tokens before), w [k, D].
+
+    Written as k shifted multiply-adds in a fixed order, so streaming tile by tile and one pass over
+    the whole sequence produce the same bits.
+    """
+    k, length = w.shape[0], h.shape[1]
+    padded = torch.cat([prev, h], dim=1)  # [B, k-1+L, D]
+    out = padded[:, 0:length] * w[0]
+    for j in range(1, k):
+        out = out + padded[:, j : j + length] * w[j]
+    return out
+
+
+class TileKeys(Protocol):
+    """Per-tile keys or values: a list of pool views, or a lazy gather over a whole sequence."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> Tensor: ...
+
+
+class TileCache(Protocol):
+    """What a block needs from the session memory; kv.py has the streaming and the sequence versions."""
+
+    def conv_prev(self, layer: int, h: Tensor) -> Tensor:
+        """h [B, T, D] (this tile's conv input) -> the k-1 inputs before it [B, k-1, D]; remembers h."""
+        ...
+
+    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, Tensor]:
+        """Store this tile's k, v [B, T, Hkv, hd]; return per-tile keys and values [K, Hkv, hd]
+        (this tile included) and the mask [B, T, K] (True = may attend)."""
+        ...
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: InteractionConfig, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.is_global = cfg.layer_is_global(index)
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.conv = nn.Parameter(torch.empty(cfg.conv_kernel, cfg.dim))
+        self.wq = Lin(cfg.dim, cfg.n_heads * cfg.head_dim)
+        self.wk = Lin(cfg.dim, cfg.n_kv_heads * cfg.head_dim)
+        self.wv = Lin(cfg.dim, cfg.n_kv_heads * cfg.head_dim)
+        self.wo = Lin(cfg.n_heads * cfg.head_dim, cfg.dim)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.w1 = Lin(cfg.dim, cfg.ffn_hidden)
+        self.w3 = Lin(cfg.dim, cfg.ffn_hidden)
+        self.w2 = Lin(cfg.ffn_hidden, cfg.dim)
+        # Batched attention gathers every session's keys into one tensor (worth it on a GPU); the
+        # per-tile loop attends straight on the pool's memory (no copy, better on a CPU).
+        self.batched_attention = False
+
+    def _qkv(self, hn: Tensor, prev: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = hn.shape
+        h = causal_dwconv(hn, prev, self.conv)  # [B, T, D]
+        q = apply_rope(self.wq(h).view(b, t, self.n_heads, self.hd), cos, sin)  # [B, T, H, hd]
+        k = apply_rope(self.wk(h).view(b, t, self.n_kv, self.hd), cos, sin)  # [B, T, Hkv, hd]
+        v = self.wv(h).view(b, t, self.n_kv, self.hd)
+        return q, k, v
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    def _attend_one(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """One tile: q [T, H, hd], k/v [K, Hkv, hd], mask [T, K] -> [T, H, hd].
+
+        GQA without copying K/V: the query heads sharing a K/V head are folded into the query
+        length, [Hkv, rep*T, hd] against [Hkv, K, hd].
+        """
+        t, rep = q.shape[0], self.n_heads // self.n_kv
+        qg = q.permute(1, 0, 2).reshape(self.n_kv, rep * t, self.hd)
+        o = F.scaled_dot_product_attention(
+            qg[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            attn_mask=mask.repeat(rep, 1)[None, None],
+        )  # [1, Hkv, rep*T, hd]
+        return o[0].reshape(self.n_heads, t, self.hd).permute(1, 0, 2)
+
+    def forward_tiles(self, x: Tensor, pos_cs: tuple[Tensor, Tensor], cache: TileCache) -> Tensor:
+        """x [B, T, D] one micro-turn per row (sessions, or micro-turns of one sequence) -> [B, T, D]."""
+        b, t, _ = x.shape
+        hn = self.attn_norm(x)  # [B, T, D]
+        prev = cache.conv_prev(self.index, hn)  # [B, k-1, D]
+        q, k, v = self._qkv(hn, prev, *pos_cs)
+        ks, vs, mask = cache.exchange(self.index, k, v)
+        if self.batched_attention and b > 1:
+            kb = torch.stack([ks[i] for i in range(b)])
+            vb = torch.stack([vs[i] for i in range(b)])  # [B, K, Hkv, hd]
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                kb.transpose(1, 2),
+                vb.transpose(1, 2),
+                attn_mask=mask[:, None],
+                enable_gqa=True,
+            ).transpose(1, 2)  # [B, T, H, hd]
+        else:
+            o = torch.stack([self._attend_one(q[i], ks[i], vs[i], mask[i]) for i in range(b)])
+        x = x + self.wo(o.reshape(b, t, -1))
+        return self._ffn(x)
+
+    def forward_flat(self, x: Tensor, pos_cs: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
+        """Reference path: the whole sequence as one row, x [1, L, D], mask [L, L]; no cache at all."""
+        _, length, dim = x.shape
+        prev = torch.zeros(1, self.conv.shape[0] - 1, dim, dtype=x.dtype, device=x.device)
+        q, k, v = self._qkv(self.attn_norm(x), prev, *pos_cs)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask[None, None],
+            enable_gqa=True,
+        ).transpose(1, 2)  # [1, L, H, hd]
+        x = x + self.wo(o.reshape(1, length, -1))
+        return self._ffn(x)

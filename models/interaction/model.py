@@ -1,0 +1,188 @@
+"""The native interaction transformer: micro-turn tiles in, head outputs out. Pure math.
+
+It knows nothing about sessions, sockets or clocks. Three ways to run the same weights:
+
+* `forward_step(feats, pool, slots, turns)`: one micro-turn for B live sessions against the KV pool;
+* `forward_sequence(feats)`: micro-turns 0..N-1 of one session, teacher-forced, no pool (the
+  baseline a server without persistent sessions pays every micro-turn, and the bit-exact check);
+* `forward_reference(feats)`: the same sequence as one flat pass with a full [NT, NT] mask (an
+  independent statement of the attention pattern, checked to a tolerance).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor, nn
+
+from models.interaction.config import ACTIONS, BYTE_VOCAB, FRAMES_PER_TURN, InteractionConfig
+from models.interaction.dmel import DMelEmbed
+from models.interaction.flow import FlowHead
+from models.interaction.kv import KVPool, SequenceCache, StreamCache, flat_mask
+from models.interaction.layers import Block, Lin, RMSNorm, TileCache, rope_tables
+from models.interaction.video import HMLP, PATCH
+
+
+@dataclass
+class TurnFeatures:
+    """Everything one micro-turn feeds the model, for B rows (sessions or micro-turns)."""
+
+    user_dmel: Tensor  # [B, 20, bins] int64 dMel levels of the user's audio
+    self_dmel: Tensor  # [B, 20, bins] int64 dMel levels of what the model said last micro-turn
+    video: Tensor  # [B, P, 40, 40, 3] float patches (zeros when absent)
+    video_present: Tensor  # [B] bool: a new frame arrived this micro-turn
+    typed: Tensor  # [B, typed_tokens] int64 bytes, NO_BYTE = empty
+    background: Tensor  # [B, background_tokens] int64 bytes
+    own_text: Tensor  # [B, text_tokens] int64 bytes the model wrote last micro-turn
+
+    @staticmethod
+    def cat(parts: Sequence["TurnFeatures"]) -> "TurnFeatures":
+        return TurnFeatures(
+            **{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(TurnFeatures)}
+        )
+
+    def row(self, i: int) -> "TurnFeatures":
+        return TurnFeatures(**{f.name: getattr(self, f.name)[i : i + 1] for f in fields(self)})
+
+
+@dataclass
+class HeadOutputs:
+    control: Tensor  # [B, len(ACTIONS) + 1] logits; the last one is "the user is speaking"
+    text: Tensor  # [B, text_tokens, 257] byte logits (256 = no byte)
+    transcript: Tensor  # [B, transcript_tokens, 257]
+    audio_cond: Tensor  # [B, audio_out_tokens, dim] flow-head conditioning
+
+
+class InteractionTransformer(nn.Module):
+    def __init__(self, cfg: InteractionConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.dmel = DMelEmbed(cfg)  # shared by the user's and the model's own audio
+        self.video = HMLP(cfg)
+        self.video_absent = nn.Parameter(torch.zeros(cfg.dim))
+        self.bytes = nn.Embedding(BYTE_VOCAB, cfg.dim)  # typed, background and own text
+        # Learned (modality, index-in-micro-turn) embedding: slot i always means the same thing.
+        self.slot = nn.Parameter(torch.zeros(cfg.tokens_per_turn, cfg.dim))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.control_head = Lin(cfg.dim, len(ACTIONS) + 1, bias=True)
+        self.text_head = Lin(cfg.dim, BYTE_VOCAB, bias=True)
+        self.transcript_head = Lin(cfg.dim, BYTE_VOCAB, bias=True)
+        self.flow = FlowHead(cfg)
+        self.deterministic = False
+
+    # -- modes --------------------------------------------------------------------------------
+
+    def set_deterministic(self, on: bool) -> None:
+        """Batch-invariant mode: every matmul runs per tile with one fixed shape (see layers.py)."""
+        self.deterministic = on
+        for m in self.modules():
+            if isinstance(m, Lin):
+                m.det = on
+
+    def set_batched_attention(self, on: bool) -> None:
+        for b in self.blocks:
+            assert isinstance(b, Block)
+            b.batched_attention = on
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def embed(self, f: TurnFeatures) -> Tensor:
+        """features of B micro-turns -> [B, T, D] in slot order (config.py)."""
+        cfg, b = self.cfg, f.user_dmel.shape[0]
+        assert f.user_dmel.shape == (b, FRAMES_PER_TURN, cfg.dmel_bins), f.user_dmel.shape
+        assert f.video.shape == (b, cfg.video_grid**2, PATCH, PATCH, 3), f.video.shape
+        dtype = self.slot.dtype
+        vid = self.video(f.video.to(dtype))  # [B, P, D]
+        vid = torch.where(f.video_present[:, None, None], vid, self.video_absent.to(dtype))
+        n_out = cfg.tokens_per_turn - cfg.slots["control"][0]
+        parts = [
+            self.dmel(f.user_dmel),
+            self.dmel(f.self_dmel),
+            vid,
+            self.bytes(f.typed),
+            self.bytes(f.background),
+            self.bytes(f.own_text),
+            torch.zeros(b, n_out, cfg.dim, dtype=dtype, device=vid.device),  # output slots: position only
+        ]
+        x = torch.cat(parts, dim=1) + self.slot  # [B, T, D]
+        assert x.shape == (b, cfg.tokens_per_turn, cfg.dim), x.shape
+        return x
+
+    def heads(self, h: Tensor) -> HeadOutputs:
+        """Final hidden states [B, T, D] -> head outputs, each read from its own slots."""
+        s = self.cfg.slots
+
+        def seg(name: str) -> Tensor:
+            start, n = s[name]
+            return h[:, start : start + n]
+
+        return HeadOutputs(
+            control=self.control_head(seg("control"))[:, 0],
+            text=self.text_head(seg("text")),
+            transcript=self.transcript_head(seg("transcript")),
+            audio_cond=seg("audio_out"),
+        )
+
+    def _positions(self, turns: Tensor) -> tuple[Tensor, Tensor]:
+        t = self.cfg.tokens_per_turn
+        pos = turns[:, None] * t + torch.arange(t, device=turns.device)  # [B, T] absolute positions
+        return rope_tables(pos, self.cfg.head_dim, self.cfg.rope_theta)
+
+    def _run_tiles(self, x: Tensor, turns: Tensor, cache: TileCache) -> Tensor:
+        cs = self._positions(turns)
+        for blk in self.blocks:
+            x = blk.forward_tiles(x, cs, cache)  # type: ignore[operator]
+        return self.norm(x)
+
+    # -- the three entry points ---------------------------------------------------------------
+
+    def forward_step(self, f: TurnFeatures, pool: KVPool, slots: Sequence[int], turns: Tensor) -> HeadOutputs:
+        """One micro-turn of B sessions: their pool slots [B] and micro-turn indices turns [B]."""
+        x = self.embed(f)
+        return self.heads(self._run_tiles(x, turns, StreamCache(pool, slots, turns)))
+
+    def forward_sequence(self, f: TurnFeatures) -> HeadOutputs:
+        """Micro-turns 0..N-1 of one session (rows of f), teacher-forced, with tiles exactly as streamed."""
+        x = self.embed(f)
+        n = x.shape[0]
+        turns = torch.arange(n, device=x.device)
+        return self.heads(self._run_tiles(x, turns, SequenceCache(self.cfg, n, x.device)))
+
+    def forward_reference(self, f: TurnFeatures) -> HeadOutputs:
+        """The same sequence as one row of N*T tokens with explicit masks (no tiles, no cache)."""
+        x = self.embed(f)
+        n, t, d = x.shape
+        turns = torch.arange(n, device=x.device)
+        cos, sin = self._positions(turns)  # [N, T, 1, hd/2]
+        cs = (cos.reshape(1, n * t, 1, -1), sin.reshape(1, n * t, 1, -1))
+        h = x.reshape(1, n * t, d)
+        for i, blk in enumerate(self.blocks):
+            h = blk.forward_flat(h, cs, flat_mask(self.cfg, n, i, x.device))  # type: ignore[operator]
+        return self.heads(self.norm(h).reshape(n, t, d))
+
+
+def init_weights(model: InteractionTransformer, seed: int) -> None:
+    """Seeded random initialisation (no checkpoint): the same weights on every machine and start.
+
+    Residual output projections are scaled down by depth (GPT-2); the control head is biased to
+    "silent" so an untrained model stays quiet instead of speaking noise over the user.
+    """
+    g = torch.Generator().manual_seed(seed)
+    depth_scale = (2 * model.cfg.n_layers) ** -0.5
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            owner, _, leaf = name.rpartition(".")
+            if "norm" in owner.rpartition(".")[2]:  # RMSNorm / LayerNorm: identity at start
+                p.fill_(1.0) if leaf == "weight" else p.zero_()
+            elif leaf == "bias":
+                p.zero_()
+            elif leaf == "conv":
+                # Start near identity: the last tap (the current token) 1, earlier taps small.
+                w = torch.randn(p.shape, generator=g) * 0.02
+                w[-1] += 1.0
+                p.copy_(w)
+            else:
+                std = 0.02 * (depth_scale if leaf == "weight" and owner.endswith(("wo", "w2")) else 1.0)
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        model.control_head.bias[ACTIONS.index("silent")] = 4.0  # type: ignore[index]

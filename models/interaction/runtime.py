@@ -1,0 +1,310 @@
+"""NativeModel: the InteractionModel adapter around the transformer, its KV pool and its vocoder.
+
+Per micro-turn and batch: featurise (dMel, patches, bytes) -> one batched forward_step -> control,
+text and transcript heads -> flow head -> Griffin-Lim -> gate by the control decision -> feed the
+model's own audio and text back as next micro-turn's input. All of it runs on the one inference
+thread that calls `step`.
+"""
+
+import codecs
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from models.base import BackgroundChunk, Event, TickInput, TickOutput
+from models.interaction import dmel, vocoder
+from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
+from models.interaction.flow import turn_noise
+from models.interaction.kv import KVPool
+from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
+from models.interaction.video import PATCH, frame_patches
+
+log = logging.getLogger(__name__)
+QUEUE_LIMIT = 16_384  # bytes of typed/background text waiting for slots; beyond it new text is dropped
+SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = range(len(ACTIONS))
+
+
+def _utf8() -> codecs.IncrementalDecoder:
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+@dataclass
+class NativeSession:
+    session_id: str
+    slot: int  # the KV-pool row this session owns until close
+    seed: int  # flow-noise seed derived from session_id: the same id replays the same audio
+    user_tail: Tensor  # [CONTEXT] last input samples: left context of the next dMel frames
+    self_tail: Tensor  # [CONTEXT] same for the model's own audio
+    self_dmel: Tensor  # [20, bins] dMel of what the model said last micro-turn (fed back)
+    voc_mag: Tensor  # [3, BINS] Griffin-Lim context magnitudes
+    voc_phase: Tensor  # [3, BINS] Griffin-Lim context phases
+    turn: int = 0  # index of the next micro-turn (= micro-turns stepped so far)
+    own_text: list[int] = field(default_factory=list)  # bytes written last micro-turn (fed back)
+    typed: bytearray = field(default_factory=bytearray)  # typed text waiting for slots
+    background: bytearray = field(default_factory=bytearray)  # background results waiting for slots
+    speaking: bool = False  # the model holds the floor (last action was speak)
+    user_speaking: bool = False  # the model's VAD logit said the user is speaking
+    last_action: int = SILENT
+    transcript: str = ""  # the last 500 characters of the user transcript: the delegate query
+    last_typed: str = ""  # the last typed text: the delegate query when there is no transcript
+    text_dec: codecs.IncrementalDecoder = field(default_factory=_utf8)
+    transcript_dec: codecs.IncrementalDecoder = field(default_factory=_utf8)
+    closed: bool = False
+    # Tests set this to a list to record (features, head outputs) per micro-turn for teacher forcing.
+    trace: list[tuple[TurnFeatures, HeadOutputs]] | None = None
+
+
+def _take(queue: bytearray, n: int) -> list[int]:
+    got = list(queue[:n])
+    del queue[:n]
+    return got + [NO_BYTE] * (n - len(got))
+
+
+def _enqueue(queue: bytearray, data: bytes, what: str, sid: str) -> None:
+    room = QUEUE_LIMIT - len(queue)
+    if len(data) > room:
+        log.warning("session %s: %s queue full, dropping %d bytes", sid, what, len(data) - max(room, 0))
+    queue += data[: max(room, 0)]
+
+
+def _background_bytes(chunk: BackgroundChunk) -> bytes:
+    if chunk.error:
+        return f"[background error: {chunk.error}]\n".encode()
+    return chunk.text.encode() + (b"\n" if chunk.done else b"")
+
+
+class NativeModel:
+    def __init__(
+        self, net: InteractionTransformer, name: str, n_slots: int, device: torch.device, deterministic: bool
+    ) -> None:
+        self.net = net.eval()
+        self.cfg = net.cfg
+        self.name = name
+        self.device = device
+        self.dtype = next(net.parameters()).dtype
+        self.pool = KVPool(self.cfg, n_slots, device, self.dtype)
+        self.max_sessions: int | None = n_slots
+        self.frontend = dmel.DMelFrontend(self.cfg.dmel_bins, self.cfg.dmel_levels, device)
+        self.vocoder = vocoder.GriffinLim(self.cfg.mel_bins, self.cfg.griffin_lim_iters, device)
+        net.set_deterministic(deterministic)
+        net.set_batched_attention(device.type == "cuda")
+        self.deterministic = deterministic
+
+    @property
+    def session_bytes(self) -> int:
+        return KVPool.session_bytes(self.cfg, self.dtype)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def open(self, session_id: str) -> NativeSession:
+        slot = self.pool.alloc()
+        digest = hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+        z = torch.zeros(dmel.CONTEXT, device=self.device)
+        mag, phase = self.vocoder.initial_state(self.device)
+        return NativeSession(
+            session_id=session_id,
+            slot=slot,
+            seed=int.from_bytes(digest, "little") >> 1,
+            user_tail=z,
+            self_tail=z.clone(),
+            voc_mag=mag,
+            voc_phase=phase,
+            self_dmel=torch.zeros(FRAMES_PER_TURN, self.cfg.dmel_bins, dtype=torch.long, device=self.device),
+            own_text=[NO_BYTE] * self.cfg.text_tokens,
+        )
+
+    def close(self, state: NativeSession) -> None:
+        if not state.closed:
+            self.pool.release(state.slot)
+            state.closed = True
+
+    # -- the micro-turn -----------------------------------------------------------------------
+
+    def _features(self, batch: Sequence[tuple[NativeSession, TickInput]]) -> TurnFeatures:
+        cfg, dev = self.cfg, self.device
+        audio = []
+        for st, tick in batch:
+            a = torch.cat([st.user_tail, torch.from_numpy(tick.audio).to(dev)])  # [CONTEXT + 4800]
+            st.user_tail = a[-dmel.CONTEXT :]
+            audio.append(a)
+            for text in tick.text:
+                st.last_typed = text
+                _enqueue(st.typed, text.encode() + b"\n", "typed", st.session_id)
+            for chunk in tick.background:
+                _enqueue(st.background, _background_bytes(chunk), "background", st.session_id)
+        p = cfg.video_grid**2
+        video = [
+            frame_patches(t.video, cfg.video_grid, dev)
+            if t.video is not None
+            else torch.zeros(p, PATCH, PATCH, 3, device=dev)
+            for _, t in batch
+        ]
+
+        def ids(rows: list[list[int]]) -> Tensor:
+            return torch.tensor(rows, dtype=torch.long, device=dev)
+
+        return TurnFeatures(
+            user_dmel=self.frontend(torch.stack(audio), self.deterministic),
+            self_dmel=torch.stack([st.self_dmel for st, _ in batch]),
+            video=torch.stack(video),
+            video_present=torch.tensor([t.video is not None for _, t in batch], device=dev),
+            typed=ids([_take(st.typed, cfg.typed_tokens) for st, _ in batch]),
+            background=ids([_take(st.background, cfg.background_tokens) for st, _ in batch]),
+            own_text=ids([st.own_text for st, _ in batch]),
+        )
+
+    def _synthesize(self, cond: Tensor, states: list[NativeSession]) -> tuple[Tensor, Tensor, Tensor]:
+        """Flow head + vocoder for every row (fixed shape; gated later).
+
+        cond [B, M, D] -> audio [B, 4800] float32 and the vocoder's next context (mag, phase).
+        """
+        flow = self.net.flow
+        noise = turn_noise(
+            [s.seed for s in states],
+            [s.turn for s in states],
+            (self.cfg.audio_out_tokens, flow.width),
+            self.device,
+        )
+        logmel = flow.sample(cond, noise)  # [B, 20, mels]
+        return self.vocoder(
+            logmel,
+            torch.stack([s.voc_mag for s in states]),
+            torch.stack([s.voc_phase for s in states]),
+            self.deterministic,
+        )
+
+    @torch.inference_mode()
+    def step(self, batch: Sequence[tuple[NativeSession, TickInput]]) -> list[TickOutput]:
+        if not batch:
+            return []
+        states = [s for s, _ in batch]
+        for s in states:
+            if s.closed:
+                raise ValueError(f"session {s.session_id} was closed; open a new one before stepping it")
+        if len({s.slot for s in states}) != len(states):
+            raise ValueError(
+                "a session appears twice in one step batch; step each session once per micro-turn"
+            )
+        # 1. inputs -> one batched transformer pass over the sessions' persistent KV
+        feats = self._features(batch)
+        turns = torch.tensor([s.turn for s in states], device=self.device)
+        heads = self.net.forward_step(feats, self.pool, [s.slot for s in states], turns)
+        # 2. decisions (greedy) and audio for every row
+        control = heads.control.float()
+        actions = control[:, : len(ACTIONS)].argmax(-1).tolist()
+        voice = (control[:, len(ACTIONS)] > 0).tolist()
+        text_ids = heads.text.argmax(-1).tolist()
+        transcript_ids = heads.transcript.argmax(-1).tolist()
+        audio, mag, phase = self._synthesize(heads.audio_cond, states)  # [B, 4800]
+        # 3. per session: gate, events, feedback
+        outs, spoken = [], []
+        for i, (st, tick) in enumerate(batch):
+            st.voc_mag, st.voc_phase = mag[i], phase[i]
+            gate, text, user_text, events = self._decide(
+                st, tick, actions[i], voice[i], text_ids[i], transcript_ids[i]
+            )
+            spoken.append(audio[i] * gate)
+            outs.append(
+                TickOutput(spoken[-1].float().cpu().numpy(), text=text, user_text=user_text, events=events)
+            )
+            if st.trace is not None:
+                st.trace.append((feats.row(i), HeadOutputs(*(x[i : i + 1] for x in vars(heads).values()))))
+        # 4. the model hears itself: dMel of what it actually said becomes next micro-turn's self audio
+        own = torch.stack([torch.cat([st.self_tail, a]) for st, a in zip(states, spoken, strict=True)])
+        self_dmel = self.frontend(own, self.deterministic)
+        for i, st in enumerate(states):
+            st.self_tail = own[i, -dmel.CONTEXT :]
+            st.self_dmel = self_dmel[i]
+            st.turn += 1
+        return outs
+
+    def _decide(
+        self,
+        st: NativeSession,
+        tick: TickInput,
+        action: int,
+        voice: bool,
+        text: list[int],
+        transcript: list[int],
+    ) -> tuple[float, str, str, list[Event]]:
+        """Map head decisions to events and what is emitted; update the session's floor state."""
+        events: list[Event] = []
+        if tick.cancel:
+            action = YIELD if st.speaking else SILENT  # the client asked us to stop: drop this utterance
+        if voice != st.user_speaking:
+            events.append(Event("speech_started" if voice else "speech_stopped"))
+            st.user_speaking = voice
+        if action == BACKCHANNEL:
+            events.append(Event("backchannel"))
+        if action == YIELD and st.speaking:
+            events.append(Event("yielded"))
+        if action == DELEGATE and st.last_action != DELEGATE:
+            query = st.transcript[-200:] or st.last_typed
+            events.append(Event("delegate", {"query": query}))
+        st.speaking, st.last_action = action == SPEAK, action
+        written = [b for b in text if b != NO_BYTE] if action == SPEAK else []
+        st.own_text = written + [NO_BYTE] * (len(text) - len(written))
+        heard = bytes(b for b in transcript if b != NO_BYTE)
+        user_text = st.transcript_dec.decode(heard)
+        st.transcript = (st.transcript + user_text)[-500:]
+        gate = 1.0 if action in (SPEAK, BACKCHANNEL) else 0.0
+        return gate, st.text_dec.decode(bytes(written)), user_text, events
+
+    # -- benchmark helpers (bench/engine.py finds them by name) -------------------------------
+
+    @torch.inference_mode()
+    def fast_forward(self, state: NativeSession, turns: int) -> None:
+        """Age a fresh session to `turns` micro-turns without stepping them (for benchmarks only).
+
+        Every store index the pool would hold at that age is filled with seeded random keys and
+        values, the conv state likewise, and the micro-turn counter is set. Because attention runs
+        over the full fixed-size store with a mask, the cost of the next micro-turn is that of a
+        session that really talked for `turns` micro-turns; its outputs are of course not.
+        """
+        if state.turn != 0:
+            raise ValueError("fast_forward ages fresh sessions only; open a new session")
+        g = torch.Generator().manual_seed(state.seed)
+        last = torch.tensor([turns - 1])
+        for layer, geom in enumerate(self.pool.geoms):
+            held = (geom.held_turns(last)[0] >= 0).to(self.device)  # [S] store indices in use
+            for store in (self.pool.k[layer], self.pool.v[layer]):
+                x = torch.randn(store.shape[1:], generator=g).to(self.device, self.dtype)
+                store[state.slot] = x * held[:, None, None, None]
+        self.pool.conv[state.slot] = torch.randn(self.pool.conv.shape[1:], generator=g).to(
+            self.device, self.dtype
+        )
+        state.turn = turns
+
+    def silent_features(self, n: int) -> TurnFeatures:
+        """n micro-turns of silence and no input: a stand-in history for the re-prefill baseline."""
+        cfg, dev = self.cfg, self.device
+        zeros = torch.zeros(n, FRAMES_PER_TURN, cfg.dmel_bins, dtype=torch.long, device=dev)
+        nb = torch.full((n, 1), NO_BYTE, dtype=torch.long, device=dev)
+        return TurnFeatures(
+            user_dmel=zeros,
+            self_dmel=zeros.clone(),
+            video=torch.zeros(n, cfg.video_grid**2, PATCH, PATCH, 3, device=dev),
+            video_present=torch.zeros(n, dtype=torch.bool, device=dev),
+            typed=nb.expand(n, cfg.typed_tokens),
+            background=nb.expand(n, cfg.background_tokens),
+            own_text=nb.expand(n, cfg.text_tokens),
+        )
+
+    @torch.inference_mode()
+    def baseline_step(self, batch: Sequence[tuple[NativeSession, TickInput]]) -> list[TickOutput]:
+        """What a server without persistent sessions pays per micro-turn (for benchmarks only).
+
+        Each session's whole history (turn + 1 micro-turns, silence standing in for the real
+        inputs: the cost does not depend on them) is re-run through `forward_sequence`, then the
+        last micro-turn's audio is synthesised. Session state is not advanced.
+        """
+        outs = []
+        for st, _ in batch:
+            heads = self.net.forward_sequence(self.silent_features(st.turn + 1))
+            audio, _, _ = self._synthesize(heads.audio_cond[-1:], [st])
+            outs.append(TickOutput(audio[0].float().cpu().numpy()))
+        return outs

@@ -242,16 +242,13 @@ def trial(url: str, sessions: int, seconds: float, speech: Audio, ramp: float = 
 
     async def all_sessions() -> None:
         # Stagger starts over `ramp` seconds so phases spread like real clients'.
-        await asyncio.gather(
-            *(_session(url, speech, seconds, ramp * i / sessions, st) for i, st in enumerate(stats))
-        )
+        await asyncio.gather(*(_session(url, speech, seconds, ramp * i / sessions, st) for i, st in enumerate(stats)))
 
     asyncio.run(asyncio.wait_for(all_sessions(), seconds + ramp + 60))
     after = snapshot(base)
     rss_after = proc_rss(pid) or after.rss_bytes
     buckets = {
-        le: after.lateness_buckets.get(le, 0.0) - before.lateness_buckets.get(le, 0.0)
-        for le in after.lateness_buckets
+        le: after.lateness_buckets.get(le, 0.0) - before.lateness_buckets.get(le, 0.0) for le in after.lateness_buckets
     }
     count = after.lateness_count - before.lateness_count
     q = lambda p: None if (v := bucket_quantile(buckets, p)) is None else round(v * 1000, 2)  # noqa: E731
@@ -266,9 +263,7 @@ def trial(url: str, sessions: int, seconds: float, speech: Audio, ramp: float = 
         lateness_p50_ms=q(0.5),
         lateness_p95_ms=q(0.95),
         lateness_p99_ms=q(0.99),
-        lateness_mean_ms=round((after.lateness_sum - before.lateness_sum) / count * 1000, 2)
-        if count
-        else None,
+        lateness_mean_ms=round((after.lateness_sum - before.lateness_sum) / count * 1000, 2) if count else None,
         rss_before_mb=round(rss_before / 2**20, 1) if rss_before else None,
         rss_after_mb=round(rss_after / 2**20, 1) if rss_after else None,
         refused=sum(st.refused for st in stats),
@@ -356,11 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         trials = find_max(args.url, args.seconds, speech, min(args.limit, MAX_SESSIONS))
         best = max((t.sessions for t in trials if t.clean), default=0)
         if args.json:
-            print(
-                json.dumps(
-                    {"max_sessions_zero_missed": best, "trials": [asdict(t) for t in trials]}, indent=2
-                )
-            )
+            print(json.dumps({"max_sessions_zero_missed": best, "trials": [asdict(t) for t in trials]}, indent=2))
         else:
             for t in trials:
                 print(_line(t))

@@ -52,9 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: reuse an output.json newer than output.wav (default)",
     )
-    s.add_argument(
-        "--gt", type=Path, help="backchannel ground truth (default: icc_gt_distribution.json in the set)"
-    )
+    s.add_argument("--gt", type=Path, help="backchannel ground truth (default: icc_gt_distribution.json in the set)")
     return p
 
 
@@ -63,17 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "generate":
         from bench.fdbench.generate import generate
 
-        folders = generate(
-            args.out, args.samples, args.v15_samples, args.seed, tuple(args.tasks or ()) or None
-        )
+        folders = generate(args.out, args.samples, args.v15_samples, args.seed, tuple(args.tasks or ()) or None)
         print(f"wrote {len(folders)} samples under {args.out}")
         return 0
     if args.cmd == "run":
         from bench.fdbench.runner import run
 
-        summary = run(
-            args.data, args.url, args.pace, args.concurrency, args.timeout, args.label, args.skip_existing
-        )
+        summary = run(args.data, args.url, args.pace, args.concurrency, args.timeout, args.label, args.skip_existing)
         print(f"ran {len(summary.done)} samples; summary in {args.data / 'run.json'}")
         for name, why in summary.failed.items():
             print(f"FAILED {name}: {why}", file=sys.stderr)

@@ -133,9 +133,7 @@ async def stream(
             # tick_stats: a duplex.tick event after every stepped micro-turn, silent ones included,
             # which is how the client learns which server tick takes its first chunk.
             await ws.send(
-                json.dumps(
-                    {"type": "session.update", "session": {"pace": pace, "duplex": {"tick_stats": True}}}
-                )
+                json.dumps({"type": "session.update", "session": {"pace": pace, "duplex": {"tick_stats": True}}})
             )
             await _expect(ws, "session.updated", 20.0)
             answered = asyncio.Event()

@@ -116,9 +116,7 @@ def _estimate_words(text: str, start: float, end: float) -> list[dict[str, Any]]
     words = text.split()
     weights = np.array([len(w) + 1 for w in words], dtype=np.float64)
     edges = start + (end - start) * np.concatenate([[0.0], np.cumsum(weights) / weights.sum()])
-    return [
-        {"text": w, "timestamp": [round(edges[i], 3), round(edges[i + 1], 3)]} for i, w in enumerate(words)
-    ]
+    return [{"text": w, "timestamp": [round(edges[i], 3), round(edges[i + 1], 3)]} for i, w in enumerate(words)]
 
 
 def _mix(base: Audio, overlay: Audio, at_s: float, gain: float = 1.0) -> Audio:
@@ -189,9 +187,7 @@ def interruption_sample(out: Path, rng: random.Random, spk: Speaker) -> dict[str
     write_wav(out / "input.wav", track.render(), RATE)
     write_wav(out / "context.wav", context_audio, RATE)
     write_wav(out / "interrupt.wav", interrupt_audio, RATE)
-    _write_json(
-        out / "interrupt.json", [{"context": context, "interrupt": interrupt, "timestamp": [start, end]}]
-    )
+    _write_json(out / "interrupt.json", [{"context": context, "interrupt": interrupt, "timestamp": [start, end]}])
     return {"voice": asdict(voice), "texts": [context, interrupt]}
 
 

@@ -112,3 +112,16 @@ def test_realtime_run_records_both_placements(tmp_path: Path, duplex_server: Cal
     lags = [int(np.argmax(np.abs(by_clock) > 0.01)) - int(np.argmax(np.abs(inp) > 0.01))]
     assert 3200 - 160 <= lags[0] <= 3200 + 16000
     assert summary.lateness and max(summary.lateness) < 1.0
+
+
+def test_transcript_timestamps_survive_silence_cropping() -> None:
+    from bench.fdbench.align import transcribe
+    from bench.fdbench.generate import Speaker, Voice
+
+    speech = Speaker().say("what is the weather like tomorrow", Voice("piper:joe", 1.0, 1.0))
+    padded = np.concatenate([np.zeros(32000, np.float32), speech, np.zeros(16000, np.float32)])
+    plain, shifted = transcribe(speech), transcribe(padded, offset=1.0)
+    assert plain["text"] and shifted["text"] == plain["text"]
+    # 2 s of leading silence plus the 1 s offset: every word moves by 3 s.
+    for a, b in zip(plain["chunks"], shifted["chunks"], strict=True):
+        assert b["timestamp"][0] == pytest.approx(a["timestamp"][0] + 3.0, abs=0.05)

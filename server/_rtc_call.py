@@ -1,0 +1,282 @@
+"""One WebRTC call: a peer connection bound to one session, for as long as the peer is alive.
+
+    peer --Opus--> read_audio -> engine
+    engine -> RtcConnection.deliver -> PacedAudioTrack --Opus--> peer
+    peer --video-> read_video -> session.video
+    peer <-JSON--> data channel <-> RealtimeConnection (the same event codec as the WebSocket)
+
+Lifecycle (CallState): NEW while the offer is answered, LIVE once the session is attached, ENDED
+after `finish`. aiortc has no "disconnected" state and its ICE consent check takes ~30 s to fail,
+so the call keeps its own liveness: anything from the peer (RTP media, data-channel messages, the
+`duplex.pong` answering our `duplex.ping`) counts; LIVENESS_TIMEOUT without any of it and the peer
+is dead. A call that ends without a hang-up detaches its session, which can then be resumed with
+its token within the grace period, exactly like a dropped WebSocket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from enum import Enum
+from typing import Any
+
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
+
+from models.base import TickOutput
+from server import protocol as p
+from server._rtc_tracks import PacedAudioTrack, read_audio, read_video, use_low_latency_buffer
+from server.protocol import ProtocolError
+from server.realtime import Close, RealtimeConnection
+from server.runtime import Runtime
+from server.sessions import Session
+from streaming.pcm import Audio
+from streaming.video import Frame
+
+log = logging.getLogger(__name__)
+
+PING_INTERVAL = 1.0  # seconds between duplex.ping events on the data channel
+LIVENESS_TIMEOUT = 5.0  # seconds without anything from the peer before it is declared dead
+CONNECT_TIMEOUT = 15.0  # the first sign of life may take longer (ICE through TURN, DTLS)
+PENDING_EVENTS = 512  # events kept while the data channel is not open yet (the oldest are dropped)
+CHANNEL_BUFFER_LIMIT = 8 << 20  # bytes queued on a data channel that is not read before we hang up
+FLUSH_TIMEOUT = 1.0  # seconds to let the last events (session.closing) leave before closing the peer
+
+
+class CallState(Enum):
+    NEW = "new"  # offer being answered; session not attached yet
+    LIVE = "live"  # session attached; media and events flow
+    ENDED = "ended"  # peer connection closed; the session is detached or closed
+
+
+class RtcConnection(RealtimeConnection):
+    """The Realtime protocol over a data channel, with output audio going to the paced RTP track."""
+
+    def __init__(self, runtime: Runtime, session: Session, track: PacedAudioTrack,
+                 resumed: bool = False) -> None:
+        super().__init__(runtime, session, resumed=resumed)
+        self.track = track
+
+    def send_audio(self, audio: Audio, tick: int) -> None:
+        self.track.push(audio)
+
+    def deliver(self, out: TickOutput, tick: int) -> None:
+        # The model gave up the floor (barge-in): what it had queued must not keep playing.
+        if any(ev.type == "yielded" for ev in out.events):
+            self.track.clear()
+        super().deliver(out, tick)
+
+    async def _dispatch(self, ev: dict[str, Any]) -> None:
+        etype = ev["type"]
+        cfg = ev.get("session")
+        if etype == "session.update" and isinstance(cfg, dict) and cfg.get("pace") == "media":
+            raise ProtocolError("pace_unsupported", "a WebRTC call always runs in real time; use the "
+                                "WebSocket endpoint /v1/realtime for pace 'media'", "session.pace",
+                                ev.get("event_id"))
+        if etype in ("response.cancel", "output_audio_buffer.clear"):
+            # Drop what is queued for the speaker now; the base class silences ticks still in flight.
+            dropped_ms = self.track.clear()
+            if etype == "output_audio_buffer.clear":
+                self.emit({"type": "output_audio_buffer.cleared", "event_id": p.new_id("event"),
+                           "dropped_ms": dropped_ms})
+        await super()._dispatch(ev)
+
+
+class RtcCall:
+    def __init__(self, runtime: Runtime, pc: RTCPeerConnection, session: Session, resumed: bool) -> None:
+        self.runtime = runtime
+        self.pc = pc
+        self.session = session
+        self.state = CallState.NEW
+        self.track = PacedAudioTrack()
+        self.conn = RtcConnection(runtime, session, self.track, resumed=resumed)
+        self.channel: RTCDataChannel | None = None
+        self.started = time.monotonic()
+        self.last_seen: float | None = None  # monotonic time of the last sign of life from the peer
+        self._pending: deque[str] = deque(maxlen=PENDING_EVENTS)  # events waiting for the channel to open
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()  # data-channel messages, in order
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ended = asyncio.Event()
+        self._wire()
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def _wire(self) -> None:
+        pc = self.pc
+
+        @pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            if track.kind == "audio":
+                self._spawn(read_audio(track, self._push_audio, self.alive), "rtc-audio-in")
+            elif track.kind == "video":
+                self._spawn(read_video(track, self._store_video, self.alive), "rtc-video-in")
+
+        @pc.on("datachannel")
+        def on_datachannel(channel: RTCDataChannel) -> None:
+            if self.channel is not None:  # one event channel per call; extra ones are ignored
+                log.info("call %s: ignoring extra data channel %r", self.session.id, channel.label)
+                return
+            self.channel = channel
+            channel.on("open", self._flush_pending)
+            channel.on("message", self._inbox.put_nowait)
+            if channel.readyState == "open":
+                self._flush_pending()
+
+        @pc.on("connectionstatechange")
+        async def on_state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                await self.finish(f"peer connection {pc.connectionState}")
+
+    async def answer(self, offer_sdp: str) -> str:
+        """Apply the offer, attach the output track, and return the answer SDP (ICE candidates included)."""
+        from aiortc import RTCSessionDescription
+
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        if not any(t.kind == "audio" for t in self.pc.getTransceivers()):
+            raise ProtocolError("offer_without_audio", "the offer has no audio m-line: add a microphone "
+                                "track (or addTransceiver('audio')) before creating the offer")
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.kind == "audio" and not use_low_latency_buffer(transceiver.receiver):
+                log.warning("could not replace aiortc's audio jitter buffer: input latency is 80 ms higher")
+        self.pc.addTrack(self.track)
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        return str(self.pc.localDescription.sdp)
+
+    def start(self) -> None:
+        """The session is attached to this call: start moving events and watching the peer."""
+        self.state = CallState.LIVE
+        self._spawn(self._write_loop(), "rtc-events-out")
+        self._spawn(self._read_loop(), "rtc-events-in")
+        self._spawn(self._watchdog(), "rtc-liveness")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"{name}-{self.session.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("call %s: task %s failed", self.session.id, task.get_name(), exc_info=task.exception())
+
+    # -- media in -------------------------------------------------------------------------------
+
+    def alive(self) -> None:
+        self.last_seen = time.monotonic()
+
+    def _push_audio(self, audio: Audio) -> None:
+        if self.state is not CallState.LIVE or self.session.closed:
+            return
+        engine = self.runtime.engine
+        assert engine is not None
+        self.session.last_activity = self.last_seen or time.monotonic()
+        # RTP arrives in real time; the engine counts any overrun (a stalled loop catching up).
+        engine.push_audio(self.session, audio)
+
+    def _store_video(self, frame: Frame) -> None:
+        if self.state is CallState.LIVE and not self.session.closed:
+            self.session.video = frame  # the engine takes the newest one at the next micro-turn
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _send(self, text: str) -> None:
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            self._pending.append(text)
+            return
+        if channel.bufferedAmount > CHANNEL_BUFFER_LIMIT:
+            self.conn.end(1008, "client is not reading its data channel")
+            return
+        channel.send(text)
+
+    def _flush_pending(self) -> None:
+        while self._pending and self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(self._pending.popleft())
+
+    async def _write_loop(self) -> None:
+        while True:
+            item = await self.conn.outbox.get()
+            if isinstance(item, Close):
+                await self._drain_channel()
+                await self.finish(item.reason or "closed by the server")
+                return
+            self._send(json.dumps(item, separators=(",", ":")))
+
+    async def _read_loop(self) -> None:
+        while True:
+            msg = await self._inbox.get()
+            self.alive()
+            if isinstance(msg, bytes):
+                await self.conn.handle_audio_bytes(msg)  # raw PCM16, as binary WebSocket frames
+                continue
+            # Transport keepalive, answered here: it is not part of the Realtime event codec.
+            if ('"duplex.ping"' in msg or '"duplex.pong"' in msg) and self._keepalive(msg):
+                continue
+            await self.conn.handle_text(msg)
+
+    def _keepalive(self, msg: str) -> bool:
+        """Answer the page's duplex.ping (its round-trip readout); a duplex.pong only proves life."""
+        try:
+            ev = json.loads(msg)
+        except json.JSONDecodeError:
+            return False
+        if not isinstance(ev, dict):
+            return False
+        if ev.get("type") == "duplex.ping":
+            self._send(json.dumps({"type": "duplex.pong", "event_id": p.new_id("event"), "id": ev.get("id"),
+                                   "t": ev.get("t")}))
+            return True
+        return ev.get("type") == "duplex.pong"
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(PING_INTERVAL)
+            now = time.monotonic()
+            if self.last_seen is None:
+                if now - self.started > CONNECT_TIMEOUT:
+                    await self.finish(f"peer never connected within {CONNECT_TIMEOUT:.0f} s")
+                    return
+            elif now - self.last_seen > LIVENESS_TIMEOUT:
+                await self.finish(f"peer silent for {now - self.last_seen:.1f} s")
+                return
+            if self.channel is not None and self.channel.readyState == "open":
+                ping = {"type": "duplex.ping", "event_id": p.new_id("event"), "t": time.time()}
+                self._send(json.dumps(ping))
+
+    async def _drain_channel(self) -> None:
+        """Give queued events (duplex.session.closing) a moment to leave before the peer is closed."""
+        deadline = time.monotonic() + FLUSH_TIMEOUT
+        channel = self.channel
+        while channel is not None and channel.readyState == "open" and time.monotonic() < deadline:
+            if channel.bufferedAmount == 0:
+                await asyncio.sleep(0.05)  # SCTP may still hold the last chunk unacknowledged
+                return
+            await asyncio.sleep(0.01)
+
+    # -- teardown -------------------------------------------------------------------------------
+
+    async def finish(self, why: str) -> None:
+        """End the call: stop the tasks, close the peer, detach the session (resumable) if still ours."""
+        if self.state is CallState.ENDED:
+            return
+        was_live = self.state is CallState.LIVE
+        self.state = CallState.ENDED
+        log.info("call %s ended: %s", self.session.id, why)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        self.track.stop()
+        with contextlib.suppress(Exception):  # closing a half-broken peer may raise; it is closed anyway
+            await self.pc.close()
+        s = self.session
+        if was_live and not s.closed and s.sink is self.conn:
+            assert self.runtime.registry is not None
+            self.runtime.registry.detach(s)  # kept for the resume grace period
+        self._ended.set()
+
+    async def wait_ended(self) -> None:
+        await self._ended.wait()

@@ -1,0 +1,219 @@
+"""WebRTC endpoint: SDP offer/answer over HTTP, one peer connection = one session.
+
+Like the OpenAI Realtime WebRTC mode:
+
+    POST /v1/realtime/calls                 body: the SDP offer (application/sdp)
+        201 Created, body: the SDP answer, Location: /v1/realtime/calls/{call_id}
+        ?resume_token=T resumes a detached session (WebSocket or WebRTC) instead of opening one
+    POST /v1/realtime/calls/{call_id}/hangup   ends the call and closes its session now
+    GET  /v1/realtime/calls/ice                the ICE servers (STUN/TURN) browsers should use
+
+Refusals carry a JSON body `{"error": {"type", "code", "message"}}`: 503 `server_full` (with
+Retry-After) or `server_shutting_down`, 400 `invalid_sdp`, 404 `invalid_resume_token`, 415
+`unsupported_media_type`, 403 `origin_not_allowed`; the API key is checked by the middleware (401).
+The call itself (tracks, data channel, liveness) lives in server/_rtc_call.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from server._rtc_call import RtcCall
+from server.auth import origin_ok
+from server.protocol import ProtocolError
+from server.runtime import Runtime
+from server.sessions import Pace, RegistryFull, Session
+
+log = logging.getLogger(__name__)
+
+MAX_OFFER_BYTES = 64 * 1024  # real offers are a few kB; anything far larger is not an SDP offer
+RETRY_AFTER_FULL = 5  # seconds a refused client is told to wait before trying again
+
+
+def parse_ice_server(url: str) -> RTCIceServer:
+    """`stun:host:port` or `turn:user:pass@host:port[?transport=tcp]` -> RTCIceServer (credentials apart)."""
+    scheme, sep, rest = url.partition(":")
+    if not sep or scheme not in ("stun", "stuns", "turn", "turns") or not rest:
+        raise ValueError(f"ICE server {url!r} is not a stun:, stuns:, turn: or turns: URL "
+                         "(e.g. stun:stun.example.org:3478 or turn:user:pass@turn.example.org:3478)")
+    creds, at, hostpart = rest.rpartition("@")
+    if not at:
+        return RTCIceServer(urls=url)
+    username, colon, credential = creds.partition(":")
+    if not colon:
+        raise ValueError(f"ICE server {url!r}: credentials must be 'user:password@'")
+    return RTCIceServer(urls=f"{scheme}:{hostpart}", username=username, credential=credential)
+
+
+def ice_config(urls: list[str]) -> list[RTCIceServer]:
+    return [parse_ice_server(u) for u in urls]
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return JSONResponse({"error": {"type": kind, "code": code, "message": message}}, status_code=status,
+                        headers=headers)
+
+
+class Calls:
+    """The live calls of this server, by session id."""
+
+    def __init__(self, runtime: Runtime, ice_servers: list[RTCIceServer]) -> None:
+        self.runtime = runtime
+        self.ice_servers = ice_servers
+        self.by_session: dict[str, RtcCall] = {}
+
+    async def open(self, offer: str, resume_token: str | None) -> tuple[RtcCall, str]:
+        """Admit (or resume) a session, answer the offer, attach the session. Raises _Refused."""
+        runtime = self.runtime
+        registry, engine = runtime.registry, runtime.engine
+        assert registry is not None and engine is not None
+        if runtime.draining:
+            raise _Refused(503, "server_shutting_down", "server is shutting down; reconnect later")
+        resumed: Session | None = None
+        if resume_token:
+            resumed = registry._by_token.get(resume_token)
+            if resumed is None or resumed.closed or resumed.attached:
+                raise _Refused(404, "invalid_resume_token",
+                               "resume token is unknown, expired or already in use; open a new session")
+            if resumed.pace is Pace.MEDIA:
+                raise _Refused(409, "pace_unsupported", "this session runs in pace 'media', which only the "
+                               "WebSocket endpoint serves; resume it there")
+            session = resumed
+        else:
+            try:
+                session = await runtime.open_session()
+            except RegistryFull as exc:
+                runtime.metrics.sessions_refused.inc()
+                raise _Refused(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL)}) from None
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=self.ice_servers))
+        call = RtcCall(runtime, pc, session, resumed=resumed is not None)
+        try:
+            answer = await call.answer(offer)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await pc.close()
+            if resumed is None:
+                await registry.close(session)  # never attached: free its model state at once
+            if isinstance(exc, ProtocolError):
+                raise _Refused(400, exc.code, exc.message) from None
+            if isinstance(exc, ValueError | AssertionError):  # aiortc's complaints about a malformed offer
+                what = str(exc) or type(exc).__name__
+                raise _Refused(400, "invalid_sdp", f"the SDP offer could not be used: {what}; send the offer "
+                               "exactly as RTCPeerConnection.createOffer() produced it") from None
+            raise
+        if resumed is not None and (resumed.closed or resumed.attached):  # lost a race during negotiation
+            await call.finish("session taken while negotiating")
+            raise _Refused(404, "invalid_resume_token", "the session was resumed or closed meanwhile; "
+                           "open a new session")
+        call.conn.hello()
+        if resumed is not None:
+            registry.resume(resume_token or "", call.conn)
+            engine.resumed(session)
+        else:
+            session.sink = call.conn
+            engine.add(session)
+        call.start()
+        self.by_session[session.id] = call
+        asyncio.create_task(self._forget_when_ended(call))  # noqa: RUF006 - it ends with the call
+        return call, answer
+
+    async def _forget_when_ended(self, call: RtcCall) -> None:
+        await call.wait_ended()
+        if self.by_session.get(call.session.id) is call:
+            del self.by_session[call.session.id]
+
+    async def hangup(self, call_id: str) -> bool:
+        call = self.by_session.get(call_id)
+        if call is None:
+            return False
+        registry = self.runtime.registry
+        assert registry is not None
+        await registry.close(call.session, 1000, "hung up by the client")
+        await call.finish("hung up by the client")
+        return True
+
+    async def close_all(self) -> None:
+        """Server shutdown: the sessions were already told why (drain); close every peer connection."""
+        calls = list(self.by_session.values())
+        for call in calls:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(call.wait_ended(), 1.0)  # let a draining call send its goodbye
+            await call.finish("server shutting down")
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers
+
+
+def register_webrtc(app: FastAPI, runtime: Runtime) -> None:
+    ice_servers = ice_config(runtime.config.ice_servers)  # a bad URL stops the server at start-up
+    calls_holder: dict[str, Calls] = {}
+
+    def calls() -> Calls:
+        # Built lazily: the runtime (registry, engine) exists only once the lifespan has started.
+        if "calls" not in calls_holder:
+            calls_holder["calls"] = Calls(runtime, ice_servers)
+        return calls_holder["calls"]
+
+    @app.post("/v1/realtime/calls", status_code=201, response_model=None)
+    async def create_call(request: Request) -> Response:
+        origin = request.headers.get("origin")
+        if not origin_ok(origin, runtime.allowed_origins):
+            return _error(403, "origin_not_allowed", f"origin {origin!r} is not allowed; start the server "
+                          "with --allow-origin ORIGIN")
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in ("application/sdp", "text/plain"):
+            return _error(415, "unsupported_media_type", f"expected the SDP offer as 'application/sdp', got "
+                          f"{ctype or 'no content type'!r}")
+        body = await request.body()
+        if len(body) > MAX_OFFER_BYTES:
+            return _error(413, "offer_too_large", f"the offer is {len(body)} bytes, over {MAX_OFFER_BYTES}; "
+                          "send a plain SDP offer")
+        offer = body.decode("utf-8", errors="replace")
+        if not offer.lstrip().startswith("v=0"):
+            return _error(400, "invalid_sdp", "the body is not an SDP offer (it must start with 'v=0'); send "
+                          "RTCPeerConnection.createOffer().sdp as the body")
+        try:
+            call, answer = await calls().open(offer, request.query_params.get("resume_token"))
+        except _Refused as exc:
+            runtime.metrics.client_errors.labels(exc.code).inc()
+            return _error(exc.status, exc.code, exc.message, exc.headers)
+        return Response(answer, status_code=201, media_type="application/sdp",
+                        headers={"Location": f"/v1/realtime/calls/{call.session.id}"})
+
+    @app.post("/v1/realtime/calls/{call_id}/hangup", response_model=None)
+    async def hangup(call_id: str) -> JSONResponse:
+        if not await calls().hangup(call_id):
+            return _error(404, "unknown_call", f"no live call {call_id!r}; it has ended or never existed")
+        return JSONResponse({"id": call_id, "status": "closed"})
+
+    @app.get("/v1/realtime/calls/ice")
+    async def ice() -> dict[str, Any]:
+        servers = [{"urls": s.urls, **({"username": s.username, "credential": s.credential}
+                                       if s.username else {})} for s in calls().ice_servers]
+        return {"ice_servers": servers}
+
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a: FastAPI) -> AsyncIterator[Any]:
+        async with inner(a) as state:
+            try:
+                yield state
+            finally:
+                if "calls" in calls_holder:
+                    await calls_holder["calls"].close_all()
+
+    app.router.lifespan_context = lifespan

@@ -1,0 +1,151 @@
+"""Output pacing: turns 200 ms micro-turns of audio into fixed frames released on an absolute schedule.
+
+The engine hands over one micro-turn (4,800 samples at 24 kHz) at a time, in bursts. A real-time
+transport (the WebRTC output track) must instead release one short frame every 20 ms, forever:
+silence when nothing is queued, and nothing queued any more once the speaker is stopped (barge-in).
+
+Frame n is due at `t0 + n * frame_seconds` (a `DeadlineClock`), so scheduling errors never
+accumulate. When the consumer falls far behind (the event loop stalled), the schedule is re-anchored
+to now instead of bursting out every missed frame at once, which the receiver would only buffer.
+
+What the pacer does not know: codecs, RTP, sessions. It moves float32 samples and keeps time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from streaming.clock import DeadlineClock
+from streaming.pcm import Audio
+
+
+@dataclass
+class PacerStats:
+    frames: int = 0  # frames released
+    speech_frames: int = 0  # frames that carried queued audio (fully or partly)
+    underruns: int = 0  # frames padded with silence while audio was still expected (mid-stream gap)
+    cleared_samples: int = 0  # samples dropped by clear() (barge-in, cancel)
+    overflow_samples: int = 0  # samples dropped because more than max_queue was queued
+    resyncs: int = 0  # times the schedule was re-anchored after a stall
+
+
+class AudioPacer:
+    """A bounded sample queue read out in fixed frames on an absolute schedule.
+
+    `push` and `clear` are called by the producer (on the event loop); `next_frame` by the consumer,
+    which awaits it in a loop (aiortc calls its track's `recv` back to back).
+    """
+
+    def __init__(self, rate: int, frame_samples: int, max_queue_seconds: float = 2.0,
+                 resync_seconds: float = 0.25, now: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0 or frame_samples <= 0:
+            raise ValueError(f"rate and frame_samples must be positive, got {rate} and {frame_samples}")
+        self.rate = rate
+        self.frame_samples = frame_samples
+        self.frame_seconds = frame_samples / rate
+        self.max_queue = int(max_queue_seconds * rate)  # bound on queued samples (latency, memory)
+        self.resync_seconds = resync_seconds  # lateness past which the schedule restarts from now
+        self._now = now
+        self._parts: deque[Audio] = deque()
+        self._head = 0  # samples of _parts[0] already released
+        self.queued = 0  # samples waiting
+        self._streaming = False  # the last frame carried audio: an empty queue now is an underrun
+        self._clock: DeadlineClock | None = None  # started by the first next_frame()
+        self._index = 0  # next frame's index on the schedule
+        self._rebase = 0  # schedule index that maps to the current clock's t0 (moves on a resync)
+        self.stats = PacerStats()
+
+    # -- producer side -----------------------------------------------------------------------
+
+    def push(self, audio: Audio) -> int:
+        """Queue samples; returns how many of the oldest were dropped to respect max_queue."""
+        if len(audio) == 0:
+            return 0
+        self._parts.append(np.asarray(audio, dtype=np.float32))
+        self.queued += len(audio)
+        excess = self.queued - self.max_queue
+        if excess > 0:
+            self._take(excess, None)
+            self.stats.overflow_samples += excess
+            return excess
+        return 0
+
+    def clear(self) -> int:
+        """Drop everything queued at once (the speaker stopped); returns samples dropped.
+
+        The next frame released is silence, so the listener hears the stop within one frame.
+        """
+        n = self.queued
+        self._parts.clear()
+        self._head = 0
+        self.queued = 0
+        self._streaming = False
+        self.stats.cleared_samples += n
+        return n
+
+    # -- consumer side -----------------------------------------------------------------------
+
+    def take_frame(self) -> Audio:
+        """The next frame right now, silence-padded: float32[frame_samples]. No waiting."""
+        out = np.zeros(self.frame_samples, dtype=np.float32)
+        n = min(self.queued, self.frame_samples)
+        if n:
+            self._take(n, out)
+            self.stats.speech_frames += 1
+        if n < self.frame_samples and self._streaming:
+            self.stats.underruns += 1
+        self._streaming = self.queued > 0
+        self.stats.frames += 1
+        return out
+
+    async def next_frame(self) -> tuple[Audio, int]:
+        """Wait until the next frame is due, then return it and its index on the schedule.
+
+        The index counts frames since the first call, so `index * frame_samples` is a continuous
+        sample clock (RTP timestamps) even across re-anchoring.
+        """
+        if self._clock is None:
+            self._clock = DeadlineClock(self.frame_seconds, now=self._now)
+        index = self._index
+        lateness = await self._clock.sleep_until(index - self._rebase)
+        if lateness > self.resync_seconds:
+            # The consumer stalled: start the schedule again from now rather than burst out the backlog.
+            self._clock = DeadlineClock(self.frame_seconds, now=self._now)
+            self._rebase = index
+            self.stats.resyncs += 1
+        self._index += 1
+        return self.take_frame(), index
+
+    @property
+    def next_index(self) -> int:
+        """Index of the next frame to be released: audio pushed now starts in that frame."""
+        return self._index
+
+    def deadline(self, index: int) -> float | None:
+        """When frame `index` is (or was) due on the current schedule; None before the first frame."""
+        if self._clock is None:
+            return None
+        return self._clock.deadline(index - self._rebase)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _take(self, n: int, out: Audio | None) -> None:
+        """Remove the oldest n samples, copying them into `out` when given."""
+        filled = 0
+        while filled < n:
+            part = self._parts[0]
+            take = min(n - filled, len(part) - self._head)
+            if out is not None:
+                out[filled : filled + take] = part[self._head : self._head + take]
+            filled += take
+            self._head += take
+            self.queued -= take
+            if self._head == len(part):
+                self._parts.popleft()
+                self._head = 0
+

@@ -38,6 +38,10 @@ class ClientError(Exception):
     """The server refused the session, reported an error, or stopped answering."""
 
 
+class ServerFull(ClientError):
+    """The server is at capacity (it may still hold a previous sample's session for resumption)."""
+
+
 @dataclass
 class StreamResult:
     ticks: int  # micro-turns sent (the last one silence-padded)
@@ -114,13 +118,35 @@ async def _expect(ws: Any, wanted: str, timeout: float) -> dict[str, Any]:
         if msg.get("type") == wanted:
             return dict(msg)
         if msg.get("type") == "error":
+            err = msg.get("error") or {}
+            if isinstance(err, dict) and err.get("code") == "server_full":
+                raise ServerFull(f"server full while waiting for {wanted}: {err.get('message')}")
             raise ClientError(f"server error while waiting for {wanted}: {msg.get('error', msg)}")
 
 
 async def stream(
-    url: str, audio: Audio, pace: str = "media", timeout: float = 120.0, grace: float = 1.5
+    url: str, audio: Audio, pace: str = "media", timeout: float = 120.0, grace: float = 1.5, full_wait: float = 90.0
 ) -> StreamResult:
-    """Stream 24 kHz mono `audio` through one session and collect what comes back."""
+    """Stream 24 kHz mono `audio` through one session and collect what comes back.
+
+    A server at capacity is retried every half second for up to `full_wait` seconds: a server
+    holds a finished sample's session for its resume grace period (`duplex serve --resume-grace`),
+    and a one-session model (native:tiny on CPU) is full until that session is reaped.
+    """
+    deadline = time.monotonic() + full_wait
+    while True:
+        try:
+            return await _stream_once(url, audio, pace, timeout, grace)
+        except ServerFull:
+            if time.monotonic() > deadline:
+                raise ServerFull(
+                    f"server stayed full for {full_wait:.0f}s; start it with a shorter --resume-grace "
+                    "(e.g. 0) or a larger --max-sessions for benchmark runs"
+                ) from None
+            await asyncio.sleep(0.5)
+
+
+async def _stream_once(url: str, audio: Audio, pace: str, timeout: float, grace: float) -> StreamResult:
     if pace not in ("media", "realtime"):
         raise ValueError(f"pace must be 'media' or 'realtime', got {pace!r}")
     n_ticks = max(1, -(-len(audio) // TICK_SAMPLES))

@@ -80,9 +80,7 @@ class CascadeModel:
 
     def open(self, session_id: str) -> CascadeState:
         o = self.opts
-        asr: Recognizer = (
-            WhisperRecognizer(o.whisper_dir) if o.asr == "whisper" else SphinxRecognizer(self._pool)
-        )
+        asr: Recognizer = WhisperRecognizer(o.whisper_dir) if o.asr == "whisper" else SphinxRecognizer(self._pool)
         return CascadeState(
             session_id=session_id,
             mic=StreamResampler(SAMPLE_RATE, ASR_RATE),
@@ -97,6 +95,18 @@ class CascadeModel:
     def close(self, state: CascadeState) -> None:
         state.asr.abort()  # returns a pooled decoder
         state.speaker.drop()
+
+    def wait_synthesis(self, states: Sequence[CascadeState], timeout: float = 30.0) -> None:
+        """Block until every queued phrase of `states` is synthesised.
+
+        For media-pace drivers (tests, offline evaluation) that step faster than real time: in real
+        time synthesis (~0.2x real time for Piper) keeps ahead of playback, stepping flat out it
+        does not, and the output would have gaps that a real-time session would not have.
+        """
+        for s in states:
+            for p in list(s.speaker.queue):
+                if p.future is not None:
+                    p.future.exception(timeout=timeout)
 
     def shutdown(self) -> None:
         """Stop the synthesis threads (the model is unusable afterwards)."""

@@ -27,8 +27,14 @@ class CascadeOptions:
     eot_max_silence_ms: int = 1500  # silence that ends a turn whatever the transcript
     min_turn_speech_ms: int = 200  # turns with less speech are noise: no delegate, no reply
     # --- barge-in (user speech while the assistant speaks)
-    barge_in_ms: int = 500  # overlapped speech that stops the assistant, unless only backchannel words
-    barge_in_max_ms: int = 1000  # overlapped speech that stops it whatever the words
+    # Overlapped speech stops the assistant `barge_in_max_ms` after its onset whatever the words,
+    # or `barge_in_ms` after it if it holds `barge_in_words` words that are neither backchannels
+    # nor the assistant's own echo. The word rule is off by default (barge_in_words=0): pocketsphinx
+    # turns hums into random words ("mm-hm" -> "the men make", "enemy champ"), so only length tells
+    # a backchannel reliably: a synthetic "mm-hm" is 0.86 s of speech, an interruption goes on.
+    barge_in_ms: int = 500
+    barge_in_words: int = 0
+    barge_in_max_ms: int = 1000
     echo_max_delay_ms: int = 800  # how far back the echo canceller looks for its own voice
     echo_min_corr: float = 0.3  # input this correlated with what was played is treated as echo
     # --- replies
@@ -45,9 +51,7 @@ class CascadeOptions:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.vad_off <= self.vad_on < 1.0:
-            raise ValueError(
-                f"need 0 < vad_off <= vad_on < 1, got vad_off={self.vad_off} vad_on={self.vad_on}"
-            )
+            raise ValueError(f"need 0 < vad_off <= vad_on < 1, got vad_off={self.vad_off} vad_on={self.vad_on}")
         if self.eot_max_silence_ms < self.eot_silence_ms:
             raise ValueError("eot_max_silence_ms must be >= eot_silence_ms")
         if self.barge_in_max_ms < self.barge_in_ms:

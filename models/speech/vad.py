@@ -38,9 +38,7 @@ def _model_path() -> Path:
     # find_spec locates the package without executing its __init__ (which imports torch).
     spec = importlib.util.find_spec("silero_vad")
     if spec is None or not spec.submodule_search_locations:
-        raise VADError(
-            "the `silero-vad` package is not installed; `pip install silero-vad` ships the weights"
-        )
+        raise VADError("the `silero-vad` package is not installed; `pip install silero-vad` ships the weights")
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / _MODEL_FILE
     if not path.exists():
         raise VADError(f"silero-vad is installed but {path} is missing; reinstall `silero-vad>=5.1`")
@@ -80,9 +78,7 @@ class SileroVAD:
         # The engine steps many sessions on few cores: one thread per call avoids oversubscription.
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(
-            str(_model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        self._session = ort.InferenceSession(str(_model_path()), sess_options=opts, providers=["CPUExecutionProvider"])
         self._sr = np.array(VAD_RATE, dtype=np.int64)
         self._lock = threading.Lock()
 
@@ -105,10 +101,7 @@ class SileroVAD:
         for j in range(max(counts, default=0)):
             rows = [i for i, n in enumerate(counts) if n > j]
             x = np.stack(  # [B, CONTEXT + WINDOW]
-                [
-                    np.concatenate([streams[i].context, streams[i].pending[j * WINDOW : (j + 1) * WINDOW]])
-                    for i in rows
-                ]
+                [np.concatenate([streams[i].context, streams[i].pending[j * WINDOW : (j + 1) * WINDOW]]) for i in rows]
             )
             state = np.stack([streams[i].state for i in rows], axis=1)  # [2, B, 128]
             with self._lock:

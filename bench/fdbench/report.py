@@ -49,6 +49,8 @@ V15_HEADERS = [
     "response lat s",
     "clean stop lat s",
     "clean response lat s",
+    "TOR (interruption)",
+    "lat s (interruption)",
 ]
 
 
@@ -102,6 +104,8 @@ def render(results: list[dict[str, Any]]) -> str:
                                 "response_latency",
                                 "clean_stop_latency",
                                 "clean_response_latency",
+                                "tor",
+                                "latency",
                             )
                         ),
                     ]

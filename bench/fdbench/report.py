@@ -133,7 +133,9 @@ def render(results: list[dict[str, Any]]) -> str:
         ]
     for res in results:
         counts = ", ".join(f"{g}: {s['samples']}" for g, s in res["tasks"].items())
-        parts += ["", f"{local_name(res)} from {res['data']} — samples scored: {counts or 'none'}"]
+        run = res.get("run") or {}
+        how = f"model {run.get('model')}, pace {run.get('pace')}" if run.get("model") else "no run.json"
+        parts += ["", f"{local_name(res)} from {res['data']} ({how}) — samples scored: {counts or 'none'}"]
         for name, why in res["errors"].items():
             parts.append(f"  NOT SCORED {name}: {why}")
     return "\n".join(parts)

@@ -137,15 +137,17 @@ def summarise(kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_label(data: Path) -> str:
+def run_info(data: Path) -> dict[str, Any]:
+    """The run.json `run` left at the data root (or a folder or two above a task folder), else {}."""
     for folder in (data, *data.parents[:2]):
         info = folder / RUN_INFO
         if info.exists():
             try:
-                return str(json.loads(info.read_text(encoding="utf-8")).get("label") or data.name)
+                loaded = json.loads(info.read_text(encoding="utf-8"))
+                return loaded if isinstance(loaded, dict) else {}
             except (OSError, json.JSONDecodeError):
-                break
-    return data.name
+                return {}
+    return {}
 
 
 def score(data: Path, asr: str = "auto", gt: Path | None = None, progress: bool = True) -> dict[str, Any]:
@@ -177,9 +179,11 @@ def score(data: Path, asr: str = "auto", gt: Path | None = None, progress: bool 
         groups.setdefault(sample.group, (sample.kind, []))[1].append(row)
     if not samples:
         errors[str(data)] = f"{data}: no samples found; point --data at a folder made by `generate`"
+    info = run_info(Path(data))
     tasks = {group: {"kind": kind, **summarise(kind, rows)} for group, (kind, rows) in sorted(groups.items())}
     return {
-        "label": run_label(Path(data)),
+        "label": str(info.get("label") or Path(data).name),
+        "run": {k: info.get(k) for k in ("model", "pace", "url", "seconds", "failed")},
         "data": str(data),
         "note": LOCAL_NOTE,
         "tasks": tasks,

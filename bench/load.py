@@ -9,8 +9,8 @@ memory comes from its process metrics (and /proc/PID when the server runs on thi
 `--find-max` repeats bounded trials (1, 2, 4, ... sessions, then bisection) to find the largest N
 with zero missed deadlines and no errors.
 
-Loopback only: the target must be 127.0.0.0/8, localhost or ::1. Every loop is bounded in count and
-time.
+$DUPLEX_API_KEY is sent as the bearer key when set. Loopback only: the target must be 127.0.0.0/8,
+localhost or ::1. Every loop is bounded in count and time.
 """
 
 import argparse
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench.fdbench.client import auth_headers
 from streaming.pcm import Audio, float32_to_pcm16
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 
@@ -111,7 +112,7 @@ def bucket_quantile(buckets: dict[float, float], q: float) -> float | None:
 def _get(url: str) -> Any:
     import httpx
 
-    return httpx.get(url, timeout=10.0)
+    return httpx.get(url, timeout=10.0, headers=auth_headers())
 
 
 def snapshot(base: str) -> Snapshot:
@@ -164,7 +165,9 @@ async def _session(url: str, speech: Audio, seconds: float, offset: float, stats
         for i in range(max(1, len(speech) // TICK_SAMPLES))
     ]
     try:
-        async with connect(url, open_timeout=20, max_size=8 * 1024 * 1024, ping_interval=None) as ws:
+        async with connect(
+            url, open_timeout=20, max_size=8 * 1024 * 1024, ping_interval=None, additional_headers=auth_headers()
+        ) as ws:
             await ws.send(json.dumps({"type": "session.update", "session": {"pace": "realtime"}}))
 
             async def receive() -> None:

@@ -14,6 +14,7 @@ placements: by `tick` (what the model said in answer to which micro-turn) and by
 import asyncio
 import base64
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,11 +99,19 @@ class StreamResult:
         ]
 
 
+def auth_headers() -> dict[str, str]:
+    """The server's API key from $DUPLEX_API_KEY (the variable `duplex serve` reads), when set."""
+    key = os.environ.get("DUPLEX_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _connect(url: str, open_timeout: float) -> Any:
     from websockets.asyncio.client import connect
 
     # max_size: a delta is ~13 kB; leave room for larger extension events.
-    return connect(url, open_timeout=open_timeout, max_size=8 * 1024 * 1024, ping_interval=None)
+    return connect(
+        url, open_timeout=open_timeout, max_size=8 * 1024 * 1024, ping_interval=None, additional_headers=auth_headers()
+    )
 
 
 async def _expect(ws: Any, wanted: str, timeout: float) -> dict[str, Any]:

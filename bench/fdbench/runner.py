@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import numpy as np
 from tqdm import tqdm
 
-from bench.fdbench.client import ClientError, stream
+from bench.fdbench.client import ClientError, auth_headers, stream
 from bench.fdbench.layout import RUN_INFO, Sample, find_samples
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE
@@ -46,7 +46,7 @@ def server_info(ws_url: str) -> dict[str, Any]:
     import httpx
 
     try:
-        resp = httpx.get(http_base(ws_url) + "/healthz", timeout=5.0)
+        resp = httpx.get(http_base(ws_url) + "/healthz", timeout=5.0, headers=auth_headers())
         data = resp.json()
         return data if isinstance(data, dict) else {}
     except (httpx.HTTPError, ValueError):

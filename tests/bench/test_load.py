@@ -36,3 +36,14 @@ def test_trial_against_echo_server(duplex_server: Callable[..., Any]) -> None:
     assert res.ticks_realtime >= 20
     assert res.deltas_received >= 16
     assert res.lateness_p50_ms is not None and res.rss_after_mb is not None
+
+
+def test_trial_sends_the_api_key(duplex_server: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    server = duplex_server("--model", "echo", env={"DUPLEX_API_KEY": "k3y"})
+    speech = np.full(4800, 0.1, np.float32)
+    monkeypatch.setenv("DUPLEX_API_KEY", "k3y")
+    res = load.trial(server.ws_url, sessions=1, seconds=1.0, speech=speech, ramp=0.0)
+    assert res.errors == 0 and res.deltas_received >= 3, res.error_samples
+    monkeypatch.setenv("DUPLEX_API_KEY", "wrong")
+    with pytest.raises(RuntimeError, match="/metrics answered 401"):
+        load.trial(server.ws_url, sessions=1, seconds=1.0, speech=speech, ramp=0.0)

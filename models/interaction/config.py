@@ -34,9 +34,9 @@ class InteractionConfig:
     rope_theta: float = 1_000_000.0  # large base: absolute positions reach ~10^6 in an hour-long session
     norm_eps: float = 1e-5
     # --- memory, in micro-turns (a micro-turn is tokens_per_turn tokens) ---
-    window_turns: int = 25  # sliding layers see the current micro-turn and the 24 before it (5 s)
+    window_turns: int = 16  # sliding layers see the current micro-turn and the 15 before it (3.2 s)
     sink_turns: int = 2  # global layers keep the first micro-turns forever (attention sink)...
-    global_turns: int = 150  # ...and are capped at this many micro-turns in all (sink + most recent)
+    global_turns: int = 100  # ...and are capped at this many micro-turns in all (sink + most recent: 20 s)
     # --- inputs ---
     audio_tokens: int = 4  # tokens per micro-turn for each audio stream; 20 dMel frames grouped 5 per token
     dmel_bins: int = 80  # log-mel bins at 16 kHz

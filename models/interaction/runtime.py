@@ -90,9 +90,15 @@ class NativeModel:
         self.max_sessions: int | None = n_slots
         self.frontend = dmel.DMelFrontend(self.cfg.dmel_bins, self.cfg.dmel_levels, device)
         self.vocoder = vocoder.GriffinLim(self.cfg.mel_bins, self.cfg.griffin_lim_iters, device)
-        net.set_deterministic(deterministic)
-        net.set_batched_attention(device.type == "cuda")
         self.deterministic = deterministic
+        self.set_deterministic(deterministic)
+
+    def set_deterministic(self, on: bool) -> None:
+        """Batch-invariant mode on/off; between steps only (both modes use the same KV layout)."""
+        self.net.set_deterministic(on)
+        # Batched attention stacks sessions into one kernel call whose shape depends on the batch.
+        self.net.set_batched_attention(self.device.type == "cuda" and not on)
+        self.deterministic = on
 
     @property
     def session_bytes(self) -> int:

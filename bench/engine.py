@@ -1,0 +1,230 @@
+"""python -m bench.engine: cost of one micro-turn `step` by number of sessions and session age.
+
+    python -m bench.engine --model native:tiny --sessions 1,4,16 --ages 0,3000 --json
+    python -m bench.engine --model cascade --sessions 1,4,8 --json
+
+Generic over any model `models.registry.load_model` knows. It calls the model directly on this thread
+(no server, no sockets): what it measures is compute per micro-turn against the 200 ms budget.
+
+Optional model capabilities, used when present and reported as unsupported otherwise:
+* `fast_forward(state, turns)`: age a fresh session to `turns` micro-turns cheaply (the native model
+  fills its KV store with synthetic keys; see its docstring). Without it only age 0 is measured.
+* `baseline_step(batch)`: the cost of a server without persistent sessions, which re-prefills each
+  session's whole history every micro-turn. It is measured for ONE session per age (a re-prefill is
+  per session, so N sessions cost N times that; the table says "x N, extrapolated").
+* `set_deterministic(on)`, `session_bytes`: batch-invariant mode switch; KV bytes per session.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from models.base import InteractionModel, TickInput
+from models.registry import load_model
+from streaming.types import TICK_SAMPLES, TICK_SECONDS
+
+BUDGET_MS = TICK_SECONDS * 1000.0
+
+
+def progress(msg: str) -> None:
+    print(f"[bench.engine] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Point:
+    sessions: int
+    age: int  # micro-turns each session had lived before the timed steps
+    mode: str  # "deterministic", "fast" or "default" (model has no such switch)
+    steps: int
+    median_ms: float
+    p90_ms: float
+    per_session_ms: float
+    within_budget: bool  # median step <= 200 ms
+
+
+@dataclass
+class Baseline:
+    age: int
+    ms_one_session: float  # one re-prefill of age+1 micro-turns
+    repeats: int
+
+
+@dataclass
+class Report:
+    model: str
+    device: str
+    kv_bytes_per_session: int | None
+    max_sessions: int | None
+    torch_threads: int | None = None  # intra-op threads, when the model uses torch
+    load_average: float | None = None  # 1-minute load average at the end: other processes on the CPU
+    points: list[Point] = field(default_factory=list)
+    baseline: list[Baseline] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    sessions_in_budget: dict[str, Any] = field(default_factory=dict)
+    age_cost_ratio: dict[str, float] = field(default_factory=dict)  # "mode/sessions" -> oldest / fresh
+
+
+def _ticks(n: int, seed: int) -> list[TickInput]:
+    """Noise at speech level: models do the same work for it as for speech."""
+    rng = np.random.default_rng(seed)
+    return [TickInput((rng.standard_normal(TICK_SAMPLES) * 0.05).astype(np.float32), TICK_SAMPLES) for _ in range(n)]
+
+
+def _time(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def measure(model: InteractionModel, sessions: int, age: int, steps: int, warmup: int, mode: str) -> Point:
+    states = [model.open(f"bench-{mode}-{age}-{sessions}-{i}") for i in range(sessions)]
+    try:
+        if age:
+            for s in states:
+                model.fast_forward(s, age)  # type: ignore[attr-defined]
+        inputs = [_ticks(warmup + steps, seed=i) for i in range(sessions)]
+        times = []
+        for k in range(warmup + steps):
+            ms = _time(lambda k=k: model.step([(s, inputs[i][k]) for i, s in enumerate(states)]))  # type: ignore[misc]
+            if k >= warmup:
+                times.append(ms)
+    finally:
+        for s in states:
+            model.close(s)
+    med = statistics.median(times)
+    p90 = sorted(times)[max(0, round(0.9 * len(times)) - 1)]
+    return Point(sessions, age, mode, steps, round(med, 2), round(p90, 2), round(med / sessions, 2), med <= BUDGET_MS)
+
+
+def measure_baseline(model: InteractionModel, age: int, repeats: int) -> Baseline:
+    state = model.open(f"bench-baseline-{age}")
+    try:
+        if age:
+            model.fast_forward(state, age)  # type: ignore[attr-defined]
+        tick = _ticks(1, seed=99)[0]
+        times = [_time(lambda: model.baseline_step([(state, tick)])) for _ in range(repeats)]  # type: ignore[attr-defined]
+    finally:
+        model.close(state)
+    return Baseline(age, round(statistics.median(times), 1), repeats)
+
+
+def run(args: argparse.Namespace) -> Report:
+    progress(f"loading {args.model} ...")
+    model = load_model(args.model, checkpoint=args.checkpoint, device=args.device)
+    can_age, can_baseline = hasattr(model, "fast_forward"), hasattr(model, "baseline_step")
+    report = Report(args.model, str(getattr(model, "device", "cpu")), getattr(model, "session_bytes", None),
+                    model.max_sessions)
+    ages = args.ages
+    if not can_age and any(a > 0 for a in ages):
+        report.notes.append(f"{args.model} has no fast_forward: ages > 0 not supported, only age 0 measured")
+        ages = [0]
+    if not can_baseline:
+        report.notes.append(f"{args.model} has no baseline_step: no re-prefill baseline for it")
+    modes = ["default"]
+    if hasattr(model, "set_deterministic"):
+        modes = {"on": ["deterministic"], "off": ["fast"], "both": ["deterministic", "fast"]}[args.deterministic]
+    for mode in modes:
+        if mode != "default":
+            model.set_deterministic(mode == "deterministic")  # type: ignore[attr-defined]
+        for age in ages:
+            for n in args.sessions:
+                if model.max_sessions is not None and n > model.max_sessions:
+                    report.notes.append(f"{n} sessions exceed the model's {model.max_sessions} KV slots: skipped")
+                    continue
+                progress(f"{mode}: {n} session(s) at age {age}: {args.warmup} warm-up + {args.steps} timed steps")
+                p = measure(model, n, age, args.steps, args.warmup, mode)
+                progress(f"  median {p.median_ms:.1f} ms/step, {p.per_session_ms:.1f} ms/session, "
+                         f"{'within' if p.within_budget else 'OVER'} the {BUDGET_MS:.0f} ms budget")
+                report.points.append(p)
+    if can_baseline and not args.no_baseline:
+        for age in ages:
+            reps = 3 if age < 500 else 1
+            progress(f"baseline: re-prefill {age + 1} micro-turns for one session ({reps} repeat(s)) ...")
+            b = measure_baseline(model, age, reps)
+            progress(f"  {b.ms_one_session:.1f} ms per micro-turn per session")
+            report.baseline.append(b)
+    summarise(report)
+    if "torch" in sys.modules:
+        report.torch_threads = sys.modules["torch"].get_num_threads()
+    report.load_average = round(os.getloadavg()[0], 2)
+    return report
+
+
+def summarise(r: Report) -> None:
+    for mode in {p.mode for p in r.points}:
+        pts = [p for p in r.points if p.mode == mode]
+        for age in sorted({p.age for p in pts}):
+            at = [p for p in pts if p.age == age]
+            inside = [p.sessions for p in at if p.within_budget]
+            best = min(at, key=lambda p: p.per_session_ms)
+            r.sessions_in_budget[f"{mode}/age{age}"] = {
+                "measured_max": max(inside) if inside else 0,
+                "estimated": int(BUDGET_MS // best.per_session_ms) if best.per_session_ms > 0 else None,
+            }
+        ages = sorted({p.age for p in pts})
+        if len(ages) > 1:
+            for n in sorted({p.sessions for p in pts}):
+                by_age = {p.age: p.median_ms for p in pts if p.sessions == n}
+                if ages[0] in by_age and ages[-1] in by_age:
+                    r.age_cost_ratio[f"{mode}/{n}"] = round(by_age[ages[-1]] / by_age[ages[0]], 3)
+
+
+def table(r: Report) -> str:
+    lines = [f"model {r.model} on {r.device}; KV bytes/session: {r.kv_bytes_per_session}; "
+             f"KV slots: {r.max_sessions}; budget {BUDGET_MS:.0f} ms per micro-turn; torch threads "
+             f"{r.torch_threads}; load average {r.load_average}",
+             f"{'mode':<14}{'sessions':>9}{'age':>7}{'median ms':>11}{'p90 ms':>9}{'ms/session':>12}"
+             f"{'re-prefill ms':>15}  budget"]
+    base = {b.age: b.ms_one_session for b in r.baseline}
+    for p in r.points:
+        b = f"{base[p.age] * p.sessions:.0f}" + ("*" if p.sessions > 1 else "") if p.age in base else "-"
+        lines.append(f"{p.mode:<14}{p.sessions:>9}{p.age:>7}{p.median_ms:>11.1f}{p.p90_ms:>9.1f}"
+                     f"{p.per_session_ms:>12.1f}{b:>15}  {'ok' if p.within_budget else 'OVER'}")
+    if r.baseline:
+        lines.append("* re-prefill measured for one session, x N sessions extrapolated")
+    lines += [f"sessions inside the budget: {json.dumps(r.sessions_in_budget)}",
+              f"cost ratio oldest/fresh age: {json.dumps(r.age_cost_ratio)}", *[f"note: {n}" for n in r.notes]]
+    return "\n".join(lines)
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want comma-separated integers like 1,4,16; got {s!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="native:tiny")
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--device", help="cpu or cuda (default: the model's choice)")
+    ap.add_argument("--sessions", type=_ints, default=[1, 4, 16])
+    ap.add_argument("--ages", type=_ints, default=[0], help="micro-turns each session has lived (3000 = 10 min)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per point")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--deterministic", choices=["on", "off", "both"], default="on",
+                    help="for models with a batch-invariant mode: which mode(s) to measure")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the re-prefill baseline")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    args = ap.parse_args(argv)
+    bad = args.steps < 1 or args.warmup < 0 or not args.sessions or min(args.sessions) < 1
+    if bad or min(args.ages, default=0) < 0:
+        ap.error("--steps >= 1, --warmup >= 0, --sessions >= 1 and --ages >= 0 are required")
+    report = run(args)
+    print(table(report), file=sys.stderr)
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from websockets.exceptions import WebSocketException
 
 from streaming.pcm import Audio, float32_to_pcm16, pcm16_to_float32
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 
 # Output micro-turn n is what the model says while input micro-turn n + 1 is being heard: its
-# audio can only start once input n has fully arrived. (server/engine.py: tick alignment.)
+# audio can only start once input n has fully arrived (DESIGN.md: one micro-turn in, one out).
 OUTPUT_TICK_OFFSET = 1
 # Media pace: micro-turns sent but not yet answered. Below the server's input backlog bound
 # (streaming.chunker default: 10 micro-turns) so nothing is ever dropped.
@@ -200,6 +201,8 @@ async def _stream_once(url: str, audio: Audio, pace: str, timeout: float, grace:
         ) from None
     except OSError as e:
         raise ClientError(f"cannot connect to {url} ({e}); start it with `duplex serve`") from None
+    except WebSocketException as e:
+        raise ClientError(f"the WebSocket session failed ({type(e).__name__}: {e}); see the server log") from None
     return result
 
 

@@ -125,3 +125,18 @@ def test_transcript_timestamps_survive_silence_cropping() -> None:
     # 2 s of leading silence plus the 1 s offset: every word moves by 3 s.
     for a, b in zip(plain["chunks"], shifted["chunks"], strict=True):
         assert b["timestamp"][0] == pytest.approx(a["timestamp"][0] + 3.0, abs=0.05)
+
+
+def test_run_without_a_server_names_every_sample(tiny_set: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from tests.conftest import free_port
+
+    data = tmp_path / "copy"
+    shutil.copytree(tiny_set, data)
+    summary = run(data, f"ws://127.0.0.1:{free_port()}/v1/realtime", pace="media")
+    assert summary.done == []
+    assert set(summary.failed) == {s.name for s in find_samples(data)}
+    assert all("cannot connect" in why and "duplex serve" in why for why in summary.failed.values())
+    with pytest.raises(ValueError, match="must be a WebSocket URL"):
+        run(data, "http://127.0.0.1:1/v1/realtime")

@@ -8,6 +8,12 @@ Frame n is due at `t0 + n * frame_seconds` (a `DeadlineClock`), so scheduling er
 accumulate. When the consumer falls far behind (the event loop stalled), the schedule is re-anchored
 to now instead of bursting out every missed frame at once, which the receiver would only buffer.
 
+Jitter: a producer that delivers 200 ms at a time, a little late, leaves the queue dry for a frame in
+the middle of speech (an underrun: the listener hears a 20 ms gap). The gap itself shifts the rest of
+the stream one frame later, which absorbs that producer's jitter; and the pacer remembers it, starting
+later utterances `start_frames` frames late (at most `max_start_frames`), so that each new utterance
+does not hit the same gap again. A producer that is never late never pays that latency.
+
 What the pacer does not know: codecs, RTP, sessions. It moves float32 samples and keeps time.
 """
 
@@ -23,12 +29,14 @@ import numpy as np
 from streaming.clock import DeadlineClock
 from streaming.pcm import Audio
 
+UNDERRUN_GAP_FRAMES = 4  # speech that resumes after at most this many silent frames was late, not new
+
 
 @dataclass
 class PacerStats:
     frames: int = 0  # frames released
     speech_frames: int = 0  # frames that carried queued audio (fully or partly)
-    underruns: int = 0  # frames padded with silence while audio was still expected (mid-stream gap)
+    underruns: int = 0  # speech resumed after a gap of at most UNDERRUN_GAP_FRAMES silent frames
     cleared_samples: int = 0  # samples dropped by clear() (barge-in, cancel)
     overflow_samples: int = 0  # samples dropped because more than max_queue was queued
     resyncs: int = 0  # times the schedule was re-anchored after a stall
@@ -42,7 +50,8 @@ class AudioPacer:
     """
 
     def __init__(self, rate: int, frame_samples: int, max_queue_seconds: float = 2.0,
-                 resync_seconds: float = 0.25, now: Callable[[], float] = time.monotonic) -> None:
+                 resync_seconds: float = 0.25, max_start_frames: int = 2,
+                 now: Callable[[], float] = time.monotonic) -> None:
         if rate <= 0 or frame_samples <= 0:
             raise ValueError(f"rate and frame_samples must be positive, got {rate} and {frame_samples}")
         self.rate = rate
@@ -54,7 +63,10 @@ class AudioPacer:
         self._parts: deque[Audio] = deque()
         self._head = 0  # samples of _parts[0] already released
         self.queued = 0  # samples waiting
-        self._streaming = False  # the last frame carried audio: an empty queue now is an underrun
+        self.max_start_frames = max_start_frames
+        self.start_frames = 0  # silent frames before a new utterance starts; grows with each underrun
+        self._hold = 0  # silent frames still to release before the queued utterance starts
+        self._last_audio = -(10**9)  # stats.frames count when the last frame carrying audio was released
         self._clock: DeadlineClock | None = None  # started by the first next_frame()
         self._index = 0  # next frame's index on the schedule
         self._rebase = 0  # schedule index that maps to the current clock's t0 (moves on a resync)
@@ -66,6 +78,13 @@ class AudioPacer:
         """Queue samples; returns how many of the oldest were dropped to respect max_queue."""
         if len(audio) == 0:
             return 0
+        if self.queued == 0:
+            silent = self.stats.frames - self._last_audio  # silent frames since speech last played
+            if 1 <= silent <= UNDERRUN_GAP_FRAMES:
+                self.stats.underruns += 1  # the producer was late: the listener heard a gap
+                self.start_frames = min(self.max_start_frames, self.start_frames + 1)
+            elif silent > UNDERRUN_GAP_FRAMES:
+                self._hold = self.start_frames  # a new utterance: start it with the learned margin
         self._parts.append(np.asarray(audio, dtype=np.float32))
         self.queued += len(audio)
         excess = self.queued - self.max_queue
@@ -84,7 +103,8 @@ class AudioPacer:
         self._parts.clear()
         self._head = 0
         self.queued = 0
-        self._streaming = False
+        self._hold = 0
+        self._last_audio = -(10**9)  # what follows is a new utterance, not a late continuation
         self.stats.cleared_samples += n
         return n
 
@@ -93,14 +113,15 @@ class AudioPacer:
     def take_frame(self) -> Audio:
         """The next frame right now, silence-padded: float32[frame_samples]. No waiting."""
         out = np.zeros(self.frame_samples, dtype=np.float32)
+        self.stats.frames += 1
+        if self._hold > 0:
+            self._hold -= 1
+            return out
         n = min(self.queued, self.frame_samples)
         if n:
             self._take(n, out)
             self.stats.speech_frames += 1
-        if n < self.frame_samples and self._streaming:
-            self.stats.underruns += 1
-        self._streaming = self.queued > 0
-        self.stats.frames += 1
+            self._last_audio = self.stats.frames
         return out
 
     async def next_frame(self) -> tuple[Audio, int]:

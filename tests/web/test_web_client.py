@@ -109,9 +109,8 @@ def test_call_audio_transcript_latency_and_layout(browser: object, server: Serve
     page.fill("#text", "hello from the browser")
     page.press("#text", "Enter")
     page.wait_for_selector(".line.user .tag.typed", timeout=10_000)
-    page.wait_for_function(
-        "[...document.querySelectorAll('.line.assistant .text')].some(e => e.textContent.includes('hello from the browser'))",
-        timeout=10_000)
+    said = "[...document.querySelectorAll('.line.assistant .text')].map(e => e.textContent).join(' ')"
+    page.wait_for_function(f"({said}).includes('hello from the browser')", timeout=10_000)
     # Latency readout: the page's own round trip and the server's tick lateness.
     page.wait_for_function("window.duplex.rttMs !== null && window.duplex.lateMs !== null", timeout=10_000)
     rtt = page.evaluate("window.duplex.rttMs")

@@ -1,0 +1,211 @@
+"""WebRTC endpoint: two real aiortc peers in one process (the server runs as a real subprocess).
+
+The client peer plays a wav file as its microphone; the echo model sends it back N micro-turns later,
+and cross-correlation must find it there. Events flow on the data channel with the WebSocket's codec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from bench._rtc_client import CallRefused, RtcClient
+from bench.webrtc import make_bursts, measure
+from server._rtc_call import LIVENESS_TIMEOUT
+from server.webrtc import parse_ice_server
+from streaming.wav import read_wav, write_wav
+from tests.conftest import ServerProc, start_server
+
+ECHO_DELAY = 2  # micro-turns
+TICK = 0.2
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    srv = start_server("--model", f"echo:{ECHO_DELAY}", "--background", "none", "--max-sessions", "1",
+                       tmp_path=tmp_path_factory.mktemp("server"))
+    yield srv
+    srv.stop()
+
+
+def _sessions(server: ServerProc) -> int:
+    return int(httpx.get(f"{server.url}/healthz", timeout=5).json()["sessions"])
+
+
+async def _until_no_sessions(server: ServerProc, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while await asyncio.to_thread(_sessions, server):
+        assert time.monotonic() < deadline, "an earlier test left a session open"
+        await asyncio.sleep(0.1)
+
+
+async def test_echo_comes_back_delayed_by_the_models_micro_turns(server: ServerProc, tmp_path: Path) -> None:
+    await _until_no_sessions(server)
+    # 1. A wav file of distinct noise bursts becomes the client's microphone.
+    bursts, onsets = make_bursts(count=6, burst_s=0.2, spacing_s=0.5, seed=7)
+    wav = tmp_path / "mic.wav"
+    write_wav(wav, bursts, 48_000)
+    audio, rate = read_wav(wav)
+    assert rate == 48_000
+    client = RtcClient(server.url)
+    await client.connect()
+    try:
+        created = await client.wait_for("session.created")
+        resume = await client.wait_for("duplex.session.resume")
+        assert resume["session_id"] == created["session"]["id"] == client.call_id
+        assert resume["resumed"] is False and resume["resume_token"]
+        start = client.mic.play(audio)
+        await asyncio.sleep(len(audio) / rate + (ECHO_DELAY + 1) * TICK + 1.0)
+        # 2. Every burst comes back, delayed by the model's micro-turns plus one micro-turn of input framing.
+        templates = [audio[o : o + int(0.2 * rate)] for o in onsets]
+        latencies, scores = measure(client, start, onsets, templates, max_latency_s=2.0)
+        assert len(latencies) == len(onsets), f"only {len(latencies)} of {len(onsets)} bursts came back"
+        # After two Opus passes a clean echo correlates at ~0.98; a loaded machine may glitch one burst.
+        assert float(np.median(scores)) > 0.9, f"echoed audio correlates poorly with what was sent: {scores}"
+        floor = (ECHO_DELAY + 1) * TICK
+        for lat in latencies:
+            assert floor - 0.005 <= lat <= floor + 0.25, f"latency {lat * 1000:.0f} ms; expected just over {floor}s"
+        # Silence between bursts stays silence (the output track sends zeros, not noise or old audio).
+        received, _ = client.received.signal()
+        assert np.abs(received[: int(0.1 * rate)]).max() < 1e-3
+
+        # 3. Events on the data channel, with the WebSocket's codec.
+        await client.send({"type": "conversation.item.create",
+                           "item": {"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                                    "text": "over rtc"}]}})
+        delta = await client.wait_for("response.output_audio_transcript.delta")
+        assert delta["delta"] == "over rtc"
+        await client.send({"type": "duplex.ping", "id": "p1"})
+        pong = await client.wait_for("duplex.pong")
+        assert pong["id"] == "p1"
+        client._channel.send("{not json")  # type: ignore[union-attr]
+        err = await client.wait_for("error")
+        assert err["error"]["code"] == "invalid_json"
+        await client.send({"type": "session.update", "session": {"pace": "media"}})
+        err = await client.wait_for("error")
+        assert err["error"]["code"] == "pace_unsupported"
+        await client.send({"type": "output_audio_buffer.clear"})
+        cleared = await client.wait_for("output_audio_buffer.cleared")
+        assert cleared["dropped_ms"] >= 0
+        await client.send({"type": "session.update", "session": {"duplex": {"tick_stats": True}}})
+        tick = await client.wait_for("duplex.tick")
+        assert tick["late_ms"] >= 0
+    finally:
+        assert await client.hangup() == 200
+        await client.close()
+    await _until_no_sessions(server)
+
+
+async def test_refusals_name_the_problem(server: ServerProc) -> None:
+    await _until_no_sessions(server)
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        r = await http.post("/v1/realtime/calls", content="v=0", headers={"Content-Type": "application/json"})
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+        r = await http.post("/v1/realtime/calls", content="hello", headers={"Content-Type": "application/sdp"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_sdp"
+        r = await http.post("/v1/realtime/calls/sess_nope/hangup")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_call"
+    # An offer with only a data channel: there is no audio to answer with.
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    pc.createDataChannel("oai-events")
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        r = await http.post("/v1/realtime/calls", content=pc.localDescription.sdp,
+                            headers={"Content-Type": "application/sdp"})
+    await pc.close()
+    assert r.status_code == 400 and r.json()["error"]["code"] == "offer_without_audio"
+    with pytest.raises(CallRefused) as refused:
+        await RtcClient(server.url).connect(resume_token="no-such-token")
+    assert refused.value.status == 404 and refused.value.code == "invalid_resume_token"
+    assert await asyncio.to_thread(_sessions, server) == 0, "a refused offer must not keep a session"
+
+    # The server holds one session: a second caller is told it is full, with a JSON reason.
+    first = RtcClient(server.url)
+    await first.connect()
+    try:
+        with pytest.raises(CallRefused) as refused:
+            await RtcClient(server.url).connect()
+        assert refused.value.status == 503 and refused.value.code == "server_full"
+        assert "full" in str(refused.value)
+    finally:
+        await first.hangup()
+        await first.close()
+
+
+async def test_dead_peer_is_detached_and_can_resume(server: ServerProc) -> None:
+    await _until_no_sessions(server)
+    quiet = RtcClient(server.url, answer_pings=False)
+    await quiet.connect()
+    resume = await quiet.wait_for("duplex.session.resume")
+    token, session_id = resume["resume_token"], resume["session_id"]
+    await quiet.wait_for("duplex.ping")  # the server probes the peer on the data channel
+    # While the call is alive the session cannot be taken over.
+    with pytest.raises(CallRefused) as refused:
+        await RtcClient(server.url).connect(resume_token=token)
+    assert refused.value.code == "invalid_resume_token"
+    # The peer freezes: no RTP, no answers. The server must notice without any close from it.
+    quiet.mic.hold()
+    t0 = time.monotonic()
+    again = RtcClient(server.url)
+    while True:
+        try:
+            await again.connect(resume_token=token)
+            break
+        except CallRefused as exc:
+            assert exc.code == "invalid_resume_token", exc
+            assert time.monotonic() - t0 < LIVENESS_TIMEOUT + 4, "the dead peer was never detached"
+            await asyncio.sleep(0.5)
+            again = RtcClient(server.url)
+    detached_after = time.monotonic() - t0
+    assert detached_after >= LIVENESS_TIMEOUT - 1.5, f"detached after {detached_after:.1f}s: too eager"
+    try:
+        resumed = await again.wait_for("duplex.session.resume")
+        assert resumed["resumed"] is True and resumed["session_id"] == session_id
+        # The same session keeps working on the new peer.
+        await again.send({"type": "conversation.item.create",
+                          "item": {"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                                   "text": "back"}]}})
+        assert (await again.wait_for("response.output_audio_transcript.delta"))["delta"] == "back"
+    finally:
+        assert await again.hangup() == 200
+        await again.close()
+        await quiet.close()
+    await _until_no_sessions(server)
+
+
+async def test_api_key_and_ice_servers(tmp_path: Path) -> None:
+    srv = start_server("--model", "echo", "--background", "none",
+                       "--ice-server", "stun:stun.example.org:3478",
+                       "--ice-server", "turn:alice:s3cret@turn.example.org:3478?transport=tcp",
+                       tmp_path=tmp_path, env={"DUPLEX_API_KEY": "k123"})
+    try:
+        with pytest.raises(CallRefused) as refused:
+            await RtcClient(srv.url).connect()
+        assert refused.value.status == 401 and refused.value.code == "invalid_api_key"
+        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as http:
+            r = await http.get("/v1/realtime/calls/ice", headers={"Authorization": "Bearer k123"})
+            assert r.status_code == 200
+            assert r.json()["ice_servers"] == [
+                {"urls": "stun:stun.example.org:3478"},
+                {"urls": "turn:turn.example.org:3478?transport=tcp", "username": "alice", "credential": "s3cret"},
+            ]
+            assert (await http.get("/static/index.html")).status_code == 200, "the page itself is public"
+    finally:
+        srv.stop()
+
+
+def test_ice_server_urls_are_checked() -> None:
+    assert parse_ice_server("stun:h:1").urls == "stun:h:1"
+    turn = parse_ice_server("turns:u:p@h:5349")
+    assert (turn.urls, turn.username, turn.credential) == ("turns:h:5349", "u", "p")
+    for bad in ("http://h", "turn:user@h:1", "stun:"):
+        with pytest.raises(ValueError, match="ICE server"):
+            parse_ice_server(bad)

@@ -233,3 +233,36 @@ def test_options_parse_and_name_their_errors() -> None:
         parse_options("loud")
     with pytest.raises(ValueError, match="eot_max_silence_ms must be >= eot_silence_ms"):
         parse_options("eot_silence_ms=2000")
+
+
+def test_backchannel_at_a_pause_in_a_long_turn_never_over_the_user(model: CascadeModel) -> None:
+    # A long turn (> backchannel_after_ms of speech) with a 0.7 s pause after "and": not an end of
+    # turn (the transcript is incomplete), so the listener says "mm-hm" in the pause. The pause is
+    # shorter than pause detection + the phrase, so the user resumes over it: it must stop then.
+    a = speech("Yesterday I went to the market in the old town to buy some vegetables for dinner and")
+    b = speech("then I met an old friend.")
+    mic = np.concatenate([silence(0.4), a, silence(0.7), b, silence(2)])
+    pause_start, resume = speech_end(a, 0.4), speech_start(b, 0.4 + len(a) / SAMPLE_RATE + 0.7)
+    assert pause_start - 0.4 >= model.opts.backchannel_after_ms / 1000  # the turn is long enough
+    c = Conversation(model, answer="Nice.")  # a short answer: this test is about the user's turn
+    c.feed(mic)
+    (b_tick, data), *more = c.events("backchannel")
+    assert not more and data["text"] == model.opts.backchannel_phrases[0]
+    # Said in the pause: its micro-turn's input is silence, at most VAD lag + one micro-turn after
+    # the pause grew to backchannel_pause_ms.
+    assert pause_start + model.opts.backchannel_pause_ms / 1000 <= (b_tick + 1) * TICK <= resume
+    assert (b_tick + 1) * TICK <= pause_start + model.opts.backchannel_pause_ms / 1000 + 0.4
+    # Until the end of the turn the only audio is the backchannel, and it stops at the latest in the
+    # micro-turn after the one in which the user resumed (detection needs min_speech_ms of speech).
+    (answer_tick, _), *_ = c.events("delegate")
+    loud = [i for i in range(answer_tick) if c.loud(i)]
+    assert loud == list(range(b_tick, loud[-1] + 1)), loud
+    assert loud[-1] <= int(resume / TICK) + 1, (loud, resume)
+    phrase = model.synth.cached(data["text"])
+    assert phrase is not None and resume - b_tick * TICK < len(phrase) / SAMPLE_RATE  # it could not fit ...
+    played = sum(int(np.count_nonzero(c.outs[i].audio)) for i in loud)
+    assert played < len(phrase)  # ... so it was cut short
+    # One user turn across the pause, and the backchannel did not take the floor from it.
+    assert len(c.events("speech_started")) == 1 and not c.events("yielded")
+    assert answer_tick * TICK > speech_end(mic)
+    assert "market" in c.events("delegate")[0][1]["query"] and "friend" in c.events("delegate")[0][1]["query"]

@@ -120,8 +120,9 @@ def run(args: argparse.Namespace) -> Report:
     progress(f"loading {args.model} ...")
     model = load_model(args.model, checkpoint=args.checkpoint, device=args.device)
     can_age, can_baseline = hasattr(model, "fast_forward"), hasattr(model, "baseline_step")
-    report = Report(args.model, str(getattr(model, "device", "cpu")), getattr(model, "session_bytes", None),
-                    model.max_sessions)
+    report = Report(
+        args.model, str(getattr(model, "device", "cpu")), getattr(model, "session_bytes", None), model.max_sessions
+    )
     ages = args.ages
     if not can_age and any(a > 0 for a in ages):
         report.notes.append(f"{args.model} has no fast_forward: ages > 0 not supported, only age 0 measured")
@@ -141,8 +142,10 @@ def run(args: argparse.Namespace) -> Report:
                     continue
                 progress(f"{mode}: {n} session(s) at age {age}: {args.warmup} warm-up + {args.steps} timed steps")
                 p = measure(model, n, age, args.steps, args.warmup, mode)
-                progress(f"  median {p.median_ms:.1f} ms/step, {p.per_session_ms:.1f} ms/session, "
-                         f"{'within' if p.within_budget else 'OVER'} the {BUDGET_MS:.0f} ms budget")
+                progress(
+                    f"  median {p.median_ms:.1f} ms/step, {p.per_session_ms:.1f} ms/session, "
+                    f"{'within' if p.within_budget else 'OVER'} the {BUDGET_MS:.0f} ms budget"
+                )
                 report.points.append(p)
     if can_baseline and not args.no_baseline:
         for age in ages:
@@ -178,20 +181,27 @@ def summarise(r: Report) -> None:
 
 
 def table(r: Report) -> str:
-    lines = [f"model {r.model} on {r.device}; KV bytes/session: {r.kv_bytes_per_session}; "
-             f"KV slots: {r.max_sessions}; budget {BUDGET_MS:.0f} ms per micro-turn; torch threads "
-             f"{r.torch_threads}; load average {r.load_average}",
-             f"{'mode':<14}{'sessions':>9}{'age':>7}{'median ms':>11}{'p90 ms':>9}{'ms/session':>12}"
-             f"{'re-prefill ms':>15}  budget"]
+    lines = [
+        f"model {r.model} on {r.device}; KV bytes/session: {r.kv_bytes_per_session}; "
+        f"KV slots: {r.max_sessions}; budget {BUDGET_MS:.0f} ms per micro-turn; torch threads "
+        f"{r.torch_threads}; load average {r.load_average}",
+        f"{'mode':<14}{'sessions':>9}{'age':>7}{'median ms':>11}{'p90 ms':>9}{'ms/session':>12}"
+        f"{'re-prefill ms':>15}  budget",
+    ]
     base = {b.age: b.ms_one_session for b in r.baseline}
     for p in r.points:
         b = f"{base[p.age] * p.sessions:.0f}" + ("*" if p.sessions > 1 else "") if p.age in base else "-"
-        lines.append(f"{p.mode:<14}{p.sessions:>9}{p.age:>7}{p.median_ms:>11.1f}{p.p90_ms:>9.1f}"
-                     f"{p.per_session_ms:>12.1f}{b:>15}  {'ok' if p.within_budget else 'OVER'}")
+        lines.append(
+            f"{p.mode:<14}{p.sessions:>9}{p.age:>7}{p.median_ms:>11.1f}{p.p90_ms:>9.1f}"
+            f"{p.per_session_ms:>12.1f}{b:>15}  {'ok' if p.within_budget else 'OVER'}"
+        )
     if r.baseline:
         lines.append("* re-prefill measured for one session, x N sessions extrapolated")
-    lines += [f"sessions inside the budget: {json.dumps(r.sessions_in_budget)}",
-              f"cost ratio oldest/fresh age: {json.dumps(r.age_cost_ratio)}", *[f"note: {n}" for n in r.notes]]
+    lines += [
+        f"sessions inside the budget: {json.dumps(r.sessions_in_budget)}",
+        f"cost ratio oldest/fresh age: {json.dumps(r.age_cost_ratio)}",
+        *[f"note: {n}" for n in r.notes],
+    ]
     return "\n".join(lines)
 
 
@@ -211,8 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ages", type=_ints, default=[0], help="micro-turns each session has lived (3000 = 10 min)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per point")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--deterministic", choices=["on", "off", "both"], default="on",
-                    help="for models with a batch-invariant mode: which mode(s) to measure")
+    ap.add_argument(
+        "--deterministic",
+        choices=["on", "off", "both"],
+        default="on",
+        help="for models with a batch-invariant mode: which mode(s) to measure",
+    )
     ap.add_argument("--no-baseline", action="store_true", help="skip the re-prefill baseline")
     ap.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     args = ap.parse_args(argv)

@@ -105,9 +105,7 @@ class InteractionConfig:
         known = {f.name for f in fields(cls) if f.init}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(
-                f"unknown config fields {sorted(unknown)}; the checkpoint is from another version"
-            )
+            raise ValueError(f"unknown config fields {sorted(unknown)}; the checkpoint is from another version")
         d = dict(d)
         if "hmlp_channels" in d:
             d["hmlp_channels"] = tuple(d["hmlp_channels"])
@@ -145,6 +143,4 @@ def preset(name: str) -> InteractionConfig:
     try:
         return InteractionConfig.from_dict(PRESETS[name].to_dict())  # a fresh copy callers may edit
     except KeyError:
-        raise ValueError(
-            f"unknown native preset {name!r}; choose one of: {', '.join(sorted(PRESETS))}"
-        ) from None
+        raise ValueError(f"unknown native preset {name!r}; choose one of: {', '.join(sorted(PRESETS))}") from None

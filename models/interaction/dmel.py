@@ -51,9 +51,7 @@ class DMelFrontend:
 
     def __call__(self, audio: Tensor, det: bool) -> Tensor:
         """audio [B, CONTEXT + 4800] float32 -> levels [B, 20, n_mels] int64 in [0, levels)."""
-        assert audio.shape[1] == CONTEXT + FRAMES_PER_TURN * HOP, (
-            f"want [B, {CONTEXT + 4800}], got {audio.shape}"
-        )
+        assert audio.shape[1] == CONTEXT + FRAMES_PER_TURN * HOP, f"want [B, {CONTEXT + 4800}], got {audio.shape}"
         frames = audio.unfold(1, WIN, HOP) * self.window  # [B, 20, WIN]
         mag = torch.fft.rfft(frames, dim=-1).abs()  # [B, 20, WIN//2+1]
         logmel = torch.log(tile_matmul(mag, self.fb_t, det) + math.exp(LOG_LO))  # [B, 20, mels]

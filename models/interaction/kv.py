@@ -79,23 +79,17 @@ class PoolFullError(RuntimeError):
 class KVPool:
     """All sessions' KV memory, allocated once on the model's device; a session owns one slot (row)."""
 
-    def __init__(
-        self, cfg: InteractionConfig, n_slots: int, device: torch.device, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, cfg: InteractionConfig, n_slots: int, device: torch.device, dtype: torch.dtype) -> None:
         if n_slots < 1:
             raise ValueError(f"a KV pool needs at least one slot, got {n_slots}")
         self.geoms = geometries(cfg)
         self.n_slots = n_slots
         shape = (cfg.n_kv_heads, cfg.head_dim)
         # k[l], v[l]: [slots, sink+ring, T, Hkv, hd]
-        self.k = [
-            torch.zeros(n_slots, g.turns, g.tokens, *shape, device=device, dtype=dtype) for g in self.geoms
-        ]
+        self.k = [torch.zeros(n_slots, g.turns, g.tokens, *shape, device=device, dtype=dtype) for g in self.geoms]
         self.v = [torch.zeros_like(x) for x in self.k]
         # The last k-1 normalised inputs of each layer's causal conv: [slots, layers, k-1, D]
-        self.conv = torch.zeros(
-            n_slots, cfg.n_layers, cfg.conv_kernel - 1, cfg.dim, device=device, dtype=dtype
-        )
+        self.conv = torch.zeros(n_slots, cfg.n_layers, cfg.conv_kernel - 1, cfg.dim, device=device, dtype=dtype)
         self._free = list(range(n_slots - 1, -1, -1))
 
     @staticmethod
@@ -130,6 +124,8 @@ class KVPool:
 class StreamCache:
     """One batched micro-turn of live sessions against the pool: slots [B], their micro-turn index turns [B]."""
 
+    batchable = True  # B sessions' keys may be stacked for one batched attention call
+
     def __init__(self, pool: KVPool, slots: Sequence[int], turns: Tensor) -> None:
         self.pool = pool
         self.slots = list(slots)
@@ -143,7 +139,7 @@ class StreamCache:
         self.pool.conv[self.slot_t, layer] = torch.cat([prev, h], dim=1)[:, -k1:]
         return prev
 
-    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, Tensor]:
+    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, TileKeys]:
         g = self.pool.geoms[layer]
         idx = g.store_index(self.turns)
         kp, vp = self.pool.k[layer], self.pool.v[layer]
@@ -170,6 +166,19 @@ class _Gathered:
         return self.flat[self.idx[i]] * self.valid[i, :, None, None].to(self.flat.dtype)
 
 
+class _LazyMask:
+    """Per-micro-turn masks of a whole sequence, built on demand ([N, T, K] at once is gigabytes)."""
+
+    def __init__(self, geom: Geometry, turns: Tensor) -> None:
+        self.geom, self.turns = geom, turns
+
+    def __len__(self) -> int:
+        return len(self.turns)
+
+    def __getitem__(self, i: int) -> Tensor:  # -> [T, K]
+        return self.geom.mask(self.turns[i : i + 1])[0]
+
+
 class SequenceCache:
     """Teacher forcing: micro-turns 0..N-1 of one session as N tiles, no pool.
 
@@ -177,6 +186,8 @@ class SequenceCache:
     order, zeros where nothing is held yet), so streaming and this must agree bit for bit in
     deterministic mode.
     """
+
+    batchable = False  # N micro-turns' keys stacked would be N x the whole store: always per tile
 
     def __init__(self, cfg: InteractionConfig, n_turns: int, device: torch.device) -> None:
         self.geoms = geometries(cfg)
@@ -187,14 +198,14 @@ class SequenceCache:
         first = torch.zeros_like(h[:1, : self.k1])
         return torch.cat([first, h[:-1, -self.k1 :]], dim=0)  # [N, k-1, D]: the previous tile's tail
 
-    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, Tensor]:
+    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, TileKeys]:
         g = self.geoms[layer]
         held = g.held_turns(self.turns)  # [N, S]
         t = torch.arange(g.tokens, device=k.device)
         index = (held.clamp(min=0)[:, :, None] * g.tokens + t).reshape(len(held), -1)  # [N, S*T]
         valid = (held >= 0)[:, :, None].expand(-1, -1, g.tokens).reshape(len(held), -1)
         kf, vf = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
-        return _Gathered(kf, index, valid), _Gathered(vf, index, valid), g.mask(self.turns)
+        return _Gathered(kf, index, valid), _Gathered(vf, index, valid), _LazyMask(g, self.turns)
 
 
 def flat_mask(cfg: InteractionConfig, n_turns: int, layer: int, device: torch.device) -> Tensor:

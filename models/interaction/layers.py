@@ -93,13 +93,15 @@ class TileKeys(Protocol):
 class TileCache(Protocol):
     """What a block needs from the session memory; kv.py has the streaming and the sequence versions."""
 
+    batchable: bool  # whether stacking every tile's keys for one attention call is sensible
+
     def conv_prev(self, layer: int, h: Tensor) -> Tensor:
         """h [B, T, D] (this tile's conv input) -> the k-1 inputs before it [B, k-1, D]; remembers h."""
         ...
 
-    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, Tensor]:
-        """Store this tile's k, v [B, T, Hkv, hd]; return per-tile keys and values [K, Hkv, hd]
-        (this tile included) and the mask [B, T, K] (True = may attend)."""
+    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, TileKeys]:
+        """Store this tile's k, v [B, T, Hkv, hd]; return per tile: keys and values [K, Hkv, hd]
+        (this tile included) and the mask [T, K] (True = may attend)."""
         ...
 
 
@@ -158,14 +160,15 @@ class Block(nn.Module):
         prev = cache.conv_prev(self.index, hn)  # [B, k-1, D]
         q, k, v = self._qkv(hn, prev, *pos_cs)
         ks, vs, mask = cache.exchange(self.index, k, v)
-        if self.batched_attention and b > 1:
-            kb = torch.stack([ks[i] for i in range(b)])
-            vb = torch.stack([vs[i] for i in range(b)])  # [B, K, Hkv, hd]
+        if self.batched_attention and cache.batchable and b > 1:
+            kb = torch.stack([ks[i] for i in range(b)])  # [B, K, Hkv, hd] (a copy)
+            vb = torch.stack([vs[i] for i in range(b)])
+            mb = torch.stack([mask[i] for i in range(b)])  # [B, T, K]
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2),
                 kb.transpose(1, 2),
                 vb.transpose(1, 2),
-                attn_mask=mask[:, None],
+                attn_mask=mb[:, None],
                 enable_gqa=True,
             ).transpose(1, 2)  # [B, T, H, hd]
         else:

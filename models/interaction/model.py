@@ -37,9 +37,7 @@ class TurnFeatures:
 
     @staticmethod
     def cat(parts: Sequence["TurnFeatures"]) -> "TurnFeatures":
-        return TurnFeatures(
-            **{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(TurnFeatures)}
-        )
+        return TurnFeatures(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(TurnFeatures)})
 
     def row(self, i: int) -> "TurnFeatures":
         return TurnFeatures(**{f.name: getattr(self, f.name)[i : i + 1] for f in fields(self)})

@@ -192,9 +192,7 @@ class NativeModel:
             if s.closed:
                 raise ValueError(f"session {s.session_id} was closed; open a new one before stepping it")
         if len({s.slot for s in states}) != len(states):
-            raise ValueError(
-                "a session appears twice in one step batch; step each session once per micro-turn"
-            )
+            raise ValueError("a session appears twice in one step batch; step each session once per micro-turn")
         # 1. inputs -> one batched transformer pass over the sessions' persistent KV
         feats = self._features(batch)
         turns = torch.tensor([s.turn for s in states], device=self.device)
@@ -210,13 +208,9 @@ class NativeModel:
         outs, spoken = [], []
         for i, (st, tick) in enumerate(batch):
             st.voc_mag, st.voc_phase = mag[i], phase[i]
-            gate, text, user_text, events = self._decide(
-                st, tick, actions[i], voice[i], text_ids[i], transcript_ids[i]
-            )
+            gate, text, user_text, events = self._decide(st, tick, actions[i], voice[i], text_ids[i], transcript_ids[i])
             spoken.append(audio[i] * gate)
-            outs.append(
-                TickOutput(spoken[-1].float().cpu().numpy(), text=text, user_text=user_text, events=events)
-            )
+            outs.append(TickOutput(spoken[-1].float().cpu().numpy(), text=text, user_text=user_text, events=events))
             if st.trace is not None:
                 st.trace.append((feats.row(i), HeadOutputs(*(x[i : i + 1] for x in vars(heads).values()))))
         # 4. the model hears itself: dMel of what it actually said becomes next micro-turn's self audio
@@ -280,9 +274,7 @@ class NativeModel:
             for store in (self.pool.k[layer], self.pool.v[layer]):
                 x = torch.randn(store.shape[1:], generator=g).to(self.device, self.dtype)
                 store[state.slot] = x * held[:, None, None, None]
-        self.pool.conv[state.slot] = torch.randn(self.pool.conv.shape[1:], generator=g).to(
-            self.device, self.dtype
-        )
+        self.pool.conv[state.slot] = torch.randn(self.pool.conv.shape[1:], generator=g).to(self.device, self.dtype)
         state.turn = turns
 
     def silent_features(self, n: int) -> TurnFeatures:

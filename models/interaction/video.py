@@ -26,16 +26,12 @@ def frame_patches(frame: npt.NDArray[np.uint8], grid: int, device: torch.device)
     """
     if frame.ndim != 3 or frame.shape[2] != 3:
         raise ValueError(f"video frames must be [H, W, 3] uint8 RGB, got shape {frame.shape}")
-    img = (
-        torch.from_numpy(np.ascontiguousarray(frame)).to(device).permute(2, 0, 1)[None].float()
-    )  # [1, 3, H, W]
+    img = torch.from_numpy(np.ascontiguousarray(frame)).to(device).permute(2, 0, 1)[None].float()  # [1, 3, H, W]
     side = grid * PATCH
     img = F.interpolate(img, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
     img = (img / 255.0 - 0.5) / 0.25
     # [1, 3, g, 40, g, 40] -> [g, g, 40, 40, 3] -> [g*g, 40, 40, 3]
-    return (
-        img.reshape(3, grid, PATCH, grid, PATCH).permute(1, 3, 2, 4, 0).reshape(grid * grid, PATCH, PATCH, 3)
-    )
+    return img.reshape(3, grid, PATCH, grid, PATCH).permute(1, 3, 2, 4, 0).reshape(grid * grid, PATCH, PATCH, 3)
 
 
 def _blocks(x: Tensor, k: int) -> Tensor:

@@ -17,8 +17,9 @@ def test_engine_bench_on_echo_reports_what_it_cannot_measure(capsys: pytest.Capt
     assert report["sessions_in_budget"]["default/age0"]["measured_max"] == 3
 
 
-def test_engine_bench_on_native_tiny_ages_and_baseline(capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_bench_on_native_tiny_ages_and_baseline(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DUPLEX_TORCH_THREADS", "1")
     args = ["--model", "native:tiny", "--sessions", "1", "--ages", "0,40", "--steps", "2", "--warmup", "1", "--json"]
     assert main(args) == 0

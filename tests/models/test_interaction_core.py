@@ -18,8 +18,18 @@ N_TURNS = 12
 
 def small_cfg(**kw: object) -> InteractionConfig:
     args: dict[str, object] = dict(
-        dim=32, n_layers=6, n_heads=4, n_kv_heads=2, window_turns=2, sink_turns=1, global_turns=4, video_grid=1,
-        hmlp_channels=(8, 8), dmel_embed=8, flow_hidden=32, griffin_lim_iters=2,
+        dim=32,
+        n_layers=6,
+        n_heads=4,
+        n_kv_heads=2,
+        window_turns=2,
+        sink_turns=1,
+        global_turns=4,
+        video_grid=1,
+        hmlp_channels=(8, 8),
+        dmel_embed=8,
+        flow_hidden=32,
+        griffin_lim_iters=2,
     )
     args.update(kw)
     return InteractionConfig(**args)  # type: ignore[arg-type]
@@ -55,8 +65,9 @@ def stream(net: InteractionTransformer, feats: TurnFeatures) -> HeadOutputs:
     pool.alloc()  # slot 0 taken by someone else: the session under test lives in slot 1
     slot = pool.alloc()
     outs = [net.forward_step(feats.row(n), pool, [slot], torch.tensor([n])) for n in range(len(feats.typed))]
-    return HeadOutputs(*(torch.cat([getattr(o, k) for o in outs]) for k in ("control", "text", "transcript",
-                                                                           "audio_cond")))
+    return HeadOutputs(
+        *(torch.cat([getattr(o, k) for o in outs]) for k in ("control", "text", "transcript", "audio_cond"))
+    )
 
 
 def as_tuple(h: HeadOutputs) -> tuple[torch.Tensor, ...]:

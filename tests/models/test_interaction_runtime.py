@@ -50,8 +50,12 @@ def ticks(seed: int, n: int) -> list[TickInput]:
 
 
 def same(a: TickOutput, b: TickOutput) -> bool:
-    return (np.array_equal(a.audio, b.audio) and a.text == b.text and a.user_text == b.user_text
-            and [(e.type, e.data) for e in a.events] == [(e.type, e.data) for e in b.events])
+    return (
+        np.array_equal(a.audio, b.audio)
+        and a.text == b.text
+        and a.user_text == b.user_text
+        and [(e.type, e.data) for e in a.events] == [(e.type, e.data) for e in b.events]
+    )
 
 
 def test_session_alone_equals_batched_with_two_others_of_different_ages() -> None:

@@ -40,8 +40,9 @@ async def _talk(ws_url: str) -> dict[int, bytes]:
 async def test_native_tiny_checkpoint_gets_200ms_audio_deltas(duplex_server, tmp_path: Path) -> None:
     ckpt = tmp_path / "tiny.safetensors"
     speaking_checkpoint(ckpt)
-    server = duplex_server("--model", "native:tiny", "--checkpoint", str(ckpt), "--max-sessions", "2",
-                           "--background", "none", env=ENV)
+    server = duplex_server(
+        "--model", "native:tiny", "--checkpoint", str(ckpt), "--max-sessions", "2", "--background", "none", env=ENV
+    )
     out = await _talk(server.ws_url)
     assert sorted(out) == list(range(N_TICKS)), "exactly one delta per micro-turn"
     assert all(len(d) == TICK * 2 for d in out.values()), "each delta is 200 ms of PCM16 at 24 kHz"

@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -86,11 +87,13 @@ class RtcConnection(RealtimeConnection):
 
 
 class RtcCall:
-    def __init__(self, runtime: Runtime, pc: RTCPeerConnection, session: Session, resumed: bool) -> None:
+    def __init__(self, runtime: Runtime, pc: RTCPeerConnection, session: Session, resumed: bool,
+                 on_end: Callable[[RtcCall], None] | None = None) -> None:
         self.runtime = runtime
         self.pc = pc
         self.session = session
         self.state = CallState.NEW
+        self._on_end = on_end  # told once when the call has ended (the endpoint forgets it)
         self.track = PacedAudioTrack()
         self.conn = RtcConnection(runtime, session, self.track, resumed=resumed)
         self.channel: RTCDataChannel | None = None
@@ -277,6 +280,8 @@ class RtcCall:
             assert self.runtime.registry is not None
             self.runtime.registry.detach(s)  # kept for the resume grace period
         self._ended.set()
+        if self._on_end is not None:
+            self._on_end(self)
 
     async def wait_ended(self) -> None:
         await self._ended.wait()

@@ -96,7 +96,7 @@ class Calls:
                 runtime.metrics.sessions_refused.inc()
                 raise _Refused(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL)}) from None
         pc = RTCPeerConnection(RTCConfiguration(iceServers=self.ice_servers))
-        call = RtcCall(runtime, pc, session, resumed=resumed is not None)
+        call = RtcCall(runtime, pc, session, resumed=resumed is not None, on_end=self._forget)
         try:
             answer = await call.answer(offer)
         except BaseException as exc:
@@ -124,11 +124,9 @@ class Calls:
             engine.add(session)
         call.start()
         self.by_session[session.id] = call
-        asyncio.create_task(self._forget_when_ended(call))  # noqa: RUF006 - it ends with the call
         return call, answer
 
-    async def _forget_when_ended(self, call: RtcCall) -> None:
-        await call.wait_ended()
+    def _forget(self, call: RtcCall) -> None:
         if self.by_session.get(call.session.id) is call:
             del self.by_session[call.session.id]
 
@@ -158,14 +156,9 @@ class _Refused(Exception):
 
 
 def register_webrtc(app: FastAPI, runtime: Runtime) -> None:
-    ice_servers = ice_config(runtime.config.ice_servers)  # a bad URL stops the server at start-up
-    calls_holder: dict[str, Calls] = {}
-
-    def calls() -> Calls:
-        # Built lazily: the runtime (registry, engine) exists only once the lifespan has started.
-        if "calls" not in calls_holder:
-            calls_holder["calls"] = Calls(runtime, ice_servers)
-        return calls_holder["calls"]
+    # A bad ICE URL stops the server at start-up rather than failing every call later.
+    calls = Calls(runtime, ice_config(runtime.config.ice_servers))
+    app.state.webrtc_calls = calls
 
     @app.post("/v1/realtime/calls", status_code=201, response_model=None)
     async def create_call(request: Request) -> Response:
@@ -186,7 +179,7 @@ def register_webrtc(app: FastAPI, runtime: Runtime) -> None:
             return _error(400, "invalid_sdp", "the body is not an SDP offer (it must start with 'v=0'); send "
                           "RTCPeerConnection.createOffer().sdp as the body")
         try:
-            call, answer = await calls().open(offer, request.query_params.get("resume_token"))
+            call, answer = await calls.open(offer, request.query_params.get("resume_token"))
         except _Refused as exc:
             runtime.metrics.client_errors.labels(exc.code).inc()
             return _error(exc.status, exc.code, exc.message, exc.headers)
@@ -195,14 +188,14 @@ def register_webrtc(app: FastAPI, runtime: Runtime) -> None:
 
     @app.post("/v1/realtime/calls/{call_id}/hangup", response_model=None)
     async def hangup(call_id: str) -> JSONResponse:
-        if not await calls().hangup(call_id):
+        if not await calls.hangup(call_id):
             return _error(404, "unknown_call", f"no live call {call_id!r}; it has ended or never existed")
         return JSONResponse({"id": call_id, "status": "closed"})
 
     @app.get("/v1/realtime/calls/ice")
     async def ice() -> dict[str, Any]:
         servers = [{"urls": s.urls, **({"username": s.username, "credential": s.credential}
-                                       if s.username else {})} for s in calls().ice_servers]
+                                       if s.username else {})} for s in calls.ice_servers]
         return {"ice_servers": servers}
 
     inner = app.router.lifespan_context
@@ -213,7 +206,6 @@ def register_webrtc(app: FastAPI, runtime: Runtime) -> None:
             try:
                 yield state
             finally:
-                if "calls" in calls_holder:
-                    await calls_holder["calls"].close_all()
+                await calls.close_all()
 
     app.router.lifespan_context = lifespan

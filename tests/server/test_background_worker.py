@@ -102,8 +102,18 @@ async def test_answer_streams_to_drain_and_client(stub: ScriptedOpenAI) -> None:
     assert "Be terse." in sent[0]["content"]
     assert "[   0.4s] User: hello there" in sent[1]["content"]
     assert sent[1]["content"].endswith("Task: what is up")
-    # The answer joins the conversation log, so the next request sees it as an earlier result.
     assert worker.session.log.entries[-1].role == "background"
+    # The next request's context is the previous one plus new turns (so a prefix cache covers it all),
+    # with only what was said since.
+    worker.session.log.entries[0].text += " and more"  # a speech entry still growing
+    worker.session.log.add(1.0, "assistant", "sure")
+    rid2 = worker.request("and now?", source="client")
+    assert rid2 is not None
+    await drain_until_done(worker, rid2)
+    again = stub.requests[-1]["messages"]
+    assert again[:2] == sent[:2] and again[2] == {"role": "assistant", "content": "answer: what is up"}
+    assert again[3]["content"] == ("Conversation so far:\n[   0.4s] User: and more\n[   1.0s] Assistant: sure"
+                                   "\n\nTask: and now?")
     await worker.stop()
     await reasoner.aclose()
 

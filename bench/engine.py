@@ -16,12 +16,14 @@ Optional model capabilities, used when present and reported as unsupported other
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,6 +80,25 @@ def _ticks(n: int, seed: int) -> list[TickInput]:
     return [TickInput((rng.standard_normal(TICK_SAMPLES) * 0.05).astype(np.float32), TICK_SAMPLES) for _ in range(n)]
 
 
+@contextlib.contextmanager
+def heartbeat(what: str, every_s: float = 30.0) -> Iterator[None]:
+    """Print a line every `every_s` seconds while a long measurement runs (a re-prefill of 3000 micro-turns)."""
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            progress(f"  ... {what}: still running after {time.monotonic() - t0:.0f} s")
+
+    t = threading.Thread(target=beat, daemon=True, name="bench-heartbeat")
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
+
+
 def _time(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -129,7 +150,8 @@ def measure_baseline(model: InteractionModel, age: int, repeats: int) -> Baselin
         if age:
             model.fast_forward(state, age)  # type: ignore[attr-defined]
         tick = _ticks(1, seed=99)[0]
-        times = [_time(lambda: model.baseline_step([(state, tick)])) for _ in range(repeats)]  # type: ignore[attr-defined]
+        with heartbeat(f"re-prefill of {age + 1} micro-turns"):
+            times = [_time(lambda: model.baseline_step([(state, tick)])) for _ in range(repeats)]  # type: ignore[attr-defined]
     finally:
         model.close(state)
     return Baseline(age, round(statistics.median(times), 1), repeats)

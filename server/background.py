@@ -178,7 +178,9 @@ class BackgroundWorker:
             try:
                 await self._serve(req)
             finally:
-                self._current = None
+                # A superseded runner ends after its successor started: leave the successor's mark alone.
+                if self._current is req:
+                    self._current = None
             # No await between here and the next `_current = req`: request() never sees a gap.
             req = self._waiting.popleft() if self._waiting else None
 

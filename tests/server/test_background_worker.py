@@ -171,6 +171,22 @@ async def test_queue_policy_answers_in_order_without_interleaving(stub: Scripted
     await reasoner.aclose()
 
 
+async def test_a_superseded_runner_does_not_let_a_queued_request_run_alongside(stub: ScriptedOpenAI) -> None:
+    worker, sink, reasoner = make_worker(stub)
+    assert worker.request("[slow] a", source="client")
+    await until(lambda: len(sink.of("duplex.background.delta")) >= 1)
+    b = worker.request("[slow] b", source="client")
+    await asyncio.sleep(0.1)  # the cancelled runner for "a" unwinds now
+    c = worker.request("c", source="client", policy=Policy.QUEUE)
+    assert b and c
+    assert sink.of("duplex.background.started")[-1]["queued"] is True
+    chunks = await drain_until_done(worker, c)
+    order = [x.request_id for x in chunks]
+    assert order.index(c) > max(i for i, r in enumerate(order) if r == b), "b and c ran at the same time"
+    await worker.stop()
+    await reasoner.aclose()
+
+
 async def test_queue_is_bounded(stub: ScriptedOpenAI) -> None:
     worker, sink, reasoner = make_worker(stub, policy=Policy.QUEUE, max_queue=1)
     assert worker.request("[slow] a", source="client")

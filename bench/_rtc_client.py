@@ -47,14 +47,25 @@ class SignalTrack(MediaStreamTrack):
     def __init__(self) -> None:
         super().__init__()
         self.pacer = AudioPacer(RATE, FRAME, max_queue_seconds=600.0)
-        self.released: list[float] = []  # monotonic time frame i was handed to the encoder
+        # One entry per frame handed to the encoder: (monotonic time, stream position after it), where the
+        # stream is everything passed to play(); a frame carries positions [previous entry's, this one's).
+        self.released: list[tuple[float, int]] = []
         self._held = asyncio.Event()  # set: stop producing frames at all (a peer that went quiet)
 
     def play(self, audio: Audio) -> int:
-        """Queue audio; returns its first sample's index in the sent stream (when nothing else is queued)."""
-        start = self.pacer.next_index * FRAME + self.pacer.queued
+        """Queue audio; returns the stream position of its first sample (see `released`)."""
+        start = self.pacer.stats.samples + self.pacer.queued
         self.pacer.push(audio)
         return start
+
+    def mouth_time(self, position: int) -> float:
+        """When the sample at `position` was "spoken": its frame left complete, 20 ms after it began."""
+        ends = np.fromiter((end for _, end in self.released), dtype=np.int64, count=len(self.released))
+        k = int(np.searchsorted(ends, position, side="right"))
+        if k >= len(self.released):
+            return float("nan")
+        start = ends[k - 1] if k else 0
+        return self.released[k][0] - FRAME / RATE + (position - start) / RATE
 
     def hold(self) -> None:
         """Send nothing any more, as a peer whose machine froze: no RTP at all."""
@@ -66,8 +77,7 @@ class SignalTrack(MediaStreamTrack):
         if self._held.is_set():
             await asyncio.Event().wait()  # until the sender is stopped (cancelled)
         samples, index = await self.pacer.next_frame()
-        assert index == len(self.released), "frames must be released in order"
-        self.released.append(time.monotonic())
+        self.released.append((time.monotonic(), self.pacer.stats.samples))
         return mono_to_frame(samples, RATE, index * FRAME)
 
 

@@ -33,7 +33,7 @@ import httpx
 import numpy as np
 from scipy import signal as sps
 
-from bench._rtc_client import FRAME, RATE, RtcClient
+from bench._rtc_client import RATE, RtcClient
 from streaming.pcm import Audio
 from streaming.types import TICK_SECONDS
 
@@ -92,16 +92,12 @@ def measure(
 ) -> tuple[list[float], list[float]]:
     """Latency (s) and normalised correlation of every burst found."""
     received, ear = client.received.signal()
-    released = np.asarray(client.mic.released)
     latencies: list[float] = []
     scores: list[float] = []
     for onset, tmpl in zip(onsets, bursts, strict=True):
-        i = sent_start + onset
-        frame = i // FRAME
-        if frame >= len(released):
+        mouth = client.mic.mouth_time(sent_start + onset)
+        if np.isnan(mouth):
             continue
-        # The frame left when complete; its samples were "spoken" during the 20 ms before.
-        mouth = released[frame] - FRAME / RATE + (i % FRAME) / RATE
         window = np.nonzero((ear >= mouth) & (ear <= mouth + max_latency_s))[0]
         if len(window) == 0:
             continue
@@ -127,10 +123,12 @@ async def run(
         sent_start = client.mic.play(audio)
         max_latency = model_delay * TICK_SECONDS + 1.5
         await asyncio.sleep(len(audio) / RATE + max_latency)
-        latencies, scores = measure(client, sent_start, onsets, templates, max_latency)
     finally:
         await client.hangup()
         await client.close()
+    # After hanging up: the correlations take seconds of CPU, which would stall this peer's event loop
+    # (and a peer that stops sending is, rightly, declared dead by the server).
+    latencies, scores = measure(client, sent_start, onsets, templates, max_latency)
     if not latencies:
         raise RuntimeError("no burst came back: is the server running the echo model?")
     worst = min(scores)

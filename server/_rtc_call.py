@@ -22,6 +22,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import asdict
 from enum import Enum
 from typing import Any
 
@@ -267,7 +268,7 @@ class RtcCall:
             return
         was_live = self.state is CallState.LIVE
         self.state = CallState.ENDED
-        log.info("call %s ended: %s", self.session.id, why)
+        log.info("call %s ended: %s; output %s", self.session.id, why, asdict(self.track.pacer.stats))
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:

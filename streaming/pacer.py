@@ -5,8 +5,8 @@ transport (the WebRTC output track) must instead release one short frame every 2
 silence when nothing is queued, and nothing queued any more once the speaker is stopped (barge-in).
 
 Frame n is due at `t0 + n * frame_seconds` (a `DeadlineClock`), so scheduling errors never
-accumulate. When the consumer falls far behind (the event loop stalled), the schedule is re-anchored
-to now instead of bursting out every missed frame at once, which the receiver would only buffer.
+accumulate. When the consumer falls far behind (the event loop stalled), the missed slots are skipped
+instead of bursting out every missed frame at once, which the receiver would only buffer.
 
 Jitter: a producer that delivers 200 ms at a time, a little late, leaves the queue dry for a frame in
 the middle of speech (an underrun: the listener hears a 20 ms gap). The gap itself shifts the rest of
@@ -36,10 +36,13 @@ UNDERRUN_GAP_FRAMES = 4  # speech that resumes after at most this many silent fr
 class PacerStats:
     frames: int = 0  # frames released
     speech_frames: int = 0  # frames that carried queued audio (fully or partly)
+    samples: int = 0  # queued samples released so far (their position in the pushed stream)
     underruns: int = 0  # speech resumed after a gap of at most UNDERRUN_GAP_FRAMES silent frames
     cleared_samples: int = 0  # samples dropped by clear() (barge-in, cancel)
     overflow_samples: int = 0  # samples dropped because more than max_queue was queued
-    resyncs: int = 0  # times the schedule was re-anchored after a stall
+    late_frames: int = 0  # frames released more than one frame after their deadline
+    resyncs: int = 0  # stalls past resync_seconds, after which the missed slots were skipped
+    skipped_frames: int = 0  # slots skipped by resyncs (no frame was ever sent for them)
 
 
 class AudioPacer:
@@ -69,7 +72,6 @@ class AudioPacer:
         self._last_audio = -(10**9)  # stats.frames count when the last frame carrying audio was released
         self._clock: DeadlineClock | None = None  # started by the first next_frame()
         self._index = 0  # next frame's index on the schedule
-        self._rebase = 0  # schedule index that maps to the current clock's t0 (moves on a resync)
         self.stats = PacerStats()
 
     # -- producer side -----------------------------------------------------------------------
@@ -121,37 +123,42 @@ class AudioPacer:
         if n:
             self._take(n, out)
             self.stats.speech_frames += 1
+            self.stats.samples += n
             self._last_audio = self.stats.frames
         return out
 
     async def next_frame(self) -> tuple[Audio, int]:
         """Wait until the next frame is due, then return it and its index on the schedule.
 
-        The index counts frames since the first call, so `index * frame_samples` is a continuous
-        sample clock (RTP timestamps) even across re-anchoring.
+        `index * frame_samples` is the frame's place on a sample clock tied to wall time (RTP
+        timestamps): after a stall the clock skips the frames that were never sent, so a receiver
+        sees a short loss, not a burst of late packets that would make its jitter buffer grow.
         """
         if self._clock is None:
             self._clock = DeadlineClock(self.frame_seconds, now=self._now)
         index = self._index
-        lateness = await self._clock.sleep_until(index - self._rebase)
+        lateness = await self._clock.sleep_until(index)
+        if lateness > self.frame_seconds:
+            self.stats.late_frames += 1
         if lateness > self.resync_seconds:
-            # The consumer stalled: start the schedule again from now rather than burst out the backlog.
-            self._clock = DeadlineClock(self.frame_seconds, now=self._now)
-            self._rebase = index
+            # The consumer stalled: skip the missed slots instead of bursting out a backlog of frames.
+            missed = int(lateness / self.frame_seconds)
+            index += missed
             self.stats.resyncs += 1
-        self._index += 1
+            self.stats.skipped_frames += missed
+        self._index = index + 1
         return self.take_frame(), index
 
     @property
     def next_index(self) -> int:
-        """Index of the next frame to be released: audio pushed now starts in that frame."""
+        """Index of the next frame to be released: audio pushed now (onto an empty queue) starts there."""
         return self._index
 
     def deadline(self, index: int) -> float | None:
-        """When frame `index` is (or was) due on the current schedule; None before the first frame."""
+        """When frame `index` is (or was) due; None before the first frame."""
         if self._clock is None:
             return None
-        return self._clock.deadline(index - self._rebase)
+        return self._clock.deadline(index)
 
     # -- helpers ---------------------------------------------------------------------------------
 

@@ -65,23 +65,8 @@ async def test_echo_comes_back_delayed_by_the_models_micro_turns(server: ServerP
         assert resume["resumed"] is False and resume["resume_token"]
         start = client.mic.play(audio)
         await asyncio.sleep(len(audio) / rate + (ECHO_DELAY + 1) * TICK + 1.0)
-        # 2. Every burst comes back, delayed by the model's micro-turns plus one micro-turn of input framing.
-        templates = [audio[o : o + int(0.2 * rate)] for o in onsets]
-        latencies, scores = measure(client, start, onsets, templates, max_latency_s=2.0)
-        assert len(latencies) == len(onsets), f"only {len(latencies)} of {len(onsets)} bursts came back"
-        # After two Opus passes a clean echo correlates at ~0.98; a loaded machine may glitch one burst.
-        assert float(np.median(scores)) > 0.9, f"echoed audio correlates poorly with what was sent: {scores}"
-        # A sample waits for its micro-turn to fill (up to 200 ms), then N micro-turns in the model: the
-        # echo comes back just over (N + 1) * 200 ms later. (On a starved machine an input underrun can
-        # cut a micro-turn short, so single bursts may come back a little earlier: the median is checked.)
-        floor = (ECHO_DELAY + 1) * TICK
-        median = float(np.median(latencies))
-        assert floor - 0.02 <= median <= floor + 0.2, f"latencies {latencies}; expected just over {floor:.1f} s"
-        # Silence between bursts stays silence (the output track sends zeros, not noise or old audio).
-        received, _ = client.received.signal()
-        assert np.abs(received[: int(0.1 * rate)]).max() < 1e-3
 
-        # 3. Events on the data channel, with the WebSocket's codec.
+        # 2. Events on the data channel, with the WebSocket's codec.
         await client.send({"type": "conversation.item.create",
                            "item": {"type": "message", "role": "user", "content": [{"type": "input_text",
                                                                                     "text": "over rtc"}]}})
@@ -96,15 +81,38 @@ async def test_echo_comes_back_delayed_by_the_models_micro_turns(server: ServerP
         await client.send({"type": "session.update", "session": {"pace": "media"}})
         err = await client.wait_for("error")
         assert err["error"]["code"] == "pace_unsupported"
-        await client.send({"type": "output_audio_buffer.clear"})
-        cleared = await client.wait_for("output_audio_buffer.cleared")
-        assert cleared["dropped_ms"] >= 0
         await client.send({"type": "session.update", "session": {"duplex": {"tick_stats": True}}})
         tick = await client.wait_for("duplex.tick")
-        assert tick["late_ms"] >= 0
+        assert tick["late_ms"] >= 0 and tick["tick"] > 0
+
+        # 3. While the echo is talking, output_audio_buffer.clear drops what is queued for the speaker.
+        client.mic.play(0.1 * np.random.default_rng(1).standard_normal(2 * rate).astype(np.float32))
+        await asyncio.sleep((ECHO_DELAY + 1) * TICK + 0.3)
+        dropped = []
+        for _ in range(3):  # a clear may land just as the queue runs empty: take the best of three phases
+            await client.send({"type": "output_audio_buffer.clear"})
+            dropped.append((await client.wait_for("output_audio_buffer.cleared"))["dropped_ms"])
+            await asyncio.sleep(0.07)
+        assert max(dropped) > 0, f"nothing was queued to drop while the echo was talking: {dropped}"
     finally:
         assert await client.hangup() == 200
         await client.close()
+
+    # 4. Every burst came back, delayed by the model's micro-turns plus one micro-turn of input framing.
+    templates = [audio[o : o + int(0.2 * rate)] for o in onsets]
+    latencies, scores = measure(client, start, onsets, templates, max_latency_s=2.0)
+    assert len(latencies) == len(onsets), f"only {len(latencies)} of {len(onsets)} bursts came back"
+    # After two Opus passes a clean echo correlates at ~0.98; a loaded machine may glitch one burst.
+    assert float(np.median(scores)) > 0.9, f"echoed audio correlates poorly with what was sent: {scores}"
+    # A sample waits for its micro-turn to fill (up to 200 ms), then N micro-turns in the model: the echo
+    # comes back just over (N + 1) * 200 ms later. (On a starved machine an input underrun can cut a
+    # micro-turn short, so single bursts may come back a little earlier: the median is checked.)
+    floor = (ECHO_DELAY + 1) * TICK
+    median = float(np.median(latencies))
+    assert floor - 0.02 <= median <= floor + 0.2, f"latencies {latencies}; expected just over {floor:.1f} s"
+    # Before the first burst the output track sent silence (zeros), not noise or stale audio.
+    received, _ = client.received.signal()
+    assert len(received) > rate and np.abs(received[: int(0.1 * rate)]).max() < 1e-3
     await _until_no_sessions(server)
 
 

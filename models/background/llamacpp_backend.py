@@ -13,6 +13,11 @@ every micro-turn while this model generates. So
      task of its own), so if cores are oversubscribed anyway the kernel prefers the foreground.
 bench/background.py measures the foreground's tick lateness with this in place.
 
+A caveat of (3): a niced Python thread that is preempted while it holds the GIL delays the inference
+thread too (priority inversion). llama.cpp's C calls release the GIL; what holds it is the per-token
+Python work in llama-cpp-python (sampling glue, detokenizing, chunk dicts), a small part of each ~25 ms
+token. If the benchmark ever shows it, the remedy is a generation subprocess instead of a thread.
+
 One model instance serves every session; requests from different sessions take turns on the one
 thread (llama.cpp contexts are not thread-safe, and a second thread would take the foreground's core).
 """

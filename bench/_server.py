@@ -35,7 +35,8 @@ def local_server(*args: str, ready_timeout: float = 180.0) -> Iterator[str]:
         deadline = time.monotonic() + ready_timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; run `duplex serve {' '.join(args)}` to see why")
+                raise RuntimeError(
+                    f"server exited with {proc.returncode}; run `duplex serve {' '.join(args)}` to see why")
             try:
                 if httpx.get(url + "/healthz", timeout=1).status_code == 200:
                     break

@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"{'sessions':>8} {'returned':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'late p99 ms':>12} {'missed':>7}")
+        print(f"{'sessions':>8} {'returned':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+              f"{'late p99 ms':>12} {'missed':>7}")
         for r in rows:
             print(f"{r['sessions']:>8} {r['chunks_returned']:>5}/{r['chunks_expected']:<4} {r['latency_ms_p50']:>8} "
                   f"{r['latency_ms_p99']:>8} {r['latency_ms_max']:>8} {r['tick_lateness_ms_p99']!s:>12} "

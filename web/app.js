@@ -317,10 +317,10 @@ function onEvent(c, ev) {
       break;
     case "duplex.background.started": bgItem(ev.request_id, ev.query, ev.queued ? "queued" : "running"); break;
     case "duplex.background.delta": bgAppend(ev.request_id, ev.delta); break;
-    case "duplex.background.done": bgDone(ev.request_id, ev.status, ev.text); break;
+    case "duplex.background.done": bgDone(ev.request_id, ev.status, ev.text, ev.reason); break;
     case "duplex.background.error": {
       const err = ev.error || {};
-      if (ev.request_id) bgDone(ev.request_id, "error", err.message);
+      if (ev.request_id) bgDone(ev.request_id, "error", "", err.message || err.code);
       else note(`background: ${err.message || "error"}`);
       break;
     }
@@ -393,12 +393,17 @@ function bgAppend(id, delta) {
   el.querySelector(".answer").textContent += delta || "";
 }
 
-function bgDone(id, status, text) {
+function bgDone(id, status, text, error = "") {
   const el = bgItem(id, "", status);
   const answer = el.querySelector(".answer");
-  if (text && status !== "completed") answer.textContent += ` (${status}: ${text})`;
-  else if (text) answer.textContent = text;
-  else if (status !== "completed") answer.textContent += ` (${status})`;
+  // `text` is the whole answer: it replaces the streamed deltas when complete, fills in when none came.
+  if (text && (status === "completed" || !answer.textContent)) answer.textContent = text;
+  if (status !== "completed") {
+    const mark = document.createElement("span");
+    mark.className = "status";
+    mark.textContent = error ? ` (${status}: ${error})` : ` (${status})`;
+    answer.append(mark);
+  }
 }
 
 // -- stats --------------------------------------------------------------------------------------------
@@ -444,6 +449,8 @@ ui.ask.addEventListener("click", () => {
   ui.text.value = "";
 });
 
+// Enter in the key field connects, like pressing Connect.
+document.getElementById("settings-form").addEventListener("submit", (ev) => { ev.preventDefault(); if (!call) connect(); });
 ui.apiKey.value = localStorage.getItem("duplex.apiKey") || "";
 ui.apiKey.addEventListener("change", () => localStorage.setItem("duplex.apiKey", ui.apiKey.value.trim()));
 window.addEventListener("pagehide", () => { if (call) hangup(); });

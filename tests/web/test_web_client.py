@@ -20,6 +20,7 @@ from websockets.sync.client import connect as ws_connect
 
 from streaming.wav import read_wav, write_wav
 from tests.conftest import ARTIFACTS, ServerProc, start_server
+from tests.server._background_stub import ScriptedOpenAI
 
 pytestmark = pytest.mark.browser
 
@@ -65,11 +66,15 @@ def browser(speech_wav: Path) -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    """One echo server for the module, one session at a time (so 'full' is easy to reach)."""
-    srv = start_server("--model", "echo", "--background", "none", "--max-sessions", "1", "--resume-grace", "1",
-                       tmp_path=tmp_path_factory.mktemp("server"))
+    """One echo server for the module, one session at a time (so 'full' is easy to reach), with a
+    scripted OpenAI-compatible server as its background reasoner (the network edge of these tests)."""
+    reasoner = ScriptedOpenAI().start()
+    srv = start_server("--model", "echo", "--max-sessions", "1", "--resume-grace", "1",
+                       "--background", "openai", "--background-url", reasoner.base_url,
+                       "--background-model", "scripted", tmp_path=tmp_path_factory.mktemp("server"))
     yield srv
     srv.stop()
+    reasoner.stop()
 
 
 def _sessions(server: ServerProc) -> int:
@@ -111,6 +116,12 @@ def test_call_audio_transcript_latency_and_layout(browser: object, server: Serve
     page.wait_for_selector(".line.user .tag.typed", timeout=10_000)
     said = "[...document.querySelectorAll('.line.assistant .text')].map(e => e.textContent).join(' ')"
     page.wait_for_function(f"({said}).includes('hello from the browser')", timeout=10_000)
+    # Ask: a background request, streamed into its own panel.
+    page.fill("#text", "what time is it")
+    page.click("#ask")
+    page.wait_for_selector(".bg-item[data-status=completed]", timeout=15_000)
+    assert "what time is it" in page.inner_text(".bg-item .query")
+    assert page.inner_text(".bg-item .answer").startswith("answer:")
     # Latency readout: the page's own round trip and the server's tick lateness.
     page.wait_for_function("window.duplex.rttMs !== null && window.duplex.lateMs !== null", timeout=10_000)
     rtt = page.evaluate("window.duplex.rttMs")

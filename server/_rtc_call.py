@@ -26,7 +26,7 @@ from dataclasses import asdict
 from enum import Enum
 from typing import Any
 
-from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
 from models.base import TickOutput
 from server import protocol as p
@@ -136,8 +136,6 @@ class RtcCall:
 
     async def answer(self, offer_sdp: str) -> str:
         """Apply the offer, attach the output track, and return the answer SDP (ICE candidates included)."""
-        from aiortc import RTCSessionDescription
-
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         if not any(t.kind == "audio" for t in self.pc.getTransceivers()):
             raise ProtocolError("offer_without_audio", "the offer has no audio m-line: add a microphone "

@@ -12,8 +12,14 @@ import pytest
 from aiortc import MediaStreamTrack, VideoStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
+from models.base import Event, TickOutput
+from server._rtc_call import RtcConnection
 from server._rtc_tracks import VIDEO_MIN_INTERVAL, PacedAudioTrack, read_audio, read_video
+from server.config import ServerConfig
+from server.runtime import Runtime
+from server.sessions import Session
 from streaming.avframes import FrameToMono, mono_to_frame
+from streaming.chunker import Chunker
 from streaming.video import MAX_SIDE, downscale, fit_size
 
 
@@ -120,3 +126,19 @@ def test_frame_conversions_round_trip() -> None:
     assert frame.pts == 960 and frame.samples == 960
     back = FrameToMono(48_000).convert(frame)
     assert np.allclose(back, audio, atol=1 / 32768)
+
+
+def test_the_model_yielding_drops_queued_speech_at_once() -> None:
+    """Barge-in: the model gives up the floor; what it had queued for the speaker must not play on."""
+    track = PacedAudioTrack()
+    session = Session(id="sess_test", resume_token="t", state=object(), chunker=Chunker())
+    conn = RtcConnection(Runtime(ServerConfig(model="echo")), session, track)
+    conn.deliver(TickOutput(np.full(4800, 0.3, np.float32), text="I was saying"), tick=0)
+    conn.deliver(TickOutput(np.full(4800, 0.3, np.float32)), tick=1)
+    assert track.pacer.queued > 18_000, "two micro-turns of speech are queued (48 kHz)"
+    conn.deliver(TickOutput(np.zeros(4800, np.float32), events=[Event("yielded")]), tick=2)
+    assert track.pacer.queued == 0
+    events = []
+    while not conn.outbox.empty():
+        events.append(conn.outbox.get_nowait())
+    assert [e["type"] for e in events if isinstance(e, dict)][-1] == "response.done", "the response ends too"

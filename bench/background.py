@@ -173,9 +173,11 @@ async def run_config(threads: int, nice: int, fg_ms: float, n_requests: int, max
         if len(sink.of("duplex.background.done")) <= i:
             timed_out += 1  # counted and reported, not hidden; the next request supersedes it
             continue
-        await asyncio.sleep(0.25)  # let the last chunks reach a TickInput
         _, started = sink.of("duplex.background.started")[i]
         rid = started["request_id"]
+        seen_by = time.monotonic() + 5.0  # the next micro-turns carry it into a TickInput (late ones too)
+        while rid not in state.first_seen and time.monotonic() < seen_by:
+            await asyncio.sleep(0.05)
         t_delegate = state.delegated_at[i]
         deltas = [t for t, _ in sink.of("duplex.background.delta", rid)]
         first_gen.append(deltas[0] - t_delegate)

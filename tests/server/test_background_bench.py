@@ -19,6 +19,7 @@ def test_bench_background_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert ours["llama_threads"] == 1 and ours["nice"] == 10
     assert ours["requests_timed_out"] == 0
     assert ours["delegate_to_first_token_generated_ms"]["n"] == 1
+    assert ours["delegate_to_first_token_in_tickinput_ms"]["n"] == 1, "the answer never reached a TickInput"
     # The foreground can only see the token at a micro-turn after it was generated.
     assert (ours["delegate_to_first_token_in_tickinput_ms"]["p50"]
             >= ours["delegate_to_first_token_generated_ms"]["p50"])

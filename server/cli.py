@@ -88,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="openai backend: base URL of an OpenAI-compatible server (e.g. http://127.0.0.1:30000/v1)")
     serve.add_argument("--background-model", default=None,
                        help="openai/sglang backend: model name; llamacpp backend: path of a GGUF file")
+    serve.add_argument("--background-policy", default="supersede", choices=["supersede", "queue"],
+                       help="what a new background request does to one still running")
+    serve.add_argument("--background-timeout", type=float, default=None,
+                       help="seconds a background request may take before it ends with an error (default: worker's)")
+    serve.add_argument("--background-tool-timeout", type=float, default=None,
+                       help="seconds to wait for a client-executed tool's output")
+    serve.add_argument("--background-max-tokens", type=int, default=None, help="cap on a background answer's length")
+    serve.add_argument("--background-threads", type=int, default=1,
+                       help="llama.cpp threads; 1 keeps a core free for the foreground model")
     serve.add_argument("--ice-server", action="append", default=[], metavar="URL",
                        help="WebRTC STUN/TURN server URL (stun:host:port, turn:user:pass@host:port); repeatable")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -102,6 +111,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_backlog_ticks=args.max_backlog_ticks, max_frame_bytes=args.max_frame_bytes,
         resume_grace=args.resume_grace, idle_timeout=args.idle_timeout, background=args.background,
         background_url=args.background_url, background_model=args.background_model,
+        background_policy=args.background_policy, background_timeout=args.background_timeout,
+        background_tool_timeout=args.background_tool_timeout, background_max_tokens=args.background_max_tokens,
+        background_threads=args.background_threads,
         ice_servers=args.ice_server, log_level=args.log_level)
 
 

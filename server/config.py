@@ -28,6 +28,11 @@ class ServerConfig:
     background: str = "auto"  # background reasoner: auto | none | llamacpp | openai | sglang
     background_url: str | None = None  # openai backend: base URL
     background_model: str | None = None  # openai backend: model name; llamacpp: GGUF path
+    background_policy: str = "supersede"  # a new request supersedes the running one, or queues behind it
+    background_timeout: float | None = None  # whole-request timeout (s); None = the worker's default
+    background_tool_timeout: float | None = None  # client tool round-trip timeout (s)
+    background_max_tokens: int | None = None  # answer length cap
+    background_threads: int = 1  # llama.cpp threads; 1 leaves a core to the foreground
     ice_servers: list[str] = field(default_factory=list)  # WebRTC STUN/TURN URLs
     log_level: str = "info"
 
@@ -52,3 +57,9 @@ class ServerConfig:
             raise ValueError(f"--max-sessions must be at least 1, got {self.max_sessions}")
         if self.max_backlog_ticks < 1:
             raise ValueError("--max-backlog-ticks must be at least 1")
+        if self.background not in ("auto", "none", "llamacpp", "openai", "sglang"):
+            raise ValueError(f"--background must be auto, none, llamacpp, openai or sglang; got {self.background!r}")
+        if self.background == "openai" and not self.background_url:
+            raise ValueError("--background openai needs --background-url (e.g. http://127.0.0.1:30000/v1)")
+        if self.background_policy not in ("supersede", "queue"):
+            raise ValueError(f"--background-policy must be supersede or queue; got {self.background_policy!r}")

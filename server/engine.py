@@ -264,7 +264,8 @@ class Engine:
             s = p.session
             s.in_flight -= 1
             if p.deadline is not None:
-                m.lateness_seconds.observe(max(0.0, t_start - p.deadline))
+                s.last_lateness = max(0.0, t_start - p.deadline)
+                m.lateness_seconds.observe(s.last_lateness)
                 if t_end > p.deadline + self.period:
                     m.missed_deadlines.inc()
             if s.closed:

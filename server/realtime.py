@@ -124,7 +124,8 @@ class RealtimeConnection:
         if self.tick_stats:
             self.emit({"type": "duplex.tick", "event_id": p.new_id("event"), "tick": tick,
                        "buffered_ms": int(self.session.chunker.buffered / SAMPLE_RATE * 1000),
-                       "dropped_samples": self.session.chunker.dropped})
+                       "dropped_samples": self.session.chunker.dropped,
+                       "late_ms": round(self.session.last_lateness * 1000, 1)})
 
     def send_audio(self, audio: np.ndarray, tick: int) -> None:
         """One micro-turn of output audio (24 kHz float32). WebRTC overrides this to feed its track."""

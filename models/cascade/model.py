@@ -169,8 +169,9 @@ class CascadeModel:
             s.speaker.say(phrase, "backchannel")
             ev.append(Event("backchannel", {"text": phrase}))
 
-        # While the user holds a normal turn, answers wait; only backchannels may play.
-        hold = s.turn.turn and not s.turn.overlap
+        # While the user holds a normal turn, or may be interrupting (a paused overlap), answers
+        # wait where they are; only backchannels may play.
+        hold = s.turn.turn and (not s.turn.overlap or s.turn.paused)
         speech = s.speaker.tick(hold=hold)
         s.echo.played(s.ref.process(speech.audio))
         for p in speech.started:

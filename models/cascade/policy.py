@@ -8,10 +8,12 @@ interruptions are just states of the counters below.
 Rules (all thresholds are `CascadeOptions` fields):
   1. user speech opens a turn after `min_speech_ms` of speech; if the assistant is speaking the turn
      is an *overlap* until it proves to be a barge-in;
-  2. an overlap becomes a barge-in `barge_in_ms` after its onset if it holds `barge_in_words` words
+  2. an overlap with `barge_in_pause_ms` of speech pauses the assistant (`TurnState.paused`); it
+     becomes a barge-in `barge_in_ms` after its onset if it holds `barge_in_words` words
      that are neither backchannels ("yeah", "okay") nor echo of the assistant, and after
      `barge_in_max_ms` after it whatever the words; an overlap that falls silent for
-     `OVERLAP_END_MS` before that was a backchannel (or echo): dropped, the assistant goes on;
+     `OVERLAP_END_MS` before that was a backchannel (or echo): dropped, the assistant goes on
+     from where it paused;
   3. a turn ends after `eot_silence_ms` of silence if the transcript looks complete, and after
      `eot_max_silence_ms` in any case;
   4. in a long turn (`backchannel_after_ms` of speech) a pause of `backchannel_pause_ms` after an
@@ -44,6 +46,7 @@ class TurnState:
     silence_ms: float = 0.0  # length of the current run of silent windows
     turn: bool = False  # the user has an open turn (onset seen, no end yet)
     overlap: bool = False  # that turn began over the assistant and is not (yet) a barge-in
+    paused: bool = False  # the overlap has enough speech that the assistant holds its audio
     announced: bool = False  # speech_started was emitted for this turn
     turn_speech_ms: float = 0.0  # speech so far in the open turn
     turn_started_ms: float = 0.0  # media time the open turn began
@@ -84,7 +87,7 @@ class TurnPolicy:
                         d.resumed = True
                 elif s.speech_run_ms >= self.o.min_speech_ms:
                     d.onset = True
-                    s.turn, s.overlap, s.announced = True, assistant_busy, False
+                    s.turn, s.overlap, s.announced, s.paused = True, assistant_busy, False, False
                     s.turn_speech_ms = s.speech_run_ms
                     s.turn_started_ms = s.now_ms - s.speech_run_ms
             else:
@@ -102,7 +105,7 @@ class TurnPolicy:
                 s.overlap = False  # the assistant finished on its own: a normal turn now
             elif s.silence_ms >= OVERLAP_END_MS:
                 d.abandon = True
-                s.turn = s.overlap = False
+                s.turn = s.overlap = s.paused = False
                 return d
             else:
                 # Time since the overlap began: it is still alive, so its pauses were short
@@ -113,7 +116,10 @@ class TurnPolicy:
                 words_ok = 0 < o.barge_in_words <= len(content) and not echo_like
                 if spoken >= o.barge_in_max_ms or (spoken >= o.barge_in_ms and words_ok):
                     d.barge_in = True
-                    s.overlap = False
+                    s.overlap = s.paused = False
+                elif o.barge_in_pause_ms and s.turn_speech_ms >= o.barge_in_pause_ms:
+                    # Speech, not span: a pause inside the overlap must not count towards it.
+                    s.paused = True
         if s.overlap:
             return d
         if not s.announced:

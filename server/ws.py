@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_POLICY = 1008
+NORMAL_CLOSURE = 1000  # a client closing with this ends its session; any other close keeps it resumable
 
 
 async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
@@ -101,17 +102,24 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, runtime: Runtime) -> N
     session = conn.session
     if not session.closed and session.sink is conn:
         assert runtime.registry is not None
-        runtime.registry.detach(session)  # keep it for the resume grace period
+        code = reader.result() if reader.done() and not reader.cancelled() and reader.exception() is None else None
+        if code == NORMAL_CLOSURE:
+            # The client said goodbye: free its model state (and its admission slot) now.
+            await runtime.registry.close(session)
+        else:
+            # The connection dropped (or the client asked to come back): keep the session for the grace period.
+            runtime.registry.detach(session)
     with contextlib.suppress(Exception):
         if ws.application_state is not WebSocketState.DISCONNECTED:
             await ws.close()
 
 
-async def _read(ws: WebSocket, conn: RealtimeConnection) -> None:
+async def _read(ws: WebSocket, conn: RealtimeConnection) -> int:
+    """Feed client messages to the connection; returns the client's close code."""
     while True:
         msg = await ws.receive()
         if msg["type"] == "websocket.disconnect":
-            return
+            return int(msg.get("code", 1006))
         if msg.get("text") is not None:
             await conn.handle_text(msg["text"])
         elif msg.get("bytes") is not None:

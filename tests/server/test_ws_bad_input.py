@@ -100,7 +100,8 @@ async def test_realtime_flood_is_bounded_and_counted(duplex_server) -> None:
     assert "dropped" in err["error"]["message"]
     metrics = httpx.get(f"{server.url}/metrics").text
     dropped = [ln for ln in metrics.splitlines() if ln.startswith("duplex_input_dropped_samples_total ")]
-    assert dropped and float(dropped[0].split()[-1]) >= 24 * TICK
+    # 30 micro-turns sent, at most 5 buffered, and only a few stepped while they were sent.
+    assert dropped and float(dropped[0].split()[-1]) >= 15 * TICK
     # The session keeps ticking in real time and still echoes new audio.
     await asyncio.sleep(1.5)
     fresh = pcm16(random_pcm(TICK, seed=999))

@@ -101,7 +101,7 @@ async def test_disconnect_and_resume_keeps_model_state(duplex_server) -> None:
     await ws.send(a + b)
     out = await collect_audio(ws, 2)
     assert out[1] == a
-    await ws.close()
+    ws.transport.abort()  # the network drops: no close frame
     await asyncio.sleep(0.3)
     # The echo's delay line still holds `b`: the resumed session must return it next.
     ws2 = await open_ws(server.ws_url + "?resume_token=" + resume["resume_token"])
@@ -137,3 +137,24 @@ async def test_typed_text_reaches_the_model(duplex_server) -> None:
     assert delta["delta"] == "hello" and delta["tick"] == 0
     await ws.close()
 
+
+
+async def test_normal_close_ends_the_session_at_once(duplex_server) -> None:
+    server = duplex_server("--model", "echo", "--max-sessions", "1", "--resume-grace", "30")
+    ws, resume = await start_session(server.ws_url)
+    await ws.close()  # code 1000: the client is done, so its slot is freed now, not after the 30 s grace
+    ws2 = None
+    for _ in range(20):  # the server frees the slot just after acknowledging the close: allow a moment
+        try:
+            ws2, _ = await start_session(server.ws_url)
+            break
+        except AssertionError:
+            await asyncio.sleep(0.1)
+    assert ws2 is not None, "a normally closed session still held its slot"
+    await ws2.close(code=4000)  # any other code keeps the session for the grace period
+    ws3 = await open_ws(server.ws_url)
+    err = await recv_event(ws3)
+    assert err["type"] == "error" and err["error"]["code"] == "server_full"
+    stale = await open_ws(server.ws_url + "?resume_token=" + resume["resume_token"])
+    err = await recv_event(stale)
+    assert err["error"]["code"] == "invalid_resume_token"

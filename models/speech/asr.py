@@ -26,6 +26,7 @@ from streaming.resample import resample
 
 Audio = npt.NDArray[np.float32]
 ASR_RATE = 16_000
+_FEED_BYTES = ASR_RATE // 50 * 2  # 20 ms of PCM16 per process_raw call (see StreamingRecognizer.feed)
 _FRAME_S = 0.01  # pocketsphinx reports word times in 10 ms frames (frate = 100)
 _ALT_PRON = re.compile(r"\(\d+\)$")  # "to(2)" is the second pronunciation of "to"
 
@@ -155,7 +156,12 @@ class SphinxRecognizer:
         if not self.active:
             raise ASRError("feed() before start(); start an utterance first")
         if len(audio):
-            self._decoder.process_raw(_to_pcm16(audio), False, False)
+            pcm = _to_pcm16(audio)
+            # pocketsphinx holds the GIL for a whole process_raw call (measured: a 200 ms chunk blocked
+            # the event loop for tens of ms, which stalled WebRTC pacing). Feeding 20 ms pieces gives
+            # the GIL back between them, so the event loop waits for one piece at most.
+            for i in range(0, len(pcm), _FEED_BYTES):
+                self._decoder.process_raw(pcm[i : i + _FEED_BYTES], False, False)
             hyp = self._decoder.hyp()
             self.partial = " ".join(w for w in (_clean(x) for x in (hyp.hypstr.split() if hyp else [])) if w)
         return self.partial

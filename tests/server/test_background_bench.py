@@ -12,7 +12,7 @@ from bench import background
 
 
 def test_bench_background_json(capsys: pytest.CaptureFixture[str]) -> None:
-    background.main(["--json", "--requests", "1", "--max-tokens", "8", "--baseline", "0.6", "--fg-ms", "20"])
+    background.main(["--json", "--requests", "1", "--max-tokens", "8", "--baseline", "1.0", "--fg-ms", "20"])
     result = json.loads(capsys.readouterr().out)
     assert result["alone"]["model"].startswith("llamacpp:") and result["alone"]["load_s"] > 0
     (ours,) = result["configs"]

@@ -16,6 +16,9 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Piper without sampling noise: synthesised test speech is the same on every run, so the ASR of it
+# (and every test built on that) cannot flake. Servers started by the tests inherit it.
+os.environ.setdefault("DUPLEX_TTS_DETERMINISTIC", "1")
 ARTIFACTS = ROOT / "artifacts"
 
 

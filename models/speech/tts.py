@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -82,7 +83,11 @@ class PiperVoice:
         _check_ratio("rate", rate)
         _check_ratio("pitch", pitch)
         # length_scale > 1 is slower; see the module docstring for why pitch enters here.
-        cfg = SynthesisConfig(length_scale=pitch / rate, normalize_audio=False)
+        # DUPLEX_TTS_DETERMINISTIC=1 turns Piper's sampling noise off: the same text then gives the same
+        # samples every time (the test suite uses it so ASR of synthesised speech cannot flake).
+        quiet = 0.0 if os.environ.get("DUPLEX_TTS_DETERMINISTIC") == "1" else None
+        cfg = SynthesisConfig(length_scale=pitch / rate, normalize_audio=False, noise_scale=quiet,
+                              noise_w_scale=quiet)
         with self._lock:
             chunks = list(self._voice.synthesize(text, syn_config=cfg))  # type: ignore[attr-defined]
         for chunk in chunks:

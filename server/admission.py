@@ -1,14 +1,25 @@
-"""How many sessions the engine can step inside the micro-turn budget.
+"""What the engine can afford: how many sessions fit the micro-turn budget, and how many phase groups.
 
-Measured at start-up by stepping batches of throw-away sessions with silence. Models whose cost
-depends on content (speech recognisers) are cheaper on silence, so the estimate keeps a margin;
-`--max-sessions` overrides it.
+Measured at start-up by stepping batches of throw-away sessions with silence and fitting
+`step(b) = overhead + b * per_session`. Two decisions follow from that fit:
+
+- **phase groups**: every group is one more batched step per micro-turn, so it costs one more
+  `overhead`. Models whose step is mostly per-session work (echo, the cascade) can afford many groups,
+  and each session then waits at most a couple of milliseconds for its tick; a model whose step is
+  mostly fixed cost (the native transformer on a CPU) should batch everyone into one or a few groups.
+  We spend at most a quarter of the budget on per-batch overhead.
+- **capacity**: sessions that fit `groups * overhead + n * per_session <= budget`.
+
+Models whose cost depends on content (speech recognisers) are cheaper on silence, so the budget keeps
+a margin; `--max-sessions` and `--phase-groups` override either decision.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,8 +32,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BUDGET_FRACTION = 0.6  # of a micro-turn, leaving room for jitter and transports
+BUDGET_FRACTION = 0.6  # of a micro-turn, leaving room for jitter, transports and the background model
+OVERHEAD_SHARE = 0.25  # of the budget that per-batch overhead (one per phase group) may take
+MAX_GROUPS = 100  # a 2 ms grid; finer buys nothing against event-loop timer resolution
 HARD_CAP = 256  # sessions; beyond this the event loop, not the model, is the limit
+
+
+@dataclass
+class Calibration:
+    overhead: float  # seconds a batched step costs whatever its size
+    per_session: float  # seconds each session adds to a step
+
+    def groups(self, budget: float) -> int:
+        return max(1, min(MAX_GROUPS, math.floor(OVERHEAD_SHARE * budget / max(self.overhead, 1e-6))))
+
+    def capacity(self, budget: float, groups: int, limit: int) -> int:
+        room = budget - groups * self.overhead
+        return max(1, min(limit, HARD_CAP, math.floor(room / max(self.per_session, 1e-6))))
 
 
 def _measure(engine: Engine, batch: int, reps: int = 3) -> float:
@@ -42,17 +68,21 @@ def _measure(engine: Engine, batch: int, reps: int = 3) -> float:
             model.close(st)
 
 
-async def estimate_capacity(engine: Engine) -> int:
-    budget = engine.period * BUDGET_FRACTION
+async def calibrate(engine: Engine) -> Calibration:
+    """Fit overhead + per-session cost from a batch of 1 and a larger batch."""
     limit = engine.model.max_sessions or HARD_CAP
-    batch, best = 1, 1
-    while batch <= min(limit, HARD_CAP):
-        cost = await engine.call(_measure, engine, batch)
-        per_session = cost / batch
-        fits = int(budget / max(per_session, 1e-6))
-        log.info("calibration: batch %d stepped in %.2f ms -> about %d sessions fit", batch, cost * 1000, fits)
-        best = min(fits, limit, HARD_CAP)
-        if cost > budget / 2 or batch >= best:
-            break
-        batch *= 4
-    return max(1, best)
+    one = await engine.call(_measure, engine, 1)
+    # A bigger batch separates the two terms better, but don't spend seconds on a slow model.
+    big = min(limit, 16 if one < 0.005 else 4)
+    if big <= 1:
+        return Calibration(overhead=one, per_session=one)
+    many = await engine.call(_measure, engine, big)
+    per_session = max((many - one) / (big - 1), many / big / 10, 1e-7)
+    overhead = max(one - per_session, 0.0)
+    log.info("calibration: step(1) %.3f ms, step(%d) %.3f ms -> overhead %.3f ms + %.3f ms per session",
+             one * 1000, big, many * 1000, overhead * 1000, per_session * 1000)
+    return Calibration(overhead, per_session)
+
+
+def budget(engine: Engine) -> float:
+    return engine.period * BUDGET_FRACTION

@@ -47,6 +47,15 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def _auto_int(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {value!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="duplex", description="duplex: a real-time full-duplex multimodal interaction server.",
@@ -70,10 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="browser origin allowed on the WebSocket besides the server's own ('*' = any); repeatable")
     serve.add_argument("--max-sessions", type=int, default=None,
                        help="sessions admitted at once; default: measured at start-up from the step time")
-    serve.add_argument("--phase-groups", type=int, default=20,
-                       help="phase slots per 200 ms micro-turn: real-time sessions tick in the slot just after "
-                       "their input arrives (1 = one shared tick)")
-    serve.add_argument("--guard-ms", type=float, default=2.0, help="margin after a chunk arrives before its tick")
+    serve.add_argument("--phase-groups", type=_auto_int, default="auto", metavar="auto|N",
+                       help="phase slots per 200 ms micro-turn: each real-time session ticks in the slot just after "
+                       "its input arrives (1 = one shared tick). auto: as many as the model's per-batch cost "
+                       "allows, measured at start-up")
+    serve.add_argument("--guard-ms", type=float, default=1.0, help="margin after a chunk arrives before its tick")
     serve.add_argument("--max-backlog-ticks", type=int, default=10,
                        help="micro-turns of input buffered per session before the oldest is dropped")
     serve.add_argument("--max-frame-bytes", type=int, default=256 * 1024, help="largest client message accepted")

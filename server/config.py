@@ -19,8 +19,8 @@ class ServerConfig:
     allow_no_auth: bool = False  # explicit opt-in to serve a non-loopback interface without a key
     allowed_origins: list[str] = field(default_factory=list)  # extra browser origins ("*" = any)
     max_sessions: int | None = None  # None = measured at start-up (see server/admission.py)
-    phase_groups: int = 20  # phase slots per micro-turn for real-time sessions
-    guard_ms: float = 2.0  # margin between a chunk's arrival and its tick
+    phase_groups: int | None = None  # phase slots per micro-turn for real-time sessions; None = from calibration
+    guard_ms: float = 1.0  # margin between a chunk's arrival and its tick
     max_backlog_ticks: int = 10  # input buffered per session before the oldest is dropped
     max_frame_bytes: int = 256 * 1024  # larger client messages are refused with an error event
     resume_grace: float = 30.0  # seconds a dropped session waits for its client to resume
@@ -51,7 +51,7 @@ class ServerConfig:
                 f"refusing to serve {self.host} without an API key: anyone who can reach it could use it. "
                 "Set --api-key (or DUPLEX_API_KEY), bind 127.0.0.1, or pass --allow-no-auth to accept the risk."
             )
-        if not 1 <= self.phase_groups <= 200:
+        if self.phase_groups is not None and not 1 <= self.phase_groups <= 200:
             raise ValueError(f"--phase-groups must be between 1 and 200, got {self.phase_groups}")
         if self.max_sessions is not None and self.max_sessions < 1:
             raise ValueError(f"--max-sessions must be at least 1, got {self.max_sessions}")

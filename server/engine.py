@@ -74,6 +74,15 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
 
+    def set_phase_groups(self, groups: int) -> None:
+        """Choose the phase grid (server/admission.py decides it at start-up, before any session)."""
+        if groups < 1:
+            raise ValueError("phase groups must be >= 1")
+        if self._realtime:
+            raise RuntimeError("phase groups can only change while no real-time session is live")
+        self.groups = groups
+        self.grid = self.period / groups
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from models.base import InteractionModel
 from models.registry import load_model
-from server.admission import estimate_capacity
+from server.admission import HARD_CAP, budget, calibrate
 from server.auth import default_origins
 from server.config import ServerConfig
 from server.engine import Engine
@@ -51,14 +51,18 @@ class Runtime:
             loop = asyncio.get_running_loop()
             # Loading imports torch and reads weights: keep it off the event loop.
             self._model = await loop.run_in_executor(None, lambda: load_model(cfg.model, cfg.checkpoint, cfg.device))
-        engine = Engine(self.model, self.metrics, phase_groups=cfg.phase_groups, guard=cfg.guard_ms / 1000)
+        engine = Engine(self.model, self.metrics, phase_groups=cfg.phase_groups or 1, guard=cfg.guard_ms / 1000)
         self.engine = engine
-        capacity = cfg.max_sessions
-        if capacity is None:
-            capacity = await estimate_capacity(engine)
+        groups, capacity = cfg.phase_groups, cfg.max_sessions
+        if groups is None or capacity is None:
+            cal = await calibrate(engine)
+            groups = groups or cal.groups(budget(engine))
+            capacity = capacity or cal.capacity(budget(engine), groups, self.model.max_sessions or HARD_CAP)
+        engine.set_phase_groups(groups)
         if self.model.max_sessions is not None:
             capacity = min(capacity, self.model.max_sessions)
-        log.info("model %s ready; admitting up to %d sessions", self.model.name, capacity)
+        log.info("model %s ready; admitting up to %d sessions; %d phase groups (%.1f ms apart)",
+                 self.model.name, capacity, groups, engine.grid * 1000)
 
         async def close_session(session: Session) -> None:
             await session.background.stop()

@@ -66,23 +66,12 @@ def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
 
 
 def histogram_quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float | None:
-    """Quantile of the observations made between two scrapes, interpolated inside buckets (as Prometheus does)."""
-    buckets: list[tuple[float, float]] = []
+    """Quantile of the observations made between two scrapes (bucket deltas, interpolated as PromQL does)."""
+    from bench.load import bucket_quantile
+
+    buckets: dict[float, float] = {}
     for key, value in after.items():
         if key.startswith(name + "_bucket{le="):
             le = key.split('le="')[1].split('"')[0]
-            bound = float("inf") if le == "+Inf" else float(le)
-            buckets.append((bound, value - before.get(key, 0.0)))
-    buckets.sort()
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if bound == float("inf"):
-                return prev_bound
-            span = count - prev_count
-            return prev_bound + (bound - prev_bound) * ((rank - prev_count) / span if span else 1.0)
-        prev_bound, prev_count = bound, count
-    return prev_bound
+            buckets[float("inf") if le == "+Inf" else float(le)] = value - before.get(key, 0.0)
+    return bucket_quantile(buckets, q)

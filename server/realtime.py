@@ -30,6 +30,16 @@ OUTBOX_LIMIT = 2000  # events queued for a client that does not read; past this 
 OVERRUN_ERROR_INTERVAL = 1.0  # seconds between repeated input_overrun errors
 
 
+# Server event names of the Realtime beta protocol, for clients that connect with `OpenAI-Beta: realtime=v1`.
+BETA_NAMES = {
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "conversation.item.added": "conversation.item.created",
+}
+
+
 class ConnState(Enum):
     OPEN = "open"  # session.created sent; client events accepted
     CLOSING = "closing"  # the server is ending the session; client events ignored
@@ -45,8 +55,9 @@ class Close:
 
 
 class RealtimeConnection:
-    def __init__(self, runtime: Runtime, session: Session, resumed: bool = False) -> None:
+    def __init__(self, runtime: Runtime, session: Session, resumed: bool = False, beta: bool = False) -> None:
         self.runtime = runtime
+        self.beta = beta  # emit the beta protocol's event names
         self.session = session
         self.state = ConnState.OPEN
         self.outbox: asyncio.Queue[dict[str, Any] | Close] = asyncio.Queue()
@@ -91,6 +102,8 @@ class RealtimeConnection:
         if self.outbox.qsize() >= OUTBOX_LIMIT:
             self.end(1008, "client is not reading its events")
             return
+        if self.beta and event["type"] in BETA_NAMES:
+            event["type"] = BETA_NAMES[event["type"]]
         self.outbox.put_nowait(event)
 
     def end(self, code: int, reason: str) -> None:

@@ -39,6 +39,11 @@ def _pick_subprotocol(offered: list[str]) -> str | None:
     return "realtime" if "realtime" in plain else (plain[0] if plain else None)
 
 
+def _wants_beta(ws: WebSocket, offered: list[str]) -> bool:
+    """Clients of the Realtime beta say so with a header, or (browsers) a subprotocol."""
+    return "realtime=v1" in ws.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in offered
+
+
 async def realtime_endpoint(ws: WebSocket) -> None:
     runtime: Runtime = ws.app.state.runtime
     offered = list(ws.scope.get("subprotocols", []))
@@ -66,7 +71,7 @@ async def realtime_endpoint(ws: WebSocket) -> None:
             await _refuse(ws, CLOSE_POLICY, "invalid_resume_token",
                           "resume token is unknown, expired or already in use; open a new session")
             return
-        conn = RealtimeConnection(runtime, resumed, resumed=True)
+        conn = RealtimeConnection(runtime, resumed, resumed=True, beta=_wants_beta(ws, offered))
         conn.hello()
         registry.resume(token, conn)
         engine.resumed(resumed)
@@ -77,7 +82,7 @@ async def realtime_endpoint(ws: WebSocket) -> None:
             runtime.metrics.sessions_refused.inc()
             await _refuse(ws, CLOSE_TRY_AGAIN_LATER, "server_full", str(exc))
             return
-        conn = RealtimeConnection(runtime, session)
+        conn = RealtimeConnection(runtime, session, beta=_wants_beta(ws, offered))
         session.sink = conn
         conn.hello()
         engine.add(session)

@@ -7,6 +7,7 @@ import base64
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.wsclient import (
@@ -158,3 +159,37 @@ async def test_normal_close_ends_the_session_at_once(duplex_server) -> None:
     stale = await open_ws(server.ws_url + "?resume_token=" + resume["resume_token"])
     err = await recv_event(stale)
     assert err["error"]["code"] == "invalid_resume_token"
+
+
+async def test_beta_clients_get_beta_event_names(duplex_server) -> None:
+    server = duplex_server("--model", "echo:0")
+    ws, _ = await start_session(server.ws_url, additional_headers={"OpenAI-Beta": "realtime=v1"})
+    beta_formats = {"input_audio_format": "pcm16", "output_audio_format": "pcm16"}
+    await send(ws, {"type": "session.update", "session": beta_formats})
+    await recv_until(ws, "session.updated")
+    chunk = pcm16(random_pcm(TICK, seed=21))
+    await send(ws, {"type": "input_audio_buffer.append", "audio": b64(chunk)})
+    delta, seen = await recv_until(ws, "response.audio.delta")
+    assert base64.b64decode(delta["delta"]) == chunk
+    assert not any(e["type"] == "response.output_audio.delta" for e in seen)
+    await ws.close()
+
+
+async def test_client_sample_rate_is_converted_at_the_edge(duplex_server) -> None:
+    """A 16 kHz client: input is resampled to 24 kHz for the model and output back to 16 kHz."""
+    server = duplex_server("--model", "echo:0")
+    ws, _ = await start_session(server.ws_url)
+    fmt = {"type": "audio/pcm", "rate": 16000}
+    audio = {"input": {"format": fmt}, "output": {"format": fmt}}
+    await send(ws, {"type": "session.update", "session": {"audio": audio}})
+    updated, _ = await recv_until(ws, "session.updated")
+    assert updated["session"]["audio"]["output"]["format"]["rate"] == 16000
+    t = np.arange(16000 * 2) / 16000
+    tone = (0.4 * np.sin(2 * np.pi * 440 * t) * 32767).astype("<i2")
+    await ws.send(tone.tobytes())
+    out = await collect_audio(ws, 9)  # 2 s at 24 kHz = 10 micro-turns; the resampler holds a few samples back
+    got = np.frombuffer(b"".join(out[k] for k in sorted(out)), "<i2").astype(np.float32)
+    assert abs(len(got) - 9 * 3200) <= 64, "each 200 ms micro-turn comes back as 3200 samples at 16 kHz"
+    spectrum = np.abs(np.fft.rfft(got[1000:]))
+    assert abs(np.argmax(spectrum) * 16000 / len(got[1000:]) - 440) < 5, "the tone keeps its pitch"
+    await ws.close()

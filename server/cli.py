@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-frame-bytes", type=int, default=256 * 1024, help="largest client message accepted")
     serve.add_argument("--resume-grace", type=float, default=30.0,
                        help="seconds a disconnected session can be resumed with its token")
-    serve.add_argument("--idle-timeout", type=float, default=0.0,
+    serve.add_argument("--idle-timeout", type=float, default=600.0,
                        help="close sessions whose client sent nothing for this many seconds (0 = never)")
     serve.add_argument("--background", default="auto",
                        help="background reasoner: auto (embedded llama.cpp when the model delegates), none, "

@@ -24,7 +24,7 @@ class ServerConfig:
     max_backlog_ticks: int = 10  # input buffered per session before the oldest is dropped
     max_frame_bytes: int = 256 * 1024  # larger client messages are refused with an error event
     resume_grace: float = 30.0  # seconds a dropped session waits for its client to resume
-    idle_timeout: float = 0.0  # seconds without client activity before an attached session is closed (0 = never)
+    idle_timeout: float = 600.0  # seconds without client activity before an attached session is closed (0 = never)
     background: str = "auto"  # background reasoner: auto | none | llamacpp | openai | sglang
     background_url: str | None = None  # openai backend: base URL
     background_model: str | None = None  # openai backend: model name; llamacpp: GGUF path

@@ -115,3 +115,16 @@ async def test_sigterm_tells_live_sessions_and_exits(duplex_server) -> None:
     while server.proc.poll() is None and time.monotonic() - t0 < 15:
         await asyncio.sleep(0.1)
     assert server.proc.returncode == 0, server.log()
+
+
+async def test_idle_session_is_reaped_with_a_reason(duplex_server) -> None:
+    server = duplex_server("--model", "echo", "--idle-timeout", "1")
+    ws, _ = await start_session(server.ws_url)
+    closing = None
+    with pytest.raises(ConnectionClosed):
+        for _ in range(200):  # bounded: the reaper runs every second
+            ev = await recv_event(ws, timeout=10)
+            if ev["type"] == "duplex.session.closing":
+                closing = ev
+    assert closing is not None and closing["reason"] == "session idle timeout"
+    assert httpx.get(f"{server.url}/healthz").json()["sessions"] == 0

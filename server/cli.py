@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "its input arrives (1 = one shared tick). auto: as many as the model's per-batch cost "
                        "allows, measured at start-up")
     serve.add_argument("--guard-ms", type=float, default=1.0, help="margin after a chunk arrives before its tick")
+    serve.add_argument("--late-input-ms", type=float, default=20.0,
+                       help="how long a real-time tick waits for a late chunk before stepping silence (jitter buffer)")
     serve.add_argument("--max-backlog-ticks", type=int, default=10,
                        help="micro-turns of input buffered per session before the oldest is dropped")
     serve.add_argument("--max-frame-bytes", type=int, default=256 * 1024, help="largest client message accepted")
@@ -118,6 +120,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host, port=args.port, model=args.model, checkpoint=args.checkpoint, device=args.device,
         api_key=args.api_key or None, allow_no_auth=args.allow_no_auth, allowed_origins=args.allow_origin,
         max_sessions=args.max_sessions, phase_groups=args.phase_groups, guard_ms=args.guard_ms,
+        late_input_ms=args.late_input_ms,
         max_backlog_ticks=args.max_backlog_ticks, max_frame_bytes=args.max_frame_bytes,
         resume_grace=args.resume_grace, idle_timeout=args.idle_timeout, background=args.background,
         background_url=args.background_url, background_model=args.background_model,

@@ -21,6 +21,7 @@ class ServerConfig:
     max_sessions: int | None = None  # None = measured at start-up (see server/admission.py)
     phase_groups: int | None = None  # phase slots per micro-turn for real-time sessions; None = from calibration
     guard_ms: float = 1.0  # margin between a chunk's arrival and its tick
+    late_input_ms: float = 20.0  # how long a tick waits for a late chunk before stepping silence
     max_backlog_ticks: int = 10  # input buffered per session before the oldest is dropped
     max_frame_bytes: int = 256 * 1024  # larger client messages are refused with an error event
     resume_grace: float = 30.0  # seconds a dropped session waits for its client to resume

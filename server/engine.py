@@ -53,8 +53,9 @@ class _Planned:
 
 
 class Engine:
-    def __init__(self, model: InteractionModel, metrics: Metrics, phase_groups: int = 20, guard: float = 0.002,
-                 period: float = TICK_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model: InteractionModel, metrics: Metrics, phase_groups: int = 20, guard: float = 0.001,
+                 late_input: float = 0.02, period: float = TICK_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if phase_groups < 1:
             raise ValueError("phase_groups must be >= 1")
         self.model = model
@@ -63,6 +64,7 @@ class Engine:
         self.groups = phase_groups
         self.grid = period / phase_groups  # spacing of phase slots (s)
         self.guard = guard  # margin after a chunk's arrival before its tick, for jitter (s)
+        self.late_input = late_input  # how long a tick waits for a late chunk before stepping silence (s)
         self.clock = clock
         self.t0 = clock()
         # One thread owns the model and its state (KV pool): open, step and close all run here.
@@ -145,7 +147,9 @@ class Engine:
         if dropped:
             self.metrics.dropped_samples.inc(dropped)
         if session.pace is Pace.REALTIME and session.chunker.ready() > before:
-            self._rephase(session, self.clock())
+            session.ready_at = self.clock()
+            self._rephase(session, session.ready_at)
+            self._rt_wake.set()  # the loop may be waiting out the late-input allowance for this chunk
         elif session.pace is Pace.MEDIA:
             self._media_wake.set()
         return dropped
@@ -192,17 +196,30 @@ class Engine:
             self._schedule_at(s, next_time)
             self._rt_wake.set()
 
+    def _due_at(self, s: Session) -> float:
+        """When `s` must be stepped: its deadline, or up to `late_input` later while its input is late.
+
+        A streaming client's chunk that misses its tick by a few milliseconds (network or scheduling
+        jitter) would otherwise be stepped as silence and shift everything after it by a micro-turn;
+        waiting a little for it, like a jitter buffer, is the better trade. A session that sends nothing
+        (a silent or text-only client) still ticks, `late_input` after its deadline.
+        """
+        deadline = self._deadline(s)
+        if s.audio_started and s.chunker.ready() == 0:
+            return deadline + self.late_input
+        return deadline
+
     async def _realtime_loop(self) -> None:
         tolerance = 0.0005  # sessions due within this are stepped now, in the same batch
         while True:
             active = [s for s in self._realtime if s.attached and not s.closed]
             now = self.clock()
             due = [s for s in active if s.in_flight < MAX_IN_FLIGHT
-                   and (s.catch_up or self._deadline(s) <= now + tolerance)]
+                   and (s.catch_up or self._due_at(s) <= now + tolerance)]
             if due:
                 self._launch(due, realtime=True)
                 continue
-            waiting = [self._deadline(s) for s in active if s.in_flight < MAX_IN_FLIGHT]
+            waiting = [self._due_at(s) for s in active if s.in_flight < MAX_IN_FLIGHT]
             timeout = max(0.0, min(waiting) - now) if waiting else 1.0
             self._rt_wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -227,7 +244,14 @@ class Engine:
         for s in sessions:
             deadline = None
             if realtime:
-                deadline = self._deadline(s) if not s.catch_up else self.clock()
+                # Lateness is the server's: when input came after the deadline, count from its arrival;
+                # when it never came, from the end of the wait for it.
+                if s.catch_up:
+                    deadline = self.clock()
+                elif s.chunker.ready() == 0:
+                    deadline = self._due_at(s)
+                else:
+                    deadline = max(self._deadline(s), s.ready_at)
                 if not s.catch_up:
                     s.period_index += 1  # absolute cadence: the next deadline is one period on
                 s.catch_up = False

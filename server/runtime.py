@@ -51,7 +51,8 @@ class Runtime:
             loop = asyncio.get_running_loop()
             # Loading imports torch and reads weights: keep it off the event loop.
             self._model = await loop.run_in_executor(None, lambda: load_model(cfg.model, cfg.checkpoint, cfg.device))
-        engine = Engine(self.model, self.metrics, phase_groups=cfg.phase_groups or 1, guard=cfg.guard_ms / 1000)
+        engine = Engine(self.model, self.metrics, phase_groups=cfg.phase_groups or 1, guard=cfg.guard_ms / 1000,
+                        late_input=cfg.late_input_ms / 1000)
         self.engine = engine
         groups, capacity = cfg.phase_groups, cfg.max_sessions
         if groups is None or capacity is None:

@@ -95,6 +95,7 @@ class Session:
     # -- engine bookkeeping (server/engine.py), not for transports --
     slot: int = 0  # phase slot within the micro-turn (real-time pace)
     period_index: int = 0  # global micro-turn index of the next deadline
+    ready_at: float = 0.0  # monotonic time the newest whole micro-turn of input completed
     catch_up: bool = False  # step once extra as soon as possible (a surplus persisted)
     surplus_streak: int = 0
     in_flight: int = 0  # steps submitted and not yet delivered

@@ -77,6 +77,7 @@ class DecoderPool:
         self._lock = threading.Lock()
         self.built = 0  # decoders built so far (for metrics and tests)
         self.built_inline = 0  # of those, built on demand because the pool was empty
+        self.discarded = 0  # decoders dropped after a failed utterance
         for _ in range(size):
             self._idle.append(self._build())
 
@@ -102,6 +103,11 @@ class DecoderPool:
     def release(self, decoder: Any) -> None:
         with self._lock:
             self._idle.append(decoder)
+
+    def discard(self) -> None:
+        """A lent decoder broke and is not coming back; the pool builds a new one when next needed."""
+        with self._lock:
+            self.discarded += 1
 
 
 # Streaming decoders trade a little accuracy for ~2x speed: no second (flat-lexicon) pass and a
@@ -170,18 +176,32 @@ class SphinxRecognizer:
         if not self.active:
             return Transcript("")
         d = self._decoder
-        d.end_utt()
-        words = _words(d.seg())
-        self._release()
+        healthy = False
+        try:
+            d.end_utt()
+            # seg() is None when the utterance produced no hypothesis at all.
+            words = _words(d.seg() or [])
+            healthy = True
+        finally:
+            self._release(healthy)
         return Transcript(" ".join(w for w, _, _ in words), words)
 
     def abort(self) -> None:
         if self.active:
-            self._decoder.end_utt()
-            self._release()
+            healthy = False
+            try:
+                self._decoder.end_utt()
+                healthy = True
+            finally:
+                self._release(healthy)
 
-    def _release(self) -> None:
-        self._pool.release(self._decoder)
+    def _release(self, healthy: bool = True) -> None:
+        # A decoder whose utterance failed to end is in an unknown state: reusing it crashed the
+        # process (a segfault inside _pocketsphinx, seen in the benchmark runs). Drop it instead.
+        if healthy:
+            self._pool.release(self._decoder)
+        else:
+            self._pool.discard()
         self._decoder = None
         self.active = False
         self.partial = ""

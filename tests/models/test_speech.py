@@ -80,3 +80,15 @@ def test_vad_batch_gives_each_session_its_own_answer(clip: tuple[np.ndarray, int
         b = vad.step(batch, [inp[i : i + 4800] for inp in inputs])
         np.testing.assert_allclose(a, b[0], atol=1e-4)
         assert np.all(b[1] < 0.1)  # the silent session is not contaminated by its neighbours
+
+
+def test_utterance_with_no_audio_finishes_empty_and_returns_its_decoder() -> None:
+    """seg() is None for an utterance that heard nothing; that must not leak or poison the decoder."""
+    from models.speech.asr import DecoderPool
+
+    pool = DecoderPool(size=1)
+    rec = SphinxRecognizer(pool)
+    for _ in range(3):  # reusing the same decoder: a poisoned one crashed the process before
+        rec.start()
+        assert rec.finish().text == ""
+    assert pool.built == 1 and pool.discarded == 0 and not rec.active

@@ -67,6 +67,7 @@ class CascadeModel:
 
     def __init__(self, opts: CascadeOptions | None = None) -> None:
         self.opts = o = opts or CascadeOptions()
+        self.max_sessions = o.max_sessions or None
         self.policy = TurnPolicy(o)
         self.vad = shared_vad()
         self._pool = shared_pool(size=o.asr_decoders) if o.asr == "sphinx" else None

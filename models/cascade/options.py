@@ -17,6 +17,10 @@ class CascadeOptions:
     asr_decoders: int = 2  # pocketsphinx decoders built at load (~1 s each); more users talking at
     # the same instant build more, inline (stalling that tick), see models.speech.asr.DecoderPool
     tts_workers: int = 1  # synthesis threads owned by the model (2 cores are shared with the ticks)
+    # Sessions admitted at once. Start-up calibration steps silence, which costs the recogniser almost
+    # nothing, so it overestimates (it said 74-123 here); bench.load with every session talking all the
+    # time held 3 with zero missed deadlines on 2 cores, and people talk about half the time. 0 = no cap.
+    max_sessions: int = 4
     # --- voice activity (Silero probabilities per 32 ms window)
     vad_on: float = 0.5  # a window at or above this is speech
     vad_off: float = 0.35  # below this is silence; between the two keeps the previous state

@@ -50,6 +50,7 @@ class _Planned:
     session: Session
     tick: int  # the session's micro-turn index
     deadline: float | None  # absolute deadline (real-time pace), None in media pace
+    ready_at: float | None = None  # when this tick's input completed (real-time pace, whole micro-turn only)
 
 
 class Engine:
@@ -180,17 +181,15 @@ class Engine:
         s.period_index, s.slot = divmod(k, self.groups)
 
     def _rephase(self, s: Session, now: float) -> None:
-        """A full micro-turn of input just completed: line the session's tick up with its arrivals.
+        """A full micro-turn of input just completed: tick in the first slot after it (plus the guard).
 
-        The target is the latest recent arrival phase plus the guard, so that jitter does not make
-        chunks miss their tick; old arrivals age out of the window, so a session drifts back earlier.
+        Each arrival places the session's next tick; a chunk that comes a little late next time is
+        waited for (`late_input`), so there is no need to hold the tick back for the worst recent
+        jitter. (An earlier version targeted the latest of the last 8 arrivals: one late chunk then
+        delayed the next eight by its lateness, which was most of the p99.)
         """
         phase = (now - self.t0) % self.period
-        s.arrivals.append(phase)
-        half = self.period / 2
-        latest = max(((a - phase + half) % self.period) - half for a in s.arrivals)
-        target = phase + latest + self.guard
-        slot = math.ceil(target / self.grid - 1e-9) % self.groups
+        slot = math.ceil((phase + self.guard) / self.grid - 1e-9) % self.groups
         if slot != s.slot or self._deadline(s) > now + self.period:
             next_time = now + ((slot * self.grid - phase) % self.period)
             self._schedule_at(s, next_time)
@@ -242,7 +241,7 @@ class Engine:
         planned: list[_Planned] = []
         inputs: list[tuple[SessionState, TickInput]] = []
         for s in sessions:
-            deadline = None
+            deadline = ready_at = None
             if realtime:
                 # Lateness is the server's: when input came after the deadline, count from its arrival;
                 # when it never came, from the end of the wait for it.
@@ -252,11 +251,12 @@ class Engine:
                     deadline = self._due_at(s)
                 else:
                     deadline = max(self._deadline(s), s.ready_at)
+                    ready_at = s.ready_at if s.chunker.ready() == 1 else None  # older surplus: not timed
                 if not s.catch_up:
                     s.period_index += 1  # absolute cadence: the next deadline is one period on
                 s.catch_up = False
             inputs.append((s.state, self._take_input(s, realtime)))
-            planned.append(_Planned(s, s.tick, deadline))
+            planned.append(_Planned(s, s.tick, deadline, ready_at))
             s.tick += 1
             s.in_flight += 1
         task = asyncio.create_task(self._step_and_deliver(planned, inputs, realtime))
@@ -308,6 +308,8 @@ class Engine:
             s.log.add(t, "assistant", out.text)
             s.background.on_output(out, p.tick)
             s.deliver(out, p.tick)
+            if p.ready_at is not None:
+                m.turnaround_seconds.observe(self.clock() - p.ready_at)
         if realtime:
             self._rt_wake.set()
         else:

@@ -3,7 +3,8 @@
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 # Buckets in seconds, dense below one micro-turn where the interesting numbers live.
-_TIME_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+_TIME_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
+                 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -18,6 +19,12 @@ class Metrics:
         self.lateness_seconds = Histogram(
             "duplex_tick_lateness_seconds",
             "How late a real-time session's step started against its absolute deadline",
+            registry=r,
+            buckets=_TIME_BUCKETS,
+        )
+        self.turnaround_seconds = Histogram(
+            "duplex_tick_turnaround_seconds",
+            "Real-time: from a micro-turn of input completing to its output reaching the transport",
             registry=r,
             buckets=_TIME_BUCKETS,
         )

@@ -100,7 +100,6 @@ class Session:
     surplus_streak: int = 0
     in_flight: int = 0  # steps submitted and not yet delivered
     last_lateness: float = 0.0  # seconds the last real-time step started after its deadline (duplex.tick)
-    arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=8))  # arrival phases (s)
     room: asyncio.Event = field(default_factory=asyncio.Event)  # media pace: input buffer has room
 
     @property

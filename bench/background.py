@@ -159,6 +159,7 @@ async def run_config(threads: int, nice: int, fg_ms: float, n_requests: int, max
     worker = BackgroundWorker(session, reasoner, BackgroundSettings())
     session.background = worker
     engine.add(session)
+    engine.nudge(session)  # a real-time session's clock starts at its first input; this bench has none
     # 1. Foreground alone.
     await asyncio.sleep(baseline_s)
     base_end = len(state.starts)

@@ -120,10 +120,10 @@ class Engine:
     def add(self, session: Session) -> None:
         self.remove(session)
         if session.pace is Pace.REALTIME:
-            # Until audio arrives, tick in the first slot after now; arrivals re-phase it.
-            self._schedule_at(session, self.clock() + self.guard)
+            # A real-time session starts ticking at its first input (see _start_ticking), not at
+            # connect: before that the model has nothing to answer, and a client that switches to
+            # media pace first must find its timeline still at micro-turn 0.
             self._realtime.add(session)
-            self._rt_wake.set()
         else:
             self._media.add(session)
             self._media_wake.set()
@@ -147,6 +147,8 @@ class Engine:
         dropped = session.chunker.push(audio)
         if dropped:
             self.metrics.dropped_samples.inc(dropped)
+        if session.pace is Pace.REALTIME:
+            self._start_ticking(session)
         if session.pace is Pace.REALTIME and session.chunker.ready() > before:
             session.ready_at = self.clock()
             self._rephase(session, session.ready_at)
@@ -169,6 +171,15 @@ class Engine:
         """Something other than audio changed (text, cancel); media sessions may be steppable."""
         if session.pace is Pace.MEDIA:
             self._media_wake.set()
+        else:
+            self._start_ticking(session)
+
+    def _start_ticking(self, s: Session) -> None:
+        """First input of a real-time session: tick in the first slot from now on; arrivals re-phase it."""
+        if not s.ticking:
+            s.ticking = True
+            self._schedule_at(s, self.clock() + self.guard)
+            self._rt_wake.set()
 
     # -- real-time scheduling --------------------------------------------------------------------
 
@@ -211,7 +222,7 @@ class Engine:
     async def _realtime_loop(self) -> None:
         tolerance = 0.0005  # sessions due within this are stepped now, in the same batch
         while True:
-            active = [s for s in self._realtime if s.attached and not s.closed]
+            active = [s for s in self._realtime if s.attached and not s.closed and s.ticking]
             now = self.clock()
             due = [s for s in active if s.in_flight < MAX_IN_FLIGHT
                    and (s.catch_up or self._due_at(s) <= now + tolerance)]

@@ -84,6 +84,7 @@ class Session:
     cancel: bool = False  # response.cancel waiting for the next tick
     tick: int = 0  # micro-turns stepped so far (the session's own timeline)
     audio_started: bool = False  # any audio received yet (pace is fixed after that)
+    ticking: bool = False  # real-time: the clock runs for this session (from its first input on)
     log: ConversationLog = field(default_factory=ConversationLog)
     background: BackgroundHook = field(default_factory=NoBackground)
     sink: OutputSink | None = None  # None while detached

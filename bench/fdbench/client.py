@@ -182,10 +182,9 @@ async def _stream_once(url: str, audio: Audio, pace: str, timeout: float, grace:
                     await _send_media(ws, padded, result, receiver, timeout)
                     await asyncio.wait_for(_wait_done(answered, receiver), timeout)
                 else:
-                    # Send chunk 0 right after a tick k completes: the engine steps k + 1 only once
-                    # the chunk has arrived (it re-phases to arrivals), so k + 1 takes our first chunk.
-                    k = await asyncio.wait_for(_next_tick(result, receiver), 10.0)
-                    result.base = k + 1
+                    # A real-time session's clock starts at its first input and each tick follows its
+                    # chunk's arrival, so micro-turn 0 takes our chunk 0 (underruns aside).
+                    result.base = 0
                     # Chunk i is complete once input second 0.2 * (i + 1) has been heard: the
                     # timeline starts one micro-turn before chunk 0 leaves.
                     t0 = time.monotonic() - TICK_SECONDS
@@ -213,16 +212,6 @@ async def _settle(result: StreamResult, receiver: "asyncio.Task[None]") -> None:
     if receiver.done():
         receiver.result()
     result.ignore_upto = max(result.ignore_upto, result.last_seen)
-
-
-async def _next_tick(result: StreamResult, receiver: "asyncio.Task[None]") -> int:
-    seen = result.last_seen
-    while result.last_seen == seen:
-        if receiver.done():
-            receiver.result()
-            raise ClientError("the server closed the session before its first micro-turn")
-        await asyncio.sleep(0.001)
-    return result.last_seen
 
 
 async def _wait_done(answered: asyncio.Event, receiver: "asyncio.Task[None]") -> None:

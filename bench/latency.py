@@ -18,6 +18,7 @@ import json
 import random
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase_groups is not None:
         server_args += ["--phase-groups", str(args.phase_groups)]
     rows = []
-    with local_server(*server_args) if args.url is None else _nullcontext(args.url) as base:
+    with local_server(*server_args) if args.url is None else nullcontext(args.url) as base:
         for n in counts:
             print(f"[bench.latency] {n} session(s) x {args.seconds:.0f} s ...", file=sys.stderr, flush=True)
             # uvloop (the server's loop too) keeps the measuring client's own overhead out of the tail.
@@ -128,17 +129,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['latency_ms_p99']:>8} {r['latency_ms_max']:>8} {r['tick_lateness_ms_p99']!s:>12} "
                   f"{server:>18} {r['missed_deadlines']:>7}")
     return 0
-
-
-class _nullcontext:
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def __enter__(self) -> str:
-        return self.value
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 if __name__ == "__main__":

@@ -222,15 +222,16 @@ class Engine:
     async def _realtime_loop(self) -> None:
         tolerance = 0.0005  # sessions due within this are stepped now, in the same batch
         while True:
-            active = [s for s in self._realtime if s.attached and not s.closed and s.ticking]
             now = self.clock()
-            due = [s for s in active if s.in_flight < MAX_IN_FLIGHT
-                   and (s.catch_up or self._due_at(s) <= now + tolerance)]
+            # One pass: when each steppable session is due (sessions with MAX_IN_FLIGHT steps queued
+            # wait for a completion, which wakes this loop).
+            due_at = {s: (now if s.catch_up else self._due_at(s)) for s in self._realtime
+                      if s.attached and not s.closed and s.ticking and s.in_flight < MAX_IN_FLIGHT}
+            due = [s for s, t in due_at.items() if t <= now + tolerance]
             if due:
                 self._launch(due, realtime=True)
                 continue
-            waiting = [self._due_at(s) for s in active if s.in_flight < MAX_IN_FLIGHT]
-            timeout = max(0.0, min(waiting) - now) if waiting else 1.0
+            timeout = max(0.0, min(due_at.values()) - now) if due_at else 1.0
             self._rt_wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._rt_wake.wait(), timeout)

@@ -204,33 +204,34 @@ class RealtimeConnection:
         self.runtime.metrics.client_errors.labels(exc.code).inc()
         self.emit(p.error_event(exc.code, exc.message, exc.param, exc.event_id))
 
-    async def handle_text(self, text: str) -> None:
+    def _admit(self, size: int, what: str, event_id: str | None = None) -> bool:
+        """Common gate for client messages: open connection, activity stamp, size limit."""
         if self.state is not ConnState.OPEN:
-            return
+            return False
         self.session.last_activity = time.monotonic()
+        limit = self.runtime.config.max_frame_bytes
+        if size > limit:
+            self.error(ProtocolError("frame_too_large", f"{what} of {size} bytes is over the {limit}-byte limit; "
+                                     "send audio in smaller chunks", None, event_id))
+            return False
+        return True
+
+    async def handle_text(self, text: str) -> None:
+        if not self._admit(len(text), "message"):
+            return
         try:
-            if len(text) > self.runtime.config.max_frame_bytes:
-                raise ProtocolError("frame_too_large", f"message of {len(text)} bytes is over the "
-                                    f"{self.runtime.config.max_frame_bytes}-byte limit; send audio in smaller chunks")
             await self._dispatch(p.parse_client_text(text))
         except ProtocolError as exc:
             self.error(exc)
 
     async def handle_audio_bytes(self, data: bytes, event_id: str | None = None) -> None:
         """Raw PCM16 in the session's input format (binary WebSocket frames take this path directly)."""
-        if self.state is not ConnState.OPEN:
+        if not self._admit(len(data), "audio frame", event_id):
             return
-        self.session.last_activity = time.monotonic()
         try:
-            if len(data) > self.runtime.config.max_frame_bytes:
-                raise ProtocolError("frame_too_large", f"audio frame of {len(data)} bytes is over the "
-                                    f"{self.runtime.config.max_frame_bytes}-byte limit", None, event_id)
-            try:
-                audio = pcm16_to_float32(data)
-            except PCMError as exc:
-                raise ProtocolError("odd_pcm_length", str(exc), "audio", event_id) from None
-        except ProtocolError as exc:
-            self.error(exc)
+            audio = pcm16_to_float32(data)
+        except PCMError as exc:
+            self.error(ProtocolError("odd_pcm_length", str(exc), "audio", event_id))
             return
         await self.push_audio(audio)
 

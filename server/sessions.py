@@ -170,10 +170,17 @@ class SessionRegistry:
         session.sink = None
         session.detached_at = time.monotonic() if now is None else now
 
-    def resume(self, token: str, sink: OutputSink) -> Session | None:
-        """Reattach a detached session by its token; None if unknown, expired or still attached."""
+    def resumable(self, token: str) -> Session | None:
+        """The detached session a token names; None if unknown, expired or still attached."""
         session = self._by_token.get(token)
         if session is None or session.closed or session.attached:
+            return None
+        return session
+
+    def resume(self, token: str, sink: OutputSink) -> Session | None:
+        """Reattach a detached session by its token (see `resumable`); replays undelivered outputs."""
+        session = self.resumable(token)
+        if session is None:
             return None
         session.sink = sink
         session.detached_at = None

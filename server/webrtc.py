@@ -81,8 +81,8 @@ class Calls:
             raise _Refused(503, "server_shutting_down", "server is shutting down; reconnect later")
         resumed: Session | None = None
         if resume_token:
-            resumed = registry._by_token.get(resume_token)
-            if resumed is None or resumed.closed or resumed.attached:
+            resumed = registry.resumable(resume_token)
+            if resumed is None:
                 raise _Refused(404, "invalid_resume_token",
                                "resume token is unknown, expired or already in use; open a new session")
             if resumed.pace is Pace.MEDIA:

@@ -66,8 +66,8 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     token = ws.query_params.get("resume_token")
     conn: RealtimeConnection
     if token:
-        resumed = registry._by_token.get(token)
-        if resumed is None or resumed.closed or resumed.attached:
+        resumed = registry.resumable(token)
+        if resumed is None:
             await _refuse(ws, CLOSE_POLICY, "invalid_resume_token",
                           "resume token is unknown, expired or already in use; open a new session")
             return

@@ -1,10 +1,11 @@
 """Transformer pieces: tile-wise linear, RMSNorm, RoPE, causal depthwise conv, SwiGLU, GQA attention block.
 
-A *tile* is one session's micro-turn: [T, D] with T = tokens_per_turn. In deterministic mode every
-matrix product runs once per tile with the same shape, so a tile's result cannot depend on how many
-other tiles (sessions in the batch, micro-turns in a teacher-forced sequence) are computed with it:
-same shape -> same kernel -> same reduction order. Everything else here is elementwise or reduces
-within one row, which does not depend on the row count.
+A *tile* is one session's micro-turn: [T, D] with T = tokens_per_turn. In deterministic mode a
+tile's result must not depend on how many other tiles (sessions in the batch, micro-turns in a
+teacher-forced sequence) are computed with it. Matrix products get that from rowblock.py (one product
+over all rows in fixed 16-row blocks, verified on this machine); attention runs per tile over that
+tile's own keys; everything else is elementwise or reduces within one row, which does not depend on
+the row count.
 """
 
 from typing import Protocol
@@ -14,13 +15,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.interaction.config import InteractionConfig
+from models.interaction.rowblock import det_linear, linear
 
 
 def tile_matmul(x: Tensor, w: Tensor, det: bool) -> Tensor:
-    """x [B, ..., K] @ w [K, N] -> [B, ..., N]; in deterministic mode one product per leading index."""
+    """x [B, ..., K] @ w [K, N] -> [B, ..., N]; batch-invariant (row-blocked) in deterministic mode."""
     if not det:
         return x @ w
-    return torch.stack([x[b] @ w for b in range(x.shape[0])])
+    return det_linear(x, w.T)
 
 
 class Lin(nn.Module):
@@ -34,9 +36,7 @@ class Lin(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:  # [B, ..., d_in] -> [B, ..., d_out]
-        if not self.det:
-            return F.linear(x, self.weight, self.bias)
-        return torch.stack([F.linear(x[b], self.weight, self.bias) for b in range(x.shape[0])])
+        return linear(x, self.weight, self.bias, self.det)
 
 
 class RMSNorm(nn.Module):
@@ -100,8 +100,14 @@ class TileCache(Protocol):
         ...
 
     def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, TileKeys]:
-        """Store this tile's k, v [B, T, Hkv, hd]; return per tile: keys and values [K, Hkv, hd]
-        (this tile included) and the mask [T, K] (True = may attend)."""
+        """Store this tile's k, v [B, T, Hkv, hd]; return per tile: the keys and values written so far
+        [K, Hkv, hd] (this tile included; K grows with age up to the store size) and the mask [T, K]
+        (True = may attend)."""
+        ...
+
+    def exchange_stacked(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Like exchange, stacked for one batched call (only when `batchable`): keys and values
+        [B, S, Hkv, hd] over the whole store, masks [B, T, S]."""
         ...
 
 
@@ -140,18 +146,17 @@ class Block(nn.Module):
     def _attend_one(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """One tile: q [T, H, hd], k/v [K, Hkv, hd], mask [T, K] -> [T, H, hd].
 
-        GQA without copying K/V: the query heads sharing a K/V head are folded into the query
-        length, [Hkv, rep*T, hd] against [Hkv, K, hd].
+        K is only what this tile's session has written (see kv.py), read in place from the pool; the
+        grouped query heads share their K/V head inside the kernel (enable_gqa), so nothing is copied.
         """
-        t, rep = q.shape[0], self.n_heads // self.n_kv
-        qg = q.permute(1, 0, 2).reshape(self.n_kv, rep * t, self.hd)
         o = F.scaled_dot_product_attention(
-            qg[None],
+            q.transpose(0, 1)[None],
             k.transpose(0, 1)[None],
             v.transpose(0, 1)[None],
-            attn_mask=mask.repeat(rep, 1)[None, None],
-        )  # [1, Hkv, rep*T, hd]
-        return o[0].reshape(self.n_heads, t, self.hd).permute(1, 0, 2)
+            attn_mask=mask[None, None],
+            enable_gqa=True,
+        )  # [1, H, T, hd]
+        return o[0].transpose(0, 1)
 
     def forward_tiles(self, x: Tensor, pos_cs: tuple[Tensor, Tensor], cache: TileCache) -> Tensor:
         """x [B, T, D] one micro-turn per row (sessions, or micro-turns of one sequence) -> [B, T, D]."""
@@ -159,11 +164,8 @@ class Block(nn.Module):
         hn = self.attn_norm(x)  # [B, T, D]
         prev = cache.conv_prev(self.index, hn)  # [B, k-1, D]
         q, k, v = self._qkv(hn, prev, *pos_cs)
-        ks, vs, mask = cache.exchange(self.index, k, v)
         if self.batched_attention and cache.batchable and b > 1:
-            kb = torch.stack([ks[i] for i in range(b)])  # [B, K, Hkv, hd] (a copy)
-            vb = torch.stack([vs[i] for i in range(b)])
-            mb = torch.stack([mask[i] for i in range(b)])  # [B, T, K]
+            kb, vb, mb = cache.exchange_stacked(self.index, k, v)  # [B, S, Hkv, hd] x2 (a copy), [B, T, S]
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2),
                 kb.transpose(1, 2),
@@ -172,6 +174,7 @@ class Block(nn.Module):
                 enable_gqa=True,
             ).transpose(1, 2)  # [B, T, H, hd]
         else:
+            ks, vs, mask = cache.exchange(self.index, k, v)
             o = torch.stack([self._attend_one(q[i], ks[i], vs[i], mask[i]) for i in range(b)])
         x = x + self.wo(o.reshape(b, t, -1))
         return self._ffn(x)

@@ -26,9 +26,15 @@ def tile_matmul(x: Tensor, w: Tensor, det: bool) -> Tensor:
 
 
 class Lin(nn.Module):
-    """Linear layer that honours the model's deterministic (batch-invariant) mode."""
+    """Linear layer that honours the model's deterministic (batch-invariant) mode.
+
+    `serve_weight`, when set (runtime.py does, for serving only), is a copy of the weight in another
+    dtype (bf16) that the product runs in; inputs are cast to it and the result back. It is not a
+    parameter: checkpoints, training and `weight` itself are untouched.
+    """
 
     det: bool = False
+    serve_weight: Tensor | None = None
 
     def __init__(self, d_in: int, d_out: int, bias: bool = False) -> None:
         super().__init__()
@@ -36,7 +42,11 @@ class Lin(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:  # [B, ..., d_in] -> [B, ..., d_out]
-        return linear(x, self.weight, self.bias, self.det)
+        w = self.serve_weight
+        if w is None or torch.is_grad_enabled():
+            return linear(x, self.weight, self.bias, self.det)
+        b = self.bias.to(w.dtype) if self.bias is not None else None
+        return linear(x.to(w.dtype), w, b, self.det).to(x.dtype)
 
 
 class RMSNorm(nn.Module):

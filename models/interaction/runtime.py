@@ -9,6 +9,7 @@ thread that calls `step`.
 import codecs
 import hashlib
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,11 +21,14 @@ from models.interaction import dmel, vocoder
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
 from models.interaction.flow import turn_noise
 from models.interaction.kv import KVPool
+from models.interaction.layers import Lin
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
 from models.interaction.video import PATCH, frame_patches
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT = 16_384  # bytes of typed/background text waiting for slots; beyond it new text is dropped
+# DUPLEX_NATIVE_MATMUL: what the transformer blocks' products run in (bench/precision.py measures the cost in quality)
+MATMUL_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = range(len(ACTIONS))
 
 
@@ -79,7 +83,13 @@ def _background_bytes(chunk: BackgroundChunk) -> bytes:
 
 class NativeModel:
     def __init__(
-        self, net: InteractionTransformer, name: str, n_slots: int, device: torch.device, deterministic: bool
+        self,
+        net: InteractionTransformer,
+        name: str,
+        n_slots: int,
+        device: torch.device,
+        deterministic: bool,
+        matmul: str | None = None,
     ) -> None:
         self.net = net.eval()
         self.cfg = net.cfg
@@ -92,6 +102,21 @@ class NativeModel:
         self.vocoder = vocoder.GriffinLim(self.cfg.mel_bins, self.cfg.griffin_lim_iters, device)
         self.deterministic = deterministic
         self.set_deterministic(deterministic)
+        self.matmul = matmul or os.environ.get("DUPLEX_NATIVE_MATMUL", "fp32")
+        self.set_matmul(self.matmul)
+
+    def set_matmul(self, name: str) -> None:
+        """Run the transformer blocks' products in fp32 or bf16 (from serving copies of their weights;
+        the parameters, checkpoints and everything outside the blocks stay as they are)."""
+        if name not in MATMUL_DTYPES:
+            raise ValueError(f"DUPLEX_NATIVE_MATMUL={name!r} is not one of {', '.join(MATMUL_DTYPES)}")
+        dtype = MATMUL_DTYPES[name]
+        for blk in self.net.blocks:
+            for m in blk.modules():
+                if isinstance(m, Lin):
+                    same = dtype is None or dtype == m.weight.dtype
+                    m.serve_weight = None if same else m.weight.detach().to(dtype)
+        self.matmul = name
 
     def set_deterministic(self, on: bool) -> None:
         """Batch-invariant mode on/off; between steps only (both modes use the same KV layout)."""

@@ -126,6 +126,12 @@ class NativeModel:
         self.deterministic = on
 
     @property
+    def steady_age(self) -> int:
+        """Micro-turns after which a session's step cost stops growing: every layer's store is full
+        (attention reads only written keys). Admission calibrates at this age."""
+        return max(g.turns for g in self.pool.geoms)
+
+    @property
     def session_bytes(self) -> int:
         return KVPool.session_bytes(self.cfg, self.dtype)
 
@@ -286,9 +292,9 @@ class NativeModel:
         """Age a fresh session to `turns` micro-turns without stepping them (for benchmarks only).
 
         Every store index the pool would hold at that age is filled with seeded random keys and
-        values, the conv state likewise, and the micro-turn counter is set. Because attention runs
-        over the full fixed-size store with a mask, the cost of the next micro-turn is that of a
-        session that really talked for `turns` micro-turns; its outputs are of course not.
+        values, the conv state likewise, and the micro-turn counter is set. Attention reads exactly
+        the store indices a session of that age has written, so the cost of the next micro-turn is
+        that of a session that really talked for `turns` micro-turns; its outputs are of course not.
         """
         if state.turn != 0:
             raise ValueError("fast_forward ages fresh sessions only; open a new session")

@@ -45,7 +45,7 @@ class NativeSession:
     self_tail: Tensor  # [CONTEXT] same for the model's own audio
     self_dmel: Tensor  # [20, bins] dMel of what the model said last micro-turn (fed back)
     voc_mag: Tensor  # [3, BINS] Griffin-Lim context magnitudes
-    voc_phase: Tensor  # [3, BINS] Griffin-Lim context phases as unit phasors (complex)
+    voc_phase: Tensor  # [3, BINS, 2] Griffin-Lim context phases as unit phasors (re, im)
     turn: int = 0  # index of the next micro-turn (= micro-turns stepped so far)
     own_text: list[int] = field(default_factory=list)  # bytes written last micro-turn (fed back)
     typed: bytearray = field(default_factory=bytearray)  # typed text waiting for slots

@@ -110,6 +110,7 @@ class KVPool:
         # The last k-1 normalised inputs of each layer's causal conv: [slots, layers, k-1, D]
         self.conv = torch.zeros(n_slots, cfg.n_layers, cfg.conv_kernel - 1, cfg.dim, device=device, dtype=dtype)
         self._free = list(range(n_slots - 1, -1, -1))
+        self.n_reserved = 0  # slots taken for good as scratch (see reserve)
 
     @staticmethod
     def session_bytes(cfg: InteractionConfig, dtype: torch.dtype) -> int:
@@ -120,7 +121,7 @@ class KVPool:
 
     @property
     def in_use(self) -> int:
-        return self.n_slots - len(self._free)
+        return self.n_slots - self.n_reserved - len(self._free)
 
     def alloc(self) -> int:
         if not self._free:
@@ -134,6 +135,16 @@ class KVPool:
         self.conv[slot].zero_()
         return slot
 
+    def reserve(self) -> int:
+        """Take the highest free slot for good, as scratch space no session owns (the padding rows of
+        a CUDA-graph bucket write there)."""
+        if not self._free:
+            raise PoolFullError("no KV slot left to reserve as scratch; give the model a larger KV budget")
+        slot = max(self._free)
+        self._free.remove(slot)
+        self.n_reserved += 1
+        return slot
+
     def release(self, slot: int) -> None:
         if slot in self._free or not 0 <= slot < self.n_slots:
             raise ValueError(f"KV slot {slot} is not allocated; was the session closed twice?")
@@ -145,13 +156,19 @@ class StreamCache:
 
     batchable = True  # B sessions' keys may be stacked for one batched attention call
 
-    def __init__(self, pool: KVPool, slots: Sequence[int], turns: Tensor) -> None:
+    def __init__(self, pool: KVPool, slots: Sequence[int] | Tensor, turns: Tensor) -> None:
+        """slots may be a device tensor: then nothing here synchronises with the host until the per-tile
+        path asks for plain integers (the stacked path never does, so a CUDA graph can capture it)."""
         self.pool = pool
-        self.slots = list(slots)
-        self.slot_t = torch.tensor(self.slots, device=turns.device)
+        self.slot_t = slots if isinstance(slots, Tensor) else torch.tensor(list(slots), device=turns.device)
         self.turns = turns
-        self.turn_list = [int(n) for n in turns.tolist()]
+        self._ints: tuple[list[int], list[int]] | None = None
         self._masks: dict[tuple[Geometry, int, int], Tensor] = {}  # shared by sessions and layers alike
+
+    def _slots_turns(self) -> tuple[list[int], list[int]]:
+        if self._ints is None:
+            self._ints = [int(s) for s in self.slot_t.tolist()], [int(n) for n in self.turns.tolist()]
+        return self._ints
 
     def conv_prev(self, layer: int, h: Tensor) -> Tensor:
         k1 = self.pool.conv.shape[2]
@@ -176,10 +193,11 @@ class StreamCache:
         g = self._store(layer, k, v)
         kp, vp = self.pool.k[layer], self.pool.v[layer]
         # Views of each slot's written prefix, [written*T, Hkv, hd]: attention reads the pool in place.
-        ws = [g.written(n) for n in self.turn_list]
-        ks = [kp[s, :w].view(-1, *kp.shape[3:]) for s, w in zip(self.slots, ws, strict=True)]
-        vs = [vp[s, :w].view(-1, *vp.shape[3:]) for s, w in zip(self.slots, ws, strict=True)]
-        return ks, vs, [self._mask(g, n) for n in self.turn_list]
+        slots, turns = self._slots_turns()
+        ws = [g.written(n) for n in turns]
+        ks = [kp[s, :w].view(-1, *kp.shape[3:]) for s, w in zip(slots, ws, strict=True)]
+        vs = [vp[s, :w].view(-1, *vp.shape[3:]) for s, w in zip(slots, ws, strict=True)]
+        return ks, vs, [self._mask(g, n) for n in turns]
 
     def exchange_stacked(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Like exchange, for one batched attention call: every slot's whole store stacked (a copy),

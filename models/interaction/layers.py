@@ -8,11 +8,13 @@ tile's own keys; everything else is elementwise or reduces within one row, which
 the row count.
 """
 
+import contextlib
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.interaction.config import InteractionConfig
 from models.interaction.rowblock import det_linear, linear
@@ -137,8 +139,9 @@ class Block(nn.Module):
         self.w1 = Lin(cfg.dim, cfg.ffn_hidden)
         self.w3 = Lin(cfg.dim, cfg.ffn_hidden)
         self.w2 = Lin(cfg.ffn_hidden, cfg.dim)
-        # Batched attention gathers every session's keys into one tensor (worth it on a GPU); the
-        # per-tile loop attends straight on the pool's memory (no copy, better on a CPU).
+        # Batched attention gathers every session's whole store into one tensor (worth it on a GPU,
+        # and the only way into a CUDA graph); the per-tile loop attends straight on the pool's
+        # memory, written keys only (no copy, better on a CPU).
         self.batched_attention = False
 
     def _qkv(self, hn: Tensor, prev: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -168,21 +171,33 @@ class Block(nn.Module):
         )  # [1, H, T, hd]
         return o[0].transpose(0, 1)
 
+    def _attend_stacked(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """All tiles in one call (GPU): q [B, T, H, hd], k/v [B, S, Hkv, hd], mask [B, T, S] -> [B, T, H, hd].
+
+        Fixed shapes, no host sync (CUDA-graph capturable). The query heads sharing a K/V head are
+        folded into the query length, as in _attend_one, so every backend can run it without copying
+        K/V per head. In deterministic mode the memory-efficient kernel is required: it walks each
+        query row's keys in one order whatever the batch (no split over keys chosen by batch size).
+        """
+        b, t, _, _ = q.shape
+        rep = self.n_heads // self.n_kv
+        qg = q.reshape(b, t, self.n_kv, rep, self.hd).permute(0, 2, 3, 1, 4).reshape(b, self.n_kv, rep * t, self.hd)
+        det_gpu = self.wq.det and q.is_cuda
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]) if det_gpu else contextlib.nullcontext():
+            o = F.scaled_dot_product_attention(
+                qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask.repeat(1, rep, 1)[:, None]
+            )  # [B, Hkv, rep*T, hd]
+        return o.reshape(b, self.n_kv, rep, t, self.hd).permute(0, 3, 1, 2, 4).reshape(b, t, self.n_heads, self.hd)
+
     def forward_tiles(self, x: Tensor, pos_cs: tuple[Tensor, Tensor], cache: TileCache) -> Tensor:
         """x [B, T, D] one micro-turn per row (sessions, or micro-turns of one sequence) -> [B, T, D]."""
         b, t, _ = x.shape
         hn = self.attn_norm(x)  # [B, T, D]
         prev = cache.conv_prev(self.index, hn)  # [B, k-1, D]
         q, k, v = self._qkv(hn, prev, *pos_cs)
-        if self.batched_attention and cache.batchable and b > 1:
+        if self.batched_attention and cache.batchable:
             kb, vb, mb = cache.exchange_stacked(self.index, k, v)  # [B, S, Hkv, hd] x2 (a copy), [B, T, S]
-            o = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                kb.transpose(1, 2),
-                vb.transpose(1, 2),
-                attn_mask=mb[:, None],
-                enable_gqa=True,
-            ).transpose(1, 2)  # [B, T, H, hd]
+            o = self._attend_stacked(q, kb, vb, mb)
         else:
             ks, vs, mask = cache.exchange(self.index, k, v)
             o = torch.stack([self._attend_one(q[i], ks[i], vs[i], mask[i]) for i in range(b)])

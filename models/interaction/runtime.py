@@ -19,6 +19,7 @@ from torch import Tensor
 from models.base import BackgroundChunk, Event, TickInput, TickOutput
 from models.interaction import dmel, vocoder
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
+from models.interaction.cuda_graphs import BucketedStep
 from models.interaction.flow import turn_noise
 from models.interaction.kv import KVPool
 from models.interaction.layers import Lin
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 QUEUE_LIMIT = 16_384  # bytes of typed/background text waiting for slots; beyond it new text is dropped
 # DUPLEX_NATIVE_MATMUL: what the transformer blocks' products run in (bench/precision.py measures the cost in quality)
 MATMUL_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+GRAPH_MODES = ("off", "eager", "cuda")
 SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = range(len(ACTIONS))
 
 
@@ -90,6 +92,7 @@ class NativeModel:
         device: torch.device,
         deterministic: bool,
         matmul: str | None = None,
+        graphs: str | None = None,
     ) -> None:
         self.net = net.eval()
         self.cfg = net.cfg
@@ -97,7 +100,19 @@ class NativeModel:
         self.device = device
         self.dtype = next(net.parameters()).dtype
         self.pool = KVPool(self.cfg, n_slots, device, self.dtype)
-        self.max_sessions: int | None = n_slots
+        # DUPLEX_NATIVE_GRAPHS: "cuda" (default on a GPU) replays the transformer step from CUDA graphs
+        # per batch-size bucket; "eager" runs the same bucketed step without graphs (checks it on a CPU);
+        # "off" (default on a CPU) steps exactly the sessions given.
+        mode = graphs or os.environ.get("DUPLEX_NATIVE_GRAPHS") or ("cuda" if device.type == "cuda" else "off")
+        if mode not in GRAPH_MODES or (mode == "cuda" and device.type != "cuda"):
+            raise ValueError(f"DUPLEX_NATIVE_GRAPHS={mode!r}: use one of {', '.join(GRAPH_MODES)} ('cuda' needs a GPU)")
+        self.graphs: BucketedStep | None = None
+        if mode != "off":
+            if n_slots < 2:
+                raise ValueError("bucketed steps need a KV pool of at least 2 slots (one is scratch)")
+            top = min(n_slots - 1, int(os.environ.get("DUPLEX_GRAPH_MAX_BATCH", "64")))
+            self.graphs = BucketedStep(net, self.pool, top, capture=mode == "cuda")
+        self.max_sessions: int | None = n_slots - self.pool.n_reserved
         self.frontend = dmel.DMelFrontend(self.cfg.dmel_bins, self.cfg.dmel_levels, device)
         self.vocoder = vocoder.GriffinLim(self.cfg.mel_bins, self.cfg.griffin_lim_iters, device)
         self.deterministic = deterministic
@@ -116,13 +131,22 @@ class NativeModel:
                 if isinstance(m, Lin):
                     same = dtype is None or dtype == m.weight.dtype
                     m.serve_weight = None if same else m.weight.detach().to(dtype)
+        if getattr(self, "graphs", None) is not None:
+            self.graphs.reset()  # type: ignore[union-attr]  # captured graphs read the old weights
         self.matmul = name
 
     def set_deterministic(self, on: bool) -> None:
         """Batch-invariant mode on/off; between steps only (both modes use the same KV layout)."""
         self.net.set_deterministic(on)
-        # Batched attention stacks sessions into one kernel call whose shape depends on the batch.
-        self.net.set_batched_attention(self.device.type == "cuda" and not on)
+        # On a GPU attention runs stacked over whole stores (fixed shapes, one call, graph-capturable;
+        # batch-invariant through the kernel it is given in deterministic mode: layers.py). On a CPU
+        # it runs per session over written keys only, unless the bucketed step is on.
+        self.net.set_batched_attention(self.device.type == "cuda" or self.graphs is not None)
+        if self.device.type == "cuda" and on:
+            # Split-K reductions in reduced precision are chosen by problem size: not batch-invariant.
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        if self.graphs is not None:
+            self.graphs.reset()  # captured kernels belong to the old mode
         self.deterministic = on
 
     @property
@@ -227,7 +251,11 @@ class NativeModel:
         # 1. inputs -> one batched transformer pass over the sessions' persistent KV
         feats = self._features(batch)
         turns = torch.tensor([s.turn for s in states], device=self.device)
-        heads = self.net.forward_step(feats, self.pool, [s.slot for s in states], turns)
+        slots = [s.slot for s in states]
+        if self.graphs is not None:
+            heads = self.graphs(feats, slots, turns)
+        else:
+            heads = self.net.forward_step(feats, self.pool, slots, turns)
         # 2. decisions (greedy) and audio for every row
         control = heads.control.float()
         actions = control[:, : len(ACTIONS)].argmax(-1).tolist()

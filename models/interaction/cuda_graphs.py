@@ -84,9 +84,8 @@ class BucketedStep:
         return net.heads(net._run_tiles(x, bk.turns, StreamCache(self.pool, bk.slots, bk.turns)))
 
     def _new_bucket(self, size: int, like: TurnFeatures) -> _Bucket:
-        feats = TurnFeatures(
-            **{f.name: getattr(like, f.name)[:1].repeat_interleave(size, 0).clone() for f in fields(TurnFeatures)}
-        )
+        first = {f.name: getattr(like, f.name)[:1] for f in fields(TurnFeatures)}
+        feats = TurnFeatures(**{k: t.expand(size, *t.shape[1:]).clone() for k, t in first.items()})
         dev = like.user_dmel.device
         slots = torch.full((size,), self.scratch, dtype=torch.long, device=dev)
         bk = _Bucket(feats, slots, torch.zeros(size, dtype=torch.long, device=dev))

@@ -42,9 +42,13 @@ def step_flops(fn: Callable[[], object]) -> float | None:
     return float(total) if total else None
 
 
-def matmul_peak_gflops(device: str = "cpu", repeats: int = 8) -> float:
-    """Best dense matmul rate in GFLOP/s with the current torch threads: fp32 2048^3 on a CPU, bf16
-    8192^3 on a GPU (the dtypes the native model serves in). Best, not median: the machine's ability."""
+def matmul_peak_gflops(device: str = "cpu", repeats: int = 8) -> tuple[float, float | None]:
+    """Best dense matmul rate with the current torch threads: fp32 2048^3 on a CPU, bf16 8192^3 on a
+    GPU (the dtypes the native model serves in). Best, not median: the machine's ability.
+
+    Returns (GFLOP/s of wall time, GFLOP/s per CPU-second of this process or None on a GPU). On a
+    shared CPU the second is the steadier one: time other processes take the core does not count.
+    """
     import torch
 
     cuda = device.startswith("cuda")
@@ -52,14 +56,16 @@ def matmul_peak_gflops(device: str = "cpu", repeats: int = 8) -> float:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
-    best = float("inf")
+    wall = cpu = float("inf")
     for i in range(repeats + 2):
         if cuda:
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         torch.mm(a, b, out=out)
         if cuda:
             torch.cuda.synchronize()
         if i >= 2:  # two warm-up products
-            best = min(best, time.perf_counter() - t0)
-    return round(2 * n**3 / best / 1e9, 1)
+            wall = min(wall, time.perf_counter() - t0)
+            cpu = min(cpu, time.process_time() - c0)
+    flop = 2 * n**3 / 1e9
+    return round(flop / wall, 1), (None if cuda else round(flop / cpu, 1))

@@ -19,9 +19,9 @@ Optional model capabilities, used when present and reported as unsupported other
 For models that run on torch, every point also counts the FLOPs of one step (matrix products and
 attention, as torch's FLOP counter sees them; padding rows included) and reports the achieved rate.
 `--peak` measures this machine's dense fp32 matmul rate with the same threads (or the GPU's in bf16)
-so the report can say what fraction of it a step reaches. On a shared machine read the wall times
-together with `cpu_ms` (process CPU time per step, all threads): time other processes took the core
-shows in the first and not the second.
+so the report can say what fraction of it a step reaches, per wall second and per CPU-second. On a
+shared machine read the wall times together with `cpu_ms` (process CPU time per step, all threads):
+time other processes took the core shows in the first and not the second.
 """
 
 import argparse
@@ -64,6 +64,8 @@ class Point:
     gflop: float | None = None  # FLOPs of one step, when the model runs on torch
     gflops: float | None = None  # gflop / median wall time
     peak_ratio: float | None = None  # gflops / the measured matmul peak (--peak)
+    cpu_gflops: float | None = None  # gflop / median CPU time: the rate per CPU-second (all threads)
+    cpu_peak_ratio: float | None = None  # cpu_gflops / the peak per CPU-second (--peak, CPU only)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Report:
     max_sessions: int | None
     torch_threads: int | None = None  # intra-op threads, when the model uses torch
     peak_gflops: float | None = None  # dense matmul rate measured on this machine (--peak)
+    peak_gflops_cpu: float | None = None  # the same per CPU-second of this process (CPU only)
     load_average: float | None = None  # 1-minute load average at the end: other processes on the CPU
     points: list[Point] = field(default_factory=list)
     baseline: list[Baseline] = field(default_factory=list)
@@ -128,7 +131,7 @@ def measure(
     modes: list[str],
     steps: int,
     warmup: int,
-    peak: float | None = None,
+    peak: tuple[float | None, float | None] = (None, None),
 ) -> list[Point]:
     """Time `sessions` sessions per (age, mode), interleaved step by step.
 
@@ -171,10 +174,13 @@ def measure(
         f = flops[(age, mode)]
         gf = round(f / 1e9, 3) if f is not None else None
         rate = round(f / 1e6 / med, 2) if f is not None and med > 0 else None
-        ratio = round(rate / peak, 3) if rate is not None and peak else None
+        cpu = statistics.median(c for _, c in ts)
+        ratio = round(rate / peak[0], 3) if rate is not None and peak[0] else None
+        cpu_rate = round(f / 1e6 / cpu, 2) if f is not None and cpu > 0 else None
+        cpu_ratio = round(cpu_rate / peak[1], 3) if cpu_rate is not None and peak[1] else None
         points.append(
             Point(sessions, age, mode, steps, round(med, 2), round(p90, 2), round(med / sessions, 2), med <= BUDGET_MS,
-                  round(statistics.median(c for _, c in ts), 2), gf, rate, ratio)
+                  round(cpu, 2), gf, rate, ratio, cpu_rate, cpu_ratio)
         )
     return points
 
@@ -207,8 +213,9 @@ def run(args: argparse.Namespace) -> Report:
         report.notes.append(f"{args.model} has no baseline_step: no re-prefill baseline for it")
     if args.peak:
         progress("measuring this machine's matmul peak ...")
-        report.peak_gflops = matmul_peak_gflops(str(getattr(model, "device", "cpu")))
-        progress(f"  {report.peak_gflops:.1f} GFLOP/s")
+        report.peak_gflops, report.peak_gflops_cpu = matmul_peak_gflops(str(getattr(model, "device", "cpu")))
+        per_cpu = f", {report.peak_gflops_cpu:.1f} per CPU-second" if report.peak_gflops_cpu else ""
+        progress(f"  {report.peak_gflops:.1f} GFLOP/s{per_cpu}")
     modes = ["default"]
     if hasattr(model, "set_deterministic"):
         modes = {"on": ["deterministic"], "off": ["fast"], "both": ["deterministic", "fast"]}[args.deterministic]
@@ -220,7 +227,8 @@ def run(args: argparse.Namespace) -> Report:
             )
             continue
         progress(f"{n} session(s), ages {ages}, modes {modes}: {args.warmup} warm-up + {args.steps} timed steps")
-        for p in measure(model, n, ages, modes, args.steps, args.warmup, report.peak_gflops):
+        peaks = (report.peak_gflops, report.peak_gflops_cpu)
+        for p in measure(model, n, ages, modes, args.steps, args.warmup, peaks):
             rate = f", {p.gflops:.1f} GFLOP/s" if p.gflops is not None else ""
             progress(
                 f"  {p.mode} age {p.age}: median {p.median_ms:.1f} ms/step (CPU {p.cpu_ms:.1f} ms), "
@@ -263,21 +271,26 @@ def summarise(r: Report) -> None:
 
 def table(r: Report) -> str:
     peak = f"; matmul peak {r.peak_gflops:.1f} GFLOP/s" if r.peak_gflops else ""
+    if r.peak_gflops_cpu:
+        peak += f" ({r.peak_gflops_cpu:.1f} per CPU-second)"
     lines = [
         f"model {r.model} on {r.device}; KV bytes/session: {r.kv_bytes_per_session}; "
         f"KV slots: {r.max_sessions}; budget {BUDGET_MS:.0f} ms per micro-turn; torch threads "
         f"{r.torch_threads}; load average {r.load_average}{peak}",
         f"{'mode':<14}{'sessions':>9}{'age':>7}{'median ms':>11}{'p90 ms':>9}{'cpu ms':>9}{'ms/session':>12}"
-        f"{'GFLOP/s':>9}{'of peak':>9}{'re-prefill ms':>15}  budget",
+        f"{'GFLOP/s':>9}{'of peak':>9}{'per cpu-s':>10}{'of peak':>9}{'re-prefill ms':>15}  budget",
     ]
     base = {b.age: b.ms_one_session for b in r.baseline}
     for p in r.points:
         b = f"{base[p.age] * p.sessions:.0f}" + ("*" if p.sessions > 1 else "") if p.age in base else "-"
         rate = f"{p.gflops:.1f}" if p.gflops is not None else "-"
         ratio = f"{p.peak_ratio:.0%}" if p.peak_ratio is not None else "-"
+        cpu_rate = f"{p.cpu_gflops:.1f}" if p.cpu_gflops is not None else "-"
+        cpu_ratio = f"{p.cpu_peak_ratio:.0%}" if p.cpu_peak_ratio is not None else "-"
         lines.append(
             f"{p.mode:<14}{p.sessions:>9}{p.age:>7}{p.median_ms:>11.1f}{p.p90_ms:>9.1f}{p.cpu_ms:>9.1f}"
-            f"{p.per_session_ms:>12.1f}{rate:>9}{ratio:>9}{b:>15}  {'ok' if p.within_budget else 'OVER'}"
+            f"{p.per_session_ms:>12.1f}{rate:>9}{ratio:>9}{cpu_rate:>10}{cpu_ratio:>9}{b:>15}  "
+            f"{'ok' if p.within_budget else 'OVER'}"
         )
     if r.baseline:
         lines.append("* re-prefill measured for one session, x N sessions extrapolated")

@@ -121,6 +121,7 @@ class RealtimeConnection:
         self._session: Session | None = None
         self.state = ConnState.NEW
         self.outbox = Outbox(runtime.config.max_outbox_bytes)
+        self.cut = asyncio.Event()  # set when the client is cut for not reading: the transport hangs up now
         self._in_resampler: StreamResampler | None = None
         self._out_resampler: StreamResampler | None = None
         self._response_id: str | None = None  # the assistant utterance in progress
@@ -195,8 +196,11 @@ class RealtimeConnection:
             # The client does not read: cut it (its session stays resumable). `end` never emits
             # through this path, so there is no recursion however full the outbox is.
             self.runtime.metrics.dropped_events.labels("outbox_full").inc()
+            log.warning("session %s: client not reading (%d bytes queued); disconnecting it", self.session.id,
+                        self.outbox.bytes)
             self._close(1008, f"client is not reading its events ({self.outbox.bytes} bytes queued, limit "
                         f"{self.outbox.max_bytes}); read faster or resume the session")
+            self.cut.set()
             return
         self.outbox.put(text)
 

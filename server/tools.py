@@ -117,8 +117,8 @@ def _eval(node: ast.expr) -> Any:
             and not node.keywords):
         fn, fewest, most = _FUNCS[node.func.id]
         if not fewest <= len(node.args) <= most:
-            raise ToolError(f"{node.func.id} takes {fewest}" + (f" to {most}" if most > fewest else "")
-                            + f" argument(s), got {len(node.args)}")
+            span = f"{fewest} to {most}" if most > fewest else f"{fewest}"
+            raise ToolError(f"cannot compute {node.func.id}: it takes {span} argument(s), got {len(node.args)}")
         return _bounded(fn(*(_eval(a) for a in node.args)), node)
     raise ToolError(f"unsupported element {ast.unparse(node)!r}: only numbers, + - * / // % ** and "
                     f"{', '.join(sorted(_FUNCS))} are allowed")

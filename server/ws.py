@@ -96,8 +96,11 @@ async def _refuse(ws: WebSocket, code: int, err: str, message: str) -> None:
 async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runtime: Runtime) -> None:
     writer = asyncio.create_task(_write(ws, conn), name=f"ws-writer-{session.id}")
     reader = asyncio.create_task(_read(ws, conn), name=f"ws-reader-{session.id}")
-    done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
-    for task in (reader, writer):
+    # A client cut for not reading: its writer may be stuck in a send that never completes, so the
+    # cut itself ends the connection.
+    cut = asyncio.create_task(conn.cut.wait(), name=f"ws-cut-{session.id}")
+    done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (reader, writer, cut):
         if task not in done:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
@@ -110,7 +113,8 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
     await runtime.detach(session, normal=code == NORMAL_CLOSURE, sink=conn)
     with contextlib.suppress(Exception):
         if ws.application_state is not WebSocketState.DISCONNECTED:
-            await ws.close()
+            # Bounded: a client that does not read may never take the close frame either.
+            await asyncio.wait_for(ws.close(CLOSE_POLICY if conn.cut.is_set() else 1000), 1.0)
 
 
 async def _read(ws: WebSocket, conn: RealtimeConnection) -> int:

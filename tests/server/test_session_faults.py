@@ -9,9 +9,7 @@ detached session (10).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import json
 import os
 import socket
 import subprocess

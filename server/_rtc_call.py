@@ -81,6 +81,11 @@ class RtcCall:
     def session(self) -> Session:
         return self.conn.session
 
+    @property
+    def session_id(self) -> str | None:
+        """The session's id once attached; None for a call refused before it got one."""
+        return self.conn._session.id if self.conn._session is not None else None
+
     # -- setup ----------------------------------------------------------------------------------
 
     def _wire(self) -> None:
@@ -96,7 +101,7 @@ class RtcCall:
         @pc.on("datachannel")
         def on_datachannel(channel: RTCDataChannel) -> None:
             if self.channel is not None:  # one event channel per call; extra ones are ignored
-                log.info("call %s: ignoring extra data channel %r", self.session.id, channel.label)
+                log.info("call %s: ignoring extra data channel %r", self.session_id, channel.label)
                 return
             self.channel = channel
             channel.on("open", self._flush_pending)
@@ -143,14 +148,14 @@ class RtcCall:
         self._spawn(self._watchdog(), "rtc-liveness")
 
     def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=f"{name}-{self.session.id}")
+        task = asyncio.create_task(coro, name=f"{name}-{self.session_id}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("call %s: task %s failed", self.session.id, task.get_name(), exc_info=task.exception())
+            log.error("call %s: task %s failed", self.session_id, task.get_name(), exc_info=task.exception())
 
     # -- media in -------------------------------------------------------------------------------
 
@@ -258,8 +263,7 @@ class RtcCall:
             return
         was_live = self.state is CallState.LIVE
         self.state = CallState.ENDED
-        log.info("call %s ended: %s; output %s", self.conn._session.id if self.conn._session else "-", why,
-                 asdict(self.track.pacer.stats))
+        log.info("call %s ended: %s; output %s", self.session_id or "-", why, asdict(self.track.pacer.stats))
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:

@@ -20,7 +20,7 @@ from server.config import ServerConfig
 from server.limits import DEFAULT_OUTBOX_BYTES
 
 
-class _Server(uvicorn.Server):
+class DrainingServer(uvicorn.Server):
     """uvicorn, with a drain step first on SIGTERM/SIGINT: live sessions are told why and closed cleanly."""
 
     @contextlib.contextmanager
@@ -175,7 +175,7 @@ def serve(config: ServerConfig) -> int:
                         ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=10)
     for name in ("uvicorn.access", "uvicorn.error"):  # access lines and WebSocket "[accepted]" lines
         logging.getLogger(name).addFilter(RedactTokens())
-    server = _Server(uv)
+    server = DrainingServer(uv)
     server.run()
     return 0 if server.started else 1
 

@@ -102,8 +102,9 @@ class Calls:
         return call, answer
 
     def _forget(self, call: RtcCall) -> None:
-        if self.by_session.get(call.session.id) is call:
-            del self.by_session[call.session.id]
+        sid = call.session_id
+        if sid is not None and self.by_session.get(sid) is call:
+            del self.by_session[sid]
 
     async def hangup(self, call_id: str) -> bool:
         call = self.by_session.get(call_id)

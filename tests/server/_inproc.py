@@ -18,6 +18,7 @@ import uvicorn
 
 from models.base import InteractionModel
 from server.app import create_app
+from server.cli import DrainingServer
 from server.config import ServerConfig
 from server.runtime import Runtime
 from tests.conftest import free_port
@@ -54,7 +55,8 @@ class InProcessServer:
 def serve_in_thread(model: InteractionModel, **config: Any) -> Iterator[InProcessServer]:
     port = free_port()
     cfg = ServerConfig(port=port, model=model.name, background="none", **config)
-    server = uvicorn.Server(uvicorn.Config(create_app(cfg, model), host="127.0.0.1", port=port, log_level="warning"))
+    # The CLI's server class: on shutdown it drains (tells every session why) before uvicorn closes sockets.
+    server = DrainingServer(uvicorn.Config(create_app(cfg, model), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="duplex-inproc", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

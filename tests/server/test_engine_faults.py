@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +15,7 @@ import httpx
 
 from models.base import TickInput, TickOutput
 from models.echo import EchoModel, EchoState
+from tests.conftest import ROOT
 from tests.server._inproc import healthz, serve_in_thread
 from tests.wsclient import TICK, pcm16, random_pcm, recv_event, send, start_session
 
@@ -114,3 +117,44 @@ async def test_healthz_answers_503_when_an_engine_loop_is_dead() -> None:
         srv.on_loop(lambda: srv.runtime.engine._loops[0].cancel())
         status, body = await asyncio.to_thread(healthz, srv.url)
         assert status == 503 and body["status"] == "unhealthy" and "duplex-realtime" in body["problem"], body
+
+
+class ClosableEcho(EchoModel):
+    """Echo that records the shutdown call a model with threads or files to release would implement."""
+
+    name = "closable-echo"
+
+    def __init__(self) -> None:
+        super().__init__(delay=1)
+        self.shut_down_on: str | None = None
+
+    def shutdown(self) -> None:
+        import threading
+
+        self.shut_down_on = threading.current_thread().name
+
+
+async def test_stopping_the_server_closes_its_sessions_and_the_model() -> None:
+    model = ClosableEcho()
+    with serve_in_thread(model, max_sessions=2, phase_groups=1) as srv:
+        ws, _ = await start_session(srv.ws_url, pace="media")
+        runtime = srv.runtime
+    # uvicorn exited: the lifespan drained the session (told why), then shut the model down on its thread.
+    closing = await recv_event(ws, 5)
+    assert closing["type"] == "duplex.session.closing" and closing["code"] == 1001
+    assert len(runtime.registry) == 0 and runtime.draining
+    assert model.shut_down_on is not None and model.shut_down_on.startswith("duplex-inference")
+
+
+def test_the_app_serves_without_webrtc_when_aiortc_is_missing() -> None:
+    """Only a missing aiortc/PyAV disables WebRTC (with a warning); other import errors are not hidden."""
+    code = (
+        "import sys, logging; sys.modules['aiortc'] = None\n"
+        "logging.basicConfig(level='WARNING')\n"
+        "from server.app import create_app; from server.config import ServerConfig\n"
+        "app = create_app(ServerConfig(model='echo'))\n"
+        "print(sorted(r.path for r in app.routes if 'calls' in r.path))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]" and "WebRTC disabled: aiortc is not installed" in out.stderr

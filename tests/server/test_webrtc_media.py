@@ -92,6 +92,31 @@ async def test_video_keeps_only_the_newest_small_frame() -> None:
     assert reds == sorted(reds) and reds[-1] >= 4 * 24, f"frames must be the newest ones, in order: {reds}"
 
 
+class HugeTrack(VideoStreamTrack):
+    """A peer sending frames far over the size cap (issue 12, fault 7)."""
+
+    def __init__(self, frames: int) -> None:
+        super().__init__()
+        self.left = frames
+
+    async def recv(self) -> av.VideoFrame:
+        if self.left == 0:
+            raise MediaStreamError
+        self.left -= 1
+        pts, time_base = await self.next_timestamp()
+        frame = av.VideoFrame(4096, 2304, "yuv420p")
+        frame.pts, frame.time_base = pts, time_base
+        return frame
+
+
+async def test_video_frames_over_the_size_cap_are_dropped_unconverted() -> None:
+    stored: list[np.ndarray] = []
+    seen: list[int] = []
+    await read_video(HugeTrack(frames=4), stored.append, lambda: seen.append(1))
+    await asyncio.sleep(0.1)
+    assert len(seen) == 4 and stored == [], "oversized frames count as life but are never converted"
+
+
 def test_downscale_keeps_aspect_and_colour() -> None:
     assert fit_size(1280, 720) == (320, 180)
     assert fit_size(480, 640) == (240, 320)

@@ -75,9 +75,10 @@ async def test_a_failing_session_does_not_take_its_batch_down() -> None:
                     bad_errors.append(ev)
 
         readers = [asyncio.create_task(read_good()), asyncio.create_task(read_bad())]
-        for chunk in chunks:  # the failing session types 'boom' while the healthy one streams
-            await good.send(chunk)
+        for chunk in chunks:  # the failing session types 'boom' (and streams) while the healthy one streams
             await send(bad, typed("boom"))
+            await bad.send(chunk)
+            await good.send(chunk)
             await asyncio.sleep(0.005)
         await asyncio.wait_for(readers[0], 20)
         readers[1].cancel()

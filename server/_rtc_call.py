@@ -32,8 +32,9 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessi
 from server import protocol as p
 from server._rtc_tracks import PacedAudioTrack, read_audio, read_video, use_low_latency_buffer
 from server.limits import RTC_INBOX_BYTES
+from server.outbox import Close
 from server.protocol import ProtocolError
-from server.realtime import Close, RealtimeConnection
+from server.realtime import RealtimeConnection
 from server.runtime import Runtime
 from server.sessions import Session
 from streaming.pcm import Audio

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import Any, Protocol
@@ -24,6 +23,7 @@ from models.base import TickOutput
 from server import protocol as p
 from server._session_update import updated_settings
 from server.limits import MAX_ITEM_TEXT_CHARS
+from server.outbox import Close, Outbox
 from server.protocol import ProtocolError
 from server.runtime import Runtime
 from server.sessions import Pace, Session, TextFull
@@ -52,14 +52,6 @@ class ConnState(Enum):
     CLOSING = "closing"  # the server is ending the session; client events ignored
 
 
-class Close:
-    """Outbox sentinel: the transport should close with this code and reason."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        self.code = code
-        self.reason = reason
-
-
 class AudioOutput(Protocol):
     """A transport's own output audio path (WebRTC's paced RTP track)."""
 
@@ -70,42 +62,6 @@ class AudioOutput(Protocol):
     def clear(self) -> int:
         """Drop what is queued (barge-in, cancel); returns the milliseconds dropped."""
         ...
-
-
-class Outbox:
-    """Serialized events waiting for the transport, bounded in bytes (not count: one echoed
-    session.updated can be 100 kB). The Close sentinel is always accepted, past the bound."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._items: deque[str | Close] = deque()
-        self._ready = asyncio.Event()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def fits(self, size: int) -> bool:
-        return self.bytes + size <= self.max_bytes
-
-    def put(self, item: str | Close) -> None:
-        if isinstance(item, str):
-            self.bytes += len(item)
-        self._items.append(item)
-        self._ready.set()
-
-    def get_nowait(self) -> str | Close:
-        item = self._items.popleft()
-        if isinstance(item, str):
-            self.bytes -= len(item)
-        if not self._items:
-            self._ready.clear()
-        return item
-
-    async def get(self) -> str | Close:
-        while not self._items:
-            await self._ready.wait()
-        return self.get_nowait()
 
 
 Handler = Callable[[dict[str, Any], str | None], Awaitable[None] | None]

@@ -24,7 +24,8 @@ from server.auth import (
     key_ok,
     origin_ok,
 )
-from server.realtime import Close, RealtimeConnection
+from server.outbox import Close
+from server.realtime import RealtimeConnection
 from server.runtime import Refused, Runtime
 from server.sessions import Session
 

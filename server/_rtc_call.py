@@ -1,17 +1,19 @@
 """One WebRTC call: a peer connection bound to one session, for as long as the peer is alive.
 
     peer --Opus--> read_audio -> engine
-    engine -> RtcConnection.deliver -> PacedAudioTrack --Opus--> peer
-    peer --video-> read_video -> session.video
+    engine -> RealtimeConnection.deliver -> PacedAudioTrack (its AudioOutput) --Opus--> peer
+    peer --video-> read_video -> session.inbox.video
     peer <-JSON--> data channel <-> RealtimeConnection (the same event codec as the WebSocket, given
                                     this call's PacedAudioTrack as its audio output)
 
-Lifecycle (CallState): NEW while the offer is answered, LIVE once the session is attached, ENDED
-after `finish`. aiortc has no "disconnected" state and its ICE consent check takes ~30 s to fail,
+Lifecycle (CallState): the session is attached (Runtime.attach) before the offer is answered; NEW
+while it is answered, LIVE once the call's tasks run, ENDED after `finish`. aiortc has no "disconnected" state and its ICE consent check takes ~30 s to fail,
 so the call keeps its own liveness: anything from the peer (RTP media, data-channel messages, the
 `duplex.pong` answering our `duplex.ping`) counts; LIVENESS_TIMEOUT without any of it and the peer
 is dead. A call that ends without a hang-up detaches its session, which can then be resumed with
-its token within the grace period, exactly like a dropped WebSocket.
+its token within the grace period, exactly like a dropped WebSocket; a call whose peer never showed
+any life (`--rtc-connect-timeout`) closes a new session at once, or gives a resumed one its old token
+back (the rotated one never reached the client).
 """
 
 from __future__ import annotations

@@ -7,13 +7,14 @@
                                     this call's PacedAudioTrack as its audio output)
 
 Lifecycle (CallState): the session is attached (Runtime.attach) before the offer is answered; NEW
-while it is answered, LIVE once the call's tasks run, ENDED after `finish`. aiortc has no "disconnected" state and its ICE consent check takes ~30 s to fail,
-so the call keeps its own liveness: anything from the peer (RTP media, data-channel messages, the
-`duplex.pong` answering our `duplex.ping`) counts; LIVENESS_TIMEOUT without any of it and the peer
-is dead. A call that ends without a hang-up detaches its session, which can then be resumed with
-its token within the grace period, exactly like a dropped WebSocket; a call whose peer never showed
-any life (`--rtc-connect-timeout`) closes a new session at once, or gives a resumed one its old token
-back (the rotated one never reached the client).
+while it is answered, LIVE once the call's tasks run, ENDED after `finish`. aiortc has no
+"disconnected" state and its ICE consent check takes ~30 s to fail, so the call keeps its own
+liveness: anything from the peer (RTP media, data-channel messages, the `duplex.pong` answering our
+`duplex.ping`) counts; LIVENESS_TIMEOUT without any of it and the peer is dead. A call that ends
+without a hang-up detaches its session, which can then be resumed with its token within the grace
+period, exactly like a dropped WebSocket; a call whose peer never showed any life
+(`--rtc-connect-timeout`) closes a new session at once, or gives a resumed one its old token back
+(the rotated one never reached the client).
 """
 
 from __future__ import annotations

@@ -14,8 +14,14 @@ Rules (all thresholds are `CascadeOptions` fields):
      `barge_in_max_ms` after it whatever the words; an overlap that falls silent for
      `OVERLAP_END_MS` before that was a backchannel (or echo): dropped, the assistant goes on
      from where it paused;
-  3. a turn ends after `eot_silence_ms` of silence if the transcript looks complete, and after
-     `eot_max_silence_ms` in any case;
+  2b. an overlap judged to be background speech (much quieter than the user's own voice, decided
+     by the cascade from levels) never pauses nor stops the assistant; it just ends when it falls
+     silent;
+  3. with Smart Turn, a turn ends at the micro-turn its P(end) is known if P(end) >= the eagerness'
+     threshold; otherwise after a silence that grows as P(end) falls, up to the eagerness' maximum
+     (always the maximum when the transcript looks unfinished). Without Smart Turn: after
+     `eot_silence_ms` of silence if the transcript looks complete, and after `eot_max_silence_ms`
+     in any case;
   4. in a long turn (`backchannel_after_ms` of speech) a pause of `backchannel_pause_ms` after an
      incomplete-looking transcript (so not about to be an end of turn) gets a backchannel, at most one
      per `backchannel_gap_ms`.
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from models.cascade.options import CascadeOptions
+from models.cascade.options import EAGERNESS, CascadeOptions
 from models.cascade.text import BACKCHANNEL_WORDS, looks_complete
 from models.speech.vad import WINDOW_SECONDS
 
@@ -66,8 +72,34 @@ class Decision:
 
 
 class TurnPolicy:
-    def __init__(self, opts: CascadeOptions) -> None:
+    def __init__(self, opts: CascadeOptions, smart_turn: bool = False) -> None:
         self.o = opts
+        self.smart_turn = smart_turn  # P(end) comes from Smart Turn (else the fixed silence rule)
+        self.eot_threshold, self.eot_max_ms = EAGERNESS[opts.eagerness]
+
+    def eot_wait_ms(self, p_end: float, partial: str) -> float:
+        """Silence after which a turn with Smart Turn P(end) = `p_end` ends (the dynamic timeout).
+
+        A likely-finished turn ends at once; below the threshold the wait grows linearly to the
+        eagerness' maximum as P(end) falls to 0, and an unfinished-looking transcript ("... and the")
+        always gets the maximum.
+        """
+        o = self.o
+        if p_end >= self.eot_threshold:
+            return float(o.eot_check_ms)
+        if not looks_complete(partial):
+            return float(self.eot_max_ms)
+        return o.eot_check_ms + (self.eot_max_ms - o.eot_check_ms) * (1.0 - p_end / self.eot_threshold)
+
+    def turn_ends(self, s: TurnState, partial: str, p_end: float | None) -> bool:
+        o = self.o
+        if not self.smart_turn:
+            return s.silence_ms >= o.eot_max_silence_ms or (
+                s.silence_ms >= o.eot_silence_ms and looks_complete(partial)
+            )
+        if p_end is None:  # not asked yet, or its answer is not due yet
+            return s.silence_ms >= self.eot_max_ms
+        return s.silence_ms >= self.eot_wait_ms(p_end, partial)
 
     def observe(self, s: TurnState, probs: npt.NDArray[np.float32], assistant_busy: bool) -> Decision:
         """Advance the VAD counters by this micro-turn's windows; open a turn on a speech onset."""
@@ -95,8 +127,21 @@ class TurnPolicy:
                 s.silence_ms += WINDOW_MS
         return d
 
-    def decide(self, s: TurnState, d: Decision, partial: str, assistant_busy: bool, echo_like: bool) -> Decision:
-        """Given the partial transcript of the open turn, decide what happens this micro-turn."""
+    def decide(
+        self,
+        s: TurnState,
+        d: Decision,
+        partial: str,
+        assistant_busy: bool,
+        echo_like: bool,
+        p_end: float | None = None,
+        background: bool = False,
+    ) -> Decision:
+        """Given the partial transcript of the open turn, decide what happens this micro-turn.
+
+        `p_end`: Smart Turn's P(end of turn) for the current pause, None when not (yet) known;
+        `background`: the overlap is someone else's speech, not the user's (a level judgement).
+        """
         o = self.o
         if not s.turn:
             return d
@@ -107,6 +152,8 @@ class TurnPolicy:
                 d.abandon = True
                 s.turn = s.overlap = s.paused = False
                 return d
+            elif background:
+                s.paused = False  # not the user: the assistant goes on (resumes if it had paused)
             else:
                 # Time since the overlap began: it is still alive, so its pauses were short
                 # (< OVERLAP_END_MS) and belong to it ("Wait, stop.").
@@ -124,7 +171,7 @@ class TurnPolicy:
             return d
         if not s.announced:
             s.announced = d.speech_started = True
-        if s.silence_ms >= o.eot_max_silence_ms or (s.silence_ms >= o.eot_silence_ms and looks_complete(partial)):
+        if self.turn_ends(s, partial, p_end):
             d.end_of_turn = True
             s.turn = False
             return d
@@ -132,6 +179,7 @@ class TurnPolicy:
             o.backchannel
             and s.silence_ms >= o.backchannel_pause_ms
             and not looks_complete(partial)  # a complete-looking pause is about to be our turn
+            and (p_end is None or p_end < self.eot_threshold)
             and not s.backchanneled_pause
             and s.turn_speech_ms >= o.backchannel_after_ms
             and s.now_ms - s.last_backchannel_ms >= o.backchannel_gap_ms

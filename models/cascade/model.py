@@ -29,9 +29,9 @@ from models.base import BackgroundChunk, Event, TickInput, TickOutput
 from models.cascade.echo import EchoCanceller
 from models.cascade.level import peak_db
 from models.cascade.options import CascadeOptions
-from models.cascade.policy import TurnPolicy, TurnState
+from models.cascade.policy import PauseCues, TurnPolicy, TurnState
 from models.cascade.speaker import Speaker, Synthesizer
-from models.cascade.text import SentenceSplitter, only_backchannel, words_of
+from models.cascade.text import SentenceSplitter, looks_complete, only_backchannel, sentence_finished, words_of
 from models.cascade.work import Job, Workers
 from models.speech.asr import (
     ASR_RATE,
@@ -50,7 +50,10 @@ from streaming.types import SAMPLE_RATE
 Audio = npt.NDArray[np.float32]
 _ECHO_MEMORY_MS = 10_000  # how long the assistant's words count as possible echo
 _TURN_AUDIO_TICKS = 150  # 30 s: the longest turn kept for Smart Turn (last 8 s) and Whisper
-_JOB_TIMEOUT_S = 2.0  # how long a tick waits past a job's due micro-turn before falling back
+# How long a tick waits for a job at its due micro-turn before using the fallback. The wait is what
+# makes media pace (ticks flat out) see the same results as real time; in real time it only happens
+# when the machine cannot do the work within its budget, and then stalls the tick (a missed deadline).
+_JOB_GRACE_S = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -71,7 +74,9 @@ class CascadeState:
     turn_levels: list[float] = field(default_factory=list)  # peak dBFS of the open turn's speech ticks
     user_db: float | None = None  # the user's own speech level (their delegated turns), dBFS
     eot_job: Job[float] | None = None  # Smart Turn asked in the current pause, not yet due
-    p_end: float | None = None  # Smart Turn's P(end of turn) for the current pause, once due
+    text_job: Job[Transcript] | None = None  # Whisper on the turn so far, asked in the current pause
+    cues: PauseCues = field(default_factory=PauseCues)  # what those said, once due
+    pause_text: Transcript | None = None  # Whisper's transcript of the turn up to the current pause
     final_job: Job[Transcript] | None = None  # Whisper on the last finished turn, not yet due
     final_fallback: str = ""  # pocketsphinx's transcript of that turn (used if Whisper fails)
     partial: str = ""  # partial transcript of the open user turn
@@ -181,7 +186,7 @@ class CascadeModel:
             s.partial = ""
             s.turn_audio = deque(s.preroll)
             s.turn_levels = []
-            s.eot_job, s.p_end = None, None
+            self._new_pause(s)
         if s.turn.turn:
             s.turn_audio.append(x)
             while len(s.turn_audio) > _TURN_AUDIO_TICKS:
@@ -199,9 +204,9 @@ class CascadeModel:
         while len(s.preroll) * 200 > o.preroll_ms:
             s.preroll.popleft()
 
-        p_end = self._end_probability(s)
+        cues = self._pause_cues(s)
         d = self.policy.decide(
-            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), p_end, self._background_overlap(s)
+            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, self._background_overlap(s)
         )
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
@@ -234,7 +239,9 @@ class CascadeModel:
     def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
         final = s.asr.finish()
         s.partial = ""
-        s.eot_job, s.p_end = None, None
+        pause_text, text_job = s.pause_text, s.text_job
+        s.text_job = None  # kept (below) as the final transcript's job, not cancelled
+        self._new_pause(s)
         ev.append(Event("speech_stopped", {"audio_ms": round(s.turn.now_ms - s.turn.silence_ms)}))
         text = final.text
         level = statistics.median(s.turn_levels) if s.turn_levels else None
@@ -248,19 +255,23 @@ class CascadeModel:
         if self.whisper is None:
             self._delegate(s, text, ev)
             return text
+        if pause_text is not None and pause_text.text:
+            self._delegate(s, pause_text.text, ev)  # Whisper already heard this pause: ask now
+            return pause_text.text
         # Take the floor now (the acknowledgment starts this micro-turn); the question goes to the
-        # background `whisper_ticks` micro-turns later, as Whisper heard it.
+        # background when Whisper's transcript is due, at most `whisper_ticks` micro-turns later.
         self._take_floor(s)
-        audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
-        s.final_job = self.workers.submit("asr", s.ticks + self.opts.whisper_ticks, self.whisper.transcribe, audio)
-        s.final_fallback = text
+        if text_job is None:
+            audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
+            text_job = self.workers.submit("asr", s.ticks + self.opts.whisper_ticks, self.whisper.transcribe, audio)
+        s.final_job, s.final_fallback = text_job, text
         return ""
 
     def _take_final(self, s: CascadeState, ev: list[Event]) -> str:
         """Delegate the Whisper transcript of the last turn once it is due; returns it."""
         if s.final_job is None:
             return ""
-        due, transcript = s.final_job.take(s.ticks, _JOB_TIMEOUT_S)
+        due, transcript = s.final_job.take(s.ticks, _JOB_GRACE_S)
         if not due:
             return ""
         s.final_job = None
@@ -270,25 +281,47 @@ class CascadeModel:
         ev.append(Event("delegate", {"query": text}))
         return text
 
-    def _end_probability(self, s: CascadeState) -> float | None:
-        """Smart Turn's P(end) for the current pause: asked once per pause, used one tick later."""
-        t = s.turn
+    def _new_pause(self, s: CascadeState) -> None:
+        """Forget the cues of the last pause; jobs not started yet leave their worker's queue."""
+        for job in (s.eot_job, s.text_job):
+            if job is not None:
+                job.future.cancel()
+        s.eot_job, s.text_job, s.cues, s.pause_text = None, None, PauseCues(), None
+
+    def _pause_cues(self, s: CascadeState) -> PauseCues:
+        """Smart Turn and Whisper on the turn so far, asked once per pause (after `eot_check_ms` of
+        silence) and used at their due micro-turns: Smart Turn one later, Whisper `whisper_ticks`."""
+        t, o = s.turn, self.opts
         if self.smart_turn is None or not t.turn or t.overlap:
-            return None
-        if t.silence_ms < self.opts.eot_check_ms:  # talking (again): the next pause gets a new answer
-            s.eot_job, s.p_end = None, None
-            return None
-        if s.p_end is not None:
-            return s.p_end
-        if s.eot_job is None:
+            return s.cues
+        if t.silence_ms < o.eot_check_ms:  # talking (again): the next pause is asked afresh
+            if s.eot_job is not None or s.text_job is not None or s.pause_text is not None:
+                self._new_pause(s)
+            return s.cues
+        if s.eot_job is None and s.cues.p_end is None:
             audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
             s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, audio)
-            return None
-        due, p = s.eot_job.take(s.ticks, _JOB_TIMEOUT_S)
-        if due:
-            s.eot_job = None
-            s.p_end = 0.0 if p is None else p  # a failed call: treat the turn as unfinished
-        return s.p_end
+            if self.whisper is not None:
+                s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, audio)
+            return s.cues
+        if s.eot_job is not None:
+            due, p = s.eot_job.take(s.ticks, _JOB_GRACE_S)
+            if due:
+                s.eot_job = None
+                s.cues.p_end = 0.0 if p is None else p  # failed or late: no vote for "finished"
+        if self.whisper is None:
+            # No better transcript: the streaming one, after the fixed rule's silence.
+            s.cues.text_complete = t.silence_ms >= o.eot_silence_ms and looks_complete(s.partial)
+        elif s.text_job is not None:
+            due, transcript = s.text_job.take(s.ticks, _JOB_GRACE_S)
+            if due:
+                s.text_job = None
+                if transcript is None:  # Whisper late (overloaded machine): the streaming transcript
+                    s.cues.text_complete = looks_complete(s.partial)
+                else:
+                    s.pause_text = transcript
+                    s.cues.text_complete = sentence_finished(transcript.raw)
+        return s.cues
 
     def _background_level(self, s: CascadeState, level: float | None) -> bool:
         """Speech this much quieter than the user's own is someone else's."""

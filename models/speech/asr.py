@@ -42,6 +42,7 @@ class ASRError(RuntimeError):
 class Transcript:
     text: str  # words joined by spaces, lower case, no fillers
     words: list[Word] = field(default_factory=list)  # times relative to the recogniser's `start` offset
+    raw: str = ""  # the recogniser's own text with case and punctuation (Whisper), "" otherwise
 
 
 def _clean(word: str) -> str | None:
@@ -304,9 +305,9 @@ class WhisperTranscriber:
             without_timestamps=True,
             vad_filter=False,
         )
-        text = " ".join(seg.text for seg in segments)
+        text = " ".join(seg.text.strip() for seg in segments).strip()
         words = _PUNCT.sub(" ", text.lower()).split()
-        return Transcript(" ".join(w.strip("'-") for w in words if w.strip("'-")))
+        return Transcript(" ".join(w.strip("'-") for w in words if w.strip("'-")), raw=text)
 
 
 @functools.cache

@@ -129,7 +129,7 @@ class CascadeModel:
             vad=self.vad.open(ASR_RATE),
             asr=asr,
             turn=TurnState(),
-            speaker=Speaker(self.synth),
+            speaker=Speaker(self.synth, o.tts_budget_ms, o.tts_ms_per_char),
         )
 
     def close(self, state: CascadeState) -> None:

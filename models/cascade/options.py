@@ -24,6 +24,10 @@ class CascadeOptions:
     asr_decoders: int = 2  # pocketsphinx decoders built at load (~1 s each); more users talking at
     # the same instant build more, inline (stalling that tick), see models.speech.asr.DecoderPool
     tts_workers: int = 1  # synthesis threads owned by the model (2 cores are shared with the ticks)
+    # A phrase plays from `tts_budget_ms + tts_ms_per_char * len(text)` after it was queued (rounded
+    # up to micro-turns), never sooner, so media and real-time pace agree (models/cascade/speaker.py).
+    tts_budget_ms: float = 100.0
+    tts_ms_per_char: float = 12.0
     # Sessions admitted at once. Start-up calibration steps silence, which costs the recogniser almost
     # nothing, so it overestimates (it said 74-123 here); bench.load with every session talking all the
     # time held 3 with zero missed deadlines on 2 cores, and people talk about half the time. 0 = no cap.

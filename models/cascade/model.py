@@ -298,12 +298,21 @@ class CascadeModel:
             if s.eot_job is not None or s.text_job is not None or s.pause_text is not None:
                 self._new_pause(s)
             return s.cues
+        audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
         if s.eot_job is None and s.cues.p_end is None:
-            audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
             s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, audio)
-            if self.whisper is not None:
-                s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, audio)
             return s.cues
+        # Whisper only at longer pauses that Smart Turn did not call finished: at every gap between
+        # words (~0.3-1 s of a shared core per call) its queue would outgrow the budget in real time.
+        unsure = s.cues.p_end is not None and s.cues.p_end < self.policy.eot_threshold
+        if (
+            self.whisper is not None
+            and unsure
+            and t.silence_ms >= o.text_check_ms
+            and s.text_job is None
+            and s.pause_text is None
+        ):
+            s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, audio)
         if s.eot_job is not None:
             due, p = s.eot_job.take(s.ticks, _JOB_GRACE_S)
             if due:
@@ -317,10 +326,9 @@ class CascadeModel:
             if due:
                 s.text_job = None
                 if transcript is None:  # Whisper late (overloaded machine): the streaming transcript
-                    s.cues.text_complete = looks_complete(s.partial)
-                else:
-                    s.pause_text = transcript
-                    s.cues.text_complete = sentence_finished(transcript.raw)
+                    transcript = Transcript(s.partial, raw=s.partial + "." if looks_complete(s.partial) else "")
+                s.pause_text = transcript
+                s.cues.text_complete = sentence_finished(transcript.raw)
         return s.cues
 
     def _background_level(self, s: CascadeState, level: float | None) -> bool:

@@ -20,7 +20,7 @@ class CascadeOptions:
     whisper_dir: str = ""  # a faster-whisper (CTranslate2) model directory; "" = the packaged tiny.en
     # Micro-turns after it is asked at which a Whisper transcript is used (its budget): tiny.en costs
     # 0.3 s of one core per call on a quiet machine, 0.5-0.9 s measured on 2 cores shared by 5 jobs.
-    whisper_ticks: int = 4
+    whisper_ticks: int = 5
     asr_decoders: int = 2  # pocketsphinx decoders built at load (~1 s each); more users talking at
     # the same instant build more, inline (stalling that tick), see models.speech.asr.DecoderPool
     tts_workers: int = 1  # synthesis threads owned by the model (2 cores are shared with the ticks)
@@ -47,6 +47,7 @@ class CascadeOptions:
     smart_turn: bool = True
     eagerness: str = "auto"  # "low", "medium", "high" or "auto" (= medium): how soon an unsure turn ends
     eot_check_ms: int = 100  # silence after which Smart Turn is asked
+    text_check_ms: int = 300  # silence after which Whisper transcribes the turn so far (its verdict)
     eot_silence_ms: int = 500  # silence that ends a turn whose transcript looks complete (no Smart Turn)
     eot_max_silence_ms: int = 1500  # silence that ends a turn whatever the transcript (no Smart Turn)
     min_turn_speech_ms: int = 200  # turns with less speech are noise: no delegate, no reply

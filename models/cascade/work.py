@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 class Job(Generic[T]):
     future: Future[T]
     due: int  # the session's micro-turn (CascadeState.ticks) at which the result is used
+    name: str = ""  # the worker it runs on (for the overrun warning)
 
     def take(self, tick: int, timeout: float) -> tuple[bool, T | None]:
         """(due now or overdue, result or None on failure). Not due yet: (False, None)."""
@@ -35,7 +36,7 @@ class Job(Generic[T]):
         try:
             return True, self.future.result(timeout=timeout)
         except FutureTimeout:
-            log.warning("off-thread job missed its budget by more than %.1f s; using the fallback", timeout)
+            log.warning("%s job missed its budget by more than %.1f s; using the fallback", self.name, timeout)
             self.future.cancel()
             return True, None
         except Exception as e:  # a failed classifier/transcriber must not stop the session
@@ -50,7 +51,7 @@ class Workers:
         self._pools = {n: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cascade-{n}") for n in names}
 
     def submit(self, name: str, due: int, fn: Callable[..., T], *args: object) -> Job[T]:
-        return Job(self._pools[name].submit(fn, *args), due)
+        return Job(self._pools[name].submit(fn, *args), due, name)
 
     def close(self) -> None:
         for pool in self._pools.values():

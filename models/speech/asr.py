@@ -75,6 +75,7 @@ class DecoderPool:
 
     def __init__(self, size: int = 2, **decoder_overrides: Any) -> None:
         self._overrides = decoder_overrides
+        self.initial_cmn = ""  # the cepstral mean of a fresh decoder (set by the first build)
         self._idle: list[Any] = []
         self._lock = threading.Lock()
         self.built = 0  # decoders built so far (for metrics and tests)
@@ -85,6 +86,10 @@ class DecoderPool:
 
     def _build(self) -> Any:
         d = _build_decoder(**self._overrides)
+        # Live CMN carries the cepstral mean from one utterance to the next, so a reused decoder's
+        # words would depend on who used it before (and media and real-time runs would differ):
+        # every utterance starts from the fresh decoder's mean instead (`SphinxRecognizer.start`).
+        self.initial_cmn = d.get_cmn()
         # The first utterance of a fresh decoder is slower (lazy allocations): pay that up front.
         d.start_utt()
         d.process_raw(np.zeros(ASR_RATE // 2, dtype="<i2").tobytes(), False, False)
@@ -156,6 +161,8 @@ class SphinxRecognizer:
         if self.active:
             raise ASRError("start() called twice; finish() or abort() the current utterance first")
         self._decoder = self._pool.acquire()
+        if self._pool.initial_cmn:
+            self._decoder.set_cmn(self._pool.initial_cmn)
         self._decoder.start_utt()
         self.active = True
         self.partial = ""

@@ -149,6 +149,10 @@ def _talking(model: CascadeModel, answer: str = ANSWER) -> Conversation:
     """A conversation in which the assistant has been answering for about two seconds."""
     c = Conversation(model, answer)
     c.feed(np.concatenate([silence(0.4), speech("Tell me about Paris."), silence(0.8)]))
+    for _ in range(10):  # with Whisper the question is delegated a few micro-turns after the ack
+        if c.events("delegate"):
+            break
+        c.step(silence(TICK))
     assert c.events("delegate")
     while sum(c.loud(i) for i in range(c.n)) < 12:
         c.step(silence(TICK))

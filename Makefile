@@ -66,6 +66,9 @@ $(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
 		$(BIN)/python -m pip install --progress-bar on "$(TORCH)"; }
 	@echo ">> installing duplex and its dependencies (llama-cpp-python builds from source: ~5 min the first time)"
 	CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/python -m pip install --progress-bar on -e ".[dev,llamacpp]"
+	@# Smart Turn v3.2 (the cascade's end-of-turn model) is a data file inside pipecat-ai; only that
+	@# file is used, so the wheel goes in without its dependencies (numba, loudness, ... not needed).
+	$(BIN)/python -m pip install --progress-bar on --no-deps "pipecat-ai==1.14.0"
 	@# A crash here, not in the middle of a conversation: the embedded reasoner must generate a token.
 	$(BIN)/python -m models.background.llamacpp_check
 	@touch $@

@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from models.background import Reasoner, ReasonerError, TextDelta, ToolCall, ToolSpec
+from models.background.clock import RequestClock
 from models.background.factory import ReasonerSpec, make_reasoner
 from models.base import BackgroundChunk, TickOutput
 from server import protocol as p
@@ -63,6 +64,7 @@ class _Request:
     epoch: int
     query: str
     source: str  # "model" (delegate event) or "client"
+    start_tick: int = 0  # micro-turn whose output asked for it (virtual clock, issue 11)
     text: list[str] = field(default_factory=list)  # answer so far
     context: Pending | None = None  # its turn in the reasoner's context, committed when it completes
 
@@ -77,7 +79,10 @@ class BackgroundWorker:
         self.settings = settings or BackgroundSettings()
         self.epoch = 0  # last epoch handed out
         self.floor = 0  # chunks of epochs below this are stale
-        self._pending: list[BackgroundChunk] = []  # for the next micro-turn
+        # (due micro-turn, chunk): delivered at the micro-turn its virtual-clock stamp says (issue 11).
+        self._pending: list[tuple[int, BackgroundChunk]] = []
+        self.clock = RequestClock(TICK_SECONDS)  # the running request on the session's micro-turns
+        self._clocked: _Request | None = None  # the request the clock is timing
         self._waiting: deque[_Request] = deque()  # queue policy
         self._current: _Request | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -88,9 +93,15 @@ class BackgroundWorker:
     # -- BackgroundHook ---------------------------------------------------------------------------
 
     def drain(self) -> list[BackgroundChunk]:
-        out = [c for c in self._pending if c.epoch >= self.floor]
-        self._pending = []
+        # Called while the engine takes micro-turn `session.tick`'s input (issue 11: only what is due).
+        tick = self.session.tick
+        out = [c for due, c in self._pending if c.epoch >= self.floor and due <= tick]
+        self._pending = [(due, c) for due, c in self._pending if c.epoch >= self.floor and due > tick]
         return out
+
+    def media_wait(self, tick: int) -> float:
+        """Seconds before micro-turn `tick` may be stepped in media pace (issue 11, virtual clock)."""
+        return self.clock.wait_before(tick)
 
     def on_output(self, out: TickOutput, tick: int) -> None:
         for ev in out.events:
@@ -98,7 +109,7 @@ class BackgroundWorker:
                 continue
             query = ev.data.get("query")
             if isinstance(query, str) and query.strip():
-                self.request(query, source="model")
+                self.request(query, source="model", tick=tick)
             else:
                 log.warning("session %s: delegate event without a query string: %r", self.session.id, ev.data)
 
@@ -129,7 +140,7 @@ class BackgroundWorker:
     # -- requests ---------------------------------------------------------------------------------
 
     def request(self, query: str, source: str, policy: Policy | None = None,
-                client_event_id: str | None = None) -> str | None:
+                client_event_id: str | None = None, tick: int | None = None) -> str | None:
         """Start (or queue) a request; returns its id, or None if it was refused (an error was sent)."""
         if self._stopped:
             return None
@@ -141,7 +152,8 @@ class BackgroundWorker:
                        error={"code": "queue_full", "message": message}, client_event_id=client_event_id)
             return None
         self.epoch += 1
-        req = _Request(id=p.new_id("bg"), epoch=self.epoch, query=query, source=source)
+        req = _Request(id=p.new_id("bg"), epoch=self.epoch, query=query, source=source,
+                       start_tick=max(0, self.session.tick - 1) if tick is None else tick)
         if policy is Policy.SUPERSEDE:
             self._supersede(req.epoch)
         queued = self._current is not None
@@ -158,7 +170,7 @@ class BackgroundWorker:
     def _supersede(self, epoch: int) -> None:
         """Everything before `epoch` is stale: drop it from the queue, the pending chunks and the runner."""
         self.floor = epoch
-        self._pending = [c for c in self._pending if c.epoch >= epoch]
+        self._pending = [(due, c) for due, c in self._pending if c.epoch >= epoch]
         cancelled = list(self._waiting) + ([self._current] if self._current is not None else [])
         self._waiting.clear()
         for old in cancelled:
@@ -183,6 +195,17 @@ class BackgroundWorker:
             req = self._waiting.popleft() if self._waiting else None
 
     async def _serve(self, req: _Request) -> None:
+        # A queued request starts, on the virtual clock, when the one before it ended.
+        self.clock.start(max(req.start_tick, self.clock.end_tick))
+        self._clocked = req
+        try:
+            await self._serve_timed(req)
+        finally:
+            if self._clocked is req:  # a superseded runner ends after its successor started
+                self.clock.finish()
+                self._clocked = None
+
+    async def _serve_timed(self, req: _Request) -> None:
         timeout = self.settings.request_timeout
         try:
             async with asyncio.timeout(timeout):
@@ -331,12 +354,13 @@ class BackgroundWorker:
         """Queue a chunk for the next micro-turn; text of one request merges until the engine drains it."""
         if req.epoch < self.floor:
             return  # stale: superseded while it was still streaming
-        last = self._pending[-1] if self._pending else None
+        due = self.clock.due() if self._clocked is req else 0
+        last_due, last = self._pending[-1] if self._pending else (0, None)
         if (text and not done and error is None and last is not None and last.request_id == req.id
-                and not last.done and last.error is None):
+                and not last.done and last.error is None and last_due == due):
             last.text += text
             return
-        self._pending.append(BackgroundChunk(req.id, req.epoch, text, done, error))
+        self._pending.append((due, BackgroundChunk(req.id, req.epoch, text, done, error)))
 
     def _emit(self, etype: str, **fields: Any) -> None:
         self.session.emit({"type": etype, "event_id": p.new_id("event"), **fields})

@@ -289,12 +289,24 @@ class Engine:
             await self._media_wake.wait()
             self._media_wake.clear()
             # Typed text (or a cancel) steps a media session too, with whatever audio it has (padded):
-            # a session that only types must still be answered, and its text must not pile up.
+            # a session that only types must still be answered, and its text must not pile up. A media
+            # session also waits for its background reasoner to reach the session's virtual time.
             ready = [s for s in self._media if s.attached and not s.closed and s.sched.in_flight == 0
-                     and (s.inbox.chunker.ready() >= 1 or s.inbox.pending())]
+                     and (s.inbox.chunker.ready() >= 1 or s.inbox.pending())
+                     and self._background_caught_up(s)]
             if ready:
                 await self._launch(ready, realtime=False)
                 self._media_wake.set()  # more may have become ready while stepping
+
+    def _background_caught_up(self, s: Session) -> bool:
+        """Issue 11 (virtual clock): a media-pace tick waits until the session's background request
+        has run as long, in wall time, as it would have by that tick in real time."""
+        media_wait = getattr(s.background, "media_wait", None)
+        wait = media_wait(s.tick) if media_wait is not None else 0.0
+        if wait > 0:
+            asyncio.get_running_loop().call_later(wait, self._media_wake.set)
+            return False
+        return True
 
     # -- stepping -----------------------------------------------------------------------------
 

@@ -85,6 +85,7 @@ class RealtimeConnection:
         self._transcript: list[str] = []
         self._user_item: str | None = None
         self._user_text: list[str] = []
+        self._late_item: str | None = None  # closed by speech_stopped, final transcript pending (issue 11)
         self._suppress_before = 0  # outputs of ticks before this were cancelled by response.cancel
         self._last_overrun_error = 0.0
         self.resumed = False
@@ -234,6 +235,13 @@ class RealtimeConnection:
                                             "content": [{"type": "output_audio", "transcript": text}]}]}})
 
     def _user_transcript(self, text: str, tick: int) -> None:
+        late, self._late_item = self._late_item, None
+        if late is not None and self._user_item is None:
+            # Issue 11: a final transcript made after the end of turn (cascade + Whisper) completes
+            # the item that speech_stopped closed, as Realtime's asynchronous transcription does.
+            self.emit({"type": "conversation.item.input_audio_transcription.completed",
+                       "event_id": p.new_id("event"), "item_id": late, "content_index": 0, "transcript": text})
+            return
         if self._user_item is None:
             self._user_item = p.new_id("item")
         self._user_text.append(text)
@@ -254,6 +262,7 @@ class RealtimeConnection:
                 self.emit({"type": "conversation.item.input_audio_transcription.completed",
                            "event_id": p.new_id("event"), "item_id": item, "content_index": 0,
                            "transcript": " ".join(self._user_text)})
+            self._late_item = None if self._user_text else item  # issue 11: its transcript may follow
             self._user_item, self._user_text = None, []
         elif etype == "error":
             self.runtime.metrics.client_errors.labels("model_error").inc()

@@ -27,6 +27,15 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--v15-samples", type=int, default=5, help="samples per v1.5 overlap subset (default 5)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--tasks", nargs="+", choices=[*V1_TASKS, *V15_TASKS], help="only these task folders")
+    g.add_argument(
+        "--overlap-gap",
+        type=float,
+        nargs=2,
+        default=(2.0, 3.0),
+        metavar=("MIN", "MAX"),
+        help="v1.5: seconds of silence after the question before the overlap (default 2 3); longer "
+        "gaps let a slow background answer start first, so the overlap meets the model talking",
+    )
 
     r = sub.add_parser("run", help="stream the set through a running duplex server")
     r.add_argument("--data", type=Path, required=True)
@@ -61,7 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "generate":
         from bench.fdbench.generate import generate
 
-        folders = generate(args.out, args.samples, args.v15_samples, args.seed, tuple(args.tasks or ()) or None)
+        folders = generate(
+            args.out,
+            args.samples,
+            args.v15_samples,
+            args.seed,
+            tuple(args.tasks or ()) or None,
+            (args.overlap_gap[0], args.overlap_gap[1]),
+        )
         print(f"wrote {len(folders)} samples under {args.out}")
         return 0
     if args.cmd == "run":

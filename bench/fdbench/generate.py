@@ -221,7 +221,9 @@ def gt_distribution(breaks: list[tuple[float, float]], clip_s: float, window: fl
 # --- v1.5 overlap subsets ----------------------------------------------------------------------
 
 
-def overlap_sample(subset: str) -> Callable[[Path, random.Random, Speaker], dict[str, Any]]:
+def overlap_sample(
+    subset: str, gap: tuple[float, float] = (2.0, 3.0)
+) -> Callable[[Path, random.Random, Speaker], dict[str, Any]]:
     """A question, 2-3 s of (expected) model answer, an overlap of the subset's kind, then a tail.
 
     `clean_input.wav` is the same timeline without the overlap.
@@ -243,7 +245,7 @@ def overlap_sample(subset: str) -> Callable[[Path, random.Random, Speaker], dict
         track = Track()
         track.silence(rng.uniform(0.3, 0.8))
         track.say(spk.say(context, voice), context)
-        track.silence(rng.uniform(2.0, 3.0))
+        track.silence(rng.uniform(*gap))  # where the model answers; then the overlap
         at = track.samples / RATE
         overlay = spk.say(text, other_voice)
         track.silence(len(overlay) / RATE + rng.uniform(5.0, 7.0))
@@ -277,11 +279,18 @@ _V1_MAKERS: dict[str, Callable[[Path, random.Random, Speaker], dict[str, Any]]] 
 
 
 def generate(
-    out: Path, samples: int = 20, v15_samples: int = 5, seed: int = 0, tasks: tuple[str, ...] | None = None
+    out: Path,
+    samples: int = 20,
+    v15_samples: int = 5,
+    seed: int = 0,
+    tasks: tuple[str, ...] | None = None,
+    overlap_gap: tuple[float, float] = (2.0, 3.0),
 ) -> list[Path]:
     """Write the set; returns the sample folders. v1.5 subsets go under `out/v1.5/`."""
     if samples < 0 or v15_samples < 0:
         raise ValueError("sample counts must be >= 0")
+    if not 0 < overlap_gap[0] <= overlap_gap[1]:
+        raise ValueError(f"--overlap-gap needs 0 < MIN <= MAX seconds, got {overlap_gap}")
     chosen = tasks or (*V1_TASKS, *V15_TASKS)
     unknown = [t for t in chosen if t not in V1_TASKS and t not in V15_TASKS]
     if unknown:
@@ -297,7 +306,7 @@ def generate(
         # Each sample has its own generator so adding samples or tasks leaves the others unchanged.
         rng = random.Random(f"{seed}/{task}/{i}")
         folder.mkdir(parents=True, exist_ok=True)
-        maker = _V1_MAKERS[task] if task in _V1_MAKERS else overlap_sample(task)
+        maker = _V1_MAKERS[task] if task in _V1_MAKERS else overlap_sample(task, overlap_gap)
         info = maker(folder, rng, spk)
         if "gt" in info:
             gt[folder.name] = info.pop("gt")

@@ -201,3 +201,14 @@ def response_latency(segments: Sequence[Segment], overlap_end: float) -> float |
 def speaking_at(segments: Sequence[Segment], t: float) -> bool:
     """Whether a VAD segment covers time t."""
     return any(start <= t < end for start, end in segments)
+
+
+def kept_talking(segments: Sequence[Segment], overlap_start: float, overlap_end: float) -> bool | None:
+    """Whether the model talked through an overlap: speaking when it began and still when it ended.
+
+    None when the model was silent at the overlap's start (nothing to keep). Used for overlaps that
+    should not take the floor (a backchannel, background speech); a local figure, not an official one.
+    """
+    if not speaking_at(segments, overlap_start):
+        return None
+    return speaking_at(segments, overlap_end)

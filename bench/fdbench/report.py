@@ -51,6 +51,8 @@ V15_HEADERS = [
     "clean response lat s",
     "TOR (interruption)",
     "lat s (interruption)",
+    "speaking at overlap",
+    "kept talking",
 ]
 
 
@@ -106,6 +108,8 @@ def render(results: list[dict[str, Any]]) -> str:
                                 "clean_response_latency",
                                 "tor",
                                 "latency",
+                                "speaking_at_overlap_rate",
+                                "kept_talking_rate",
                             )
                         ),
                     ]
@@ -128,6 +132,8 @@ def render(results: list[dict[str, Any]]) -> str:
             "",
             "v1.5 overlap timing (Silero VAD; clean = same input without the overlap). "
             "Behaviour labels need an LLM judge: not available offline.",
+            "kept talking (local figure): of the samples where the model was speaking when the overlap "
+            "began, the share still speaking when it ended.",
             "",
             _table(V15_HEADERS, v15_rows),
         ]

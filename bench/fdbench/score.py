@@ -82,6 +82,7 @@ def _overlap(sample: Sample, ctx: dict[str, Any]) -> dict[str, Any]:
         out[prefix + "stop_latency"] = metrics.stop_latency(segments, start)
         out[prefix + "response_latency"] = metrics.response_latency(segments, end)
         out[prefix + "speaking_at_overlap"] = metrics.speaking_at(segments, start)
+        out[prefix + "kept_talking"] = metrics.kept_talking(segments, start, end)
     if sample.group == "user_interruption":
         # The official eval_user_interruption.py also scores v1.5 user interruptions (from
         # metadata.json): TOR and latency of the output after the overlap ends.
@@ -130,6 +131,7 @@ def summarise(kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         for key in ("stop_latency", "response_latency", "clean_stop_latency", "clean_response_latency"):
             out[key] = metrics.mean(col(key))
         out["speaking_at_overlap_rate"] = _rate(col("speaking_at_overlap"))
+        out["kept_talking_rate"] = _rate(col("kept_talking"))  # of the samples speaking at the overlap
         if any("tor" in r for r in rows):
             out["tor"] = metrics.mean(col("tor"))
             out["latency"] = metrics.mean(col("latency"))

@@ -4,15 +4,20 @@ Per micro-turn and session (`CascadeModel.step` runs all sessions of a tick toge
   1. front end: 24 kHz input -> 16 kHz, minus the echo of what this session played (echo.py);
   2. Silero VAD for all sessions as one batch per 32 ms window position (models.speech.vad);
   3. the policy (policy.py) opens/closes user turns and decides barge-in, replies and backchannels;
-     the recogniser only runs while a user turn is open;
+     pocketsphinx streams partials only while a user turn is open; Smart Turn (end of turn) and
+     Whisper (the final transcript) run on worker threads and are used a fixed number of
+     micro-turns after they are asked (work.py), so media and real-time pace agree;
   4. the speaker (speaker.py) cuts one micro-turn of the assistant's queued speech; synthesis runs on
      the model's own worker threads, never inside `step`.
-The user's finished utterance becomes `Event("delegate", {"query": ...})`; the background's answer
+The user's finished utterance becomes `Event("delegate", {"query": ...})` (with Whisper, `whisper_ticks`
+micro-turns after the end of turn; the acknowledgment is said at once); the background's answer
 comes back as `TickInput.background` chunks and is spoken sentence by sentence as it arrives.
 """
 
 from __future__ import annotations
 
+import logging
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,17 +27,34 @@ import numpy.typing as npt
 
 from models.base import BackgroundChunk, Event, TickInput, TickOutput
 from models.cascade.echo import EchoCanceller
+from models.cascade.level import peak_db
 from models.cascade.options import CascadeOptions
-from models.cascade.policy import TurnPolicy, TurnState
+from models.cascade.policy import PauseCues, TurnPolicy, TurnState
 from models.cascade.speaker import Speaker, Synthesizer
-from models.cascade.text import SentenceSplitter, only_backchannel, words_of
-from models.speech.asr import ASR_RATE, Recognizer, SphinxRecognizer, WhisperRecognizer, shared_pool
+from models.cascade.text import SentenceSplitter, looks_complete, only_backchannel, sentence_finished, words_of
+from models.cascade.work import Job, Workers
+from models.speech.asr import (
+    ASR_RATE,
+    Recognizer,
+    SphinxRecognizer,
+    Transcript,
+    WhisperTranscriber,
+    shared_pool,
+    whisper_available,
+)
+from models.speech.smart_turn import SmartTurn, SmartTurnError, shared_smart_turn
 from models.speech.vad import VADStream, shared_vad
 from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE
 
 Audio = npt.NDArray[np.float32]
 _ECHO_MEMORY_MS = 10_000  # how long the assistant's words count as possible echo
+_TURN_AUDIO_TICKS = 150  # 30 s: the longest turn kept for Smart Turn (last 8 s) and Whisper
+# How long a tick waits for a job at its due micro-turn before using the fallback. The wait is what
+# makes media pace (ticks flat out) see the same results as real time; in real time it only happens
+# when the machine cannot do the work within its budget, and then stalls the tick (a missed deadline).
+_JOB_GRACE_S = 1.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,6 +70,15 @@ class CascadeState:
     turn: TurnState  # the policy's counters
     speaker: Speaker  # the assistant's queued phrases
     preroll: deque[Audio] = field(default_factory=deque)  # recent cleaned 16 kHz ticks (ASR pre-roll)
+    turn_audio: deque[Audio] = field(default_factory=deque)  # the open turn's cleaned 16 kHz ticks
+    turn_levels: list[float] = field(default_factory=list)  # peak dBFS of the open turn's speech ticks
+    user_db: float | None = None  # the user's own speech level (their delegated turns), dBFS
+    eot_job: Job[float] | None = None  # Smart Turn asked in the current pause, not yet due
+    text_job: Job[Transcript] | None = None  # Whisper on the turn so far, asked in the current pause
+    cues: PauseCues = field(default_factory=PauseCues)  # what those said, once due
+    pause_text: Transcript | None = None  # Whisper's transcript of the turn up to the current pause
+    final_job: Job[Transcript] | None = None  # Whisper on the last finished turn, not yet due
+    final_fallback: str = ""  # pocketsphinx's transcript of that turn (used if Whisper fails)
     partial: str = ""  # partial transcript of the open user turn
     said: deque[tuple[float, list[str]]] = field(default_factory=deque)  # (media ms, words) we spoke
     seen: set[str] = field(default_factory=set)  # background request ids seen so far
@@ -68,11 +99,19 @@ class CascadeModel:
     def __init__(self, opts: CascadeOptions | None = None) -> None:
         self.opts = o = opts or CascadeOptions()
         self.max_sessions = o.max_sessions or None
-        self.policy = TurnPolicy(o)
         self.vad = shared_vad()
-        self._pool = shared_pool(size=o.asr_decoders) if o.asr == "sphinx" else None
-        if o.asr == "whisper":
-            WhisperRecognizer(o.whisper_dir)  # fail at load, not at the first utterance
+        self._pool = shared_pool(size=o.asr_decoders)  # streaming partials, and the fallback
+        use_whisper = o.asr == "whisper" or (o.asr == "auto" and whisper_available())
+        # Loaded here so a missing model fails at load, not at the first utterance.
+        self.whisper = WhisperTranscriber(o.whisper_dir) if use_whisper else None
+        self.smart_turn: SmartTurn | None = None
+        if o.smart_turn:
+            try:
+                self.smart_turn = shared_smart_turn()
+            except SmartTurnError as e:  # degrade to the fixed silence rule, loudly
+                log.warning("Smart Turn unavailable, ending turns on silence alone: %s", e)
+        self.policy = TurnPolicy(o, smart_turn=self.smart_turn is not None)
+        self.workers = Workers(("eot", "asr"))
         self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
         # Pre-rendered so that replies and backchannels start without waiting for synthesis.
         self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
@@ -81,7 +120,7 @@ class CascadeModel:
 
     def open(self, session_id: str) -> CascadeState:
         o = self.opts
-        asr: Recognizer = WhisperRecognizer(o.whisper_dir) if o.asr == "whisper" else SphinxRecognizer(self._pool)
+        asr: Recognizer = SphinxRecognizer(self._pool)
         return CascadeState(
             session_id=session_id,
             mic=StreamResampler(SAMPLE_RATE, ASR_RATE),
@@ -90,7 +129,7 @@ class CascadeModel:
             vad=self.vad.open(ASR_RATE),
             asr=asr,
             turn=TurnState(),
-            speaker=Speaker(self.synth),
+            speaker=Speaker(self.synth, o.tts_budget_ms, o.tts_ms_per_char),
         )
 
     def close(self, state: CascadeState) -> None:
@@ -110,8 +149,9 @@ class CascadeModel:
                     p.future.exception(timeout=timeout)
 
     def shutdown(self) -> None:
-        """Stop the synthesis threads (the model is unusable afterwards)."""
+        """Stop the synthesis and worker threads (the model is unusable afterwards)."""
         self.synth.close()
+        self.workers.close()
 
     # --- the micro-turn --------------------------------------------------------------------------
 
@@ -135,6 +175,7 @@ class CascadeModel:
         for chunk in t.background:
             self._background(s, chunk, ev)
 
+        user_text = self._take_final(s, ev) or user_text
         busy = s.speaker.busy
         d = self.policy.observe(s.turn, probs, busy)
         if d.onset:
@@ -143,6 +184,15 @@ class CascadeModel:
             for past in s.preroll:
                 s.asr.feed(past)
             s.partial = ""
+            s.turn_audio = deque(s.preroll)
+            s.turn_levels = []
+            self._new_pause(s)
+        if s.turn.turn:
+            s.turn_audio.append(x)
+            while len(s.turn_audio) > _TURN_AUDIO_TICKS:
+                s.turn_audio.popleft()
+            if len(probs) and float(probs.max()) >= o.vad_on:
+                s.turn_levels.append(peak_db(x))
         if d.resumed and s.speaker.playing_backchannel:
             s.speaker.drop(("backchannel",))  # never talk over the user
         if s.turn.turn:
@@ -154,7 +204,10 @@ class CascadeModel:
         while len(s.preroll) * 200 > o.preroll_ms:
             s.preroll.popleft()
 
-        d = self.policy.decide(s.turn, d, s.partial, busy, self._echo_like(s, s.partial))
+        cues = self._pause_cues(s)
+        d = self.policy.decide(
+            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, self._background_overlap(s)
+        )
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
         if d.barge_in:
@@ -186,19 +239,118 @@ class CascadeModel:
     def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
         final = s.asr.finish()
         s.partial = ""
+        pause_text, text_job = s.pause_text, s.text_job
+        s.text_job = None  # kept (below) as the final transcript's job, not cancelled
+        self._new_pause(s)
         ev.append(Event("speech_stopped", {"audio_ms": round(s.turn.now_ms - s.turn.silence_ms)}))
         text = final.text
+        level = statistics.median(s.turn_levels) if s.turn_levels else None
+        if self._background_level(s, level):
+            return ""  # someone else talking near the microphone, not a turn
         # Noise, or a lone "mm-hm" while we wait: not a turn to answer; held answers go on.
         if not text or s.turn.turn_speech_ms < self.opts.min_turn_speech_ms or only_backchannel(text):
             return text
-        self._delegate(s, text, ev)
+        if level is not None:  # the user's own level, for telling background speech apart
+            s.user_db = level if s.user_db is None else 0.7 * s.user_db + 0.3 * level
+        if self.whisper is None:
+            self._delegate(s, text, ev)
+            return text
+        if pause_text is not None and pause_text.text:
+            self._delegate(s, pause_text.text, ev)  # Whisper already heard this pause: ask now
+            return pause_text.text
+        # Take the floor now (the acknowledgment starts this micro-turn); the question goes to the
+        # background when Whisper's transcript is due, at most `whisper_ticks` micro-turns later.
+        self._take_floor(s)
+        if text_job is None:
+            audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
+            text_job = self.workers.submit("asr", s.ticks + self.opts.whisper_ticks, self.whisper.transcribe, audio)
+        s.final_job, s.final_fallback = text_job, text
+        return ""
+
+    def _take_final(self, s: CascadeState, ev: list[Event]) -> str:
+        """Delegate the Whisper transcript of the last turn once it is due; returns it."""
+        if s.final_job is None:
+            return ""
+        due, transcript = s.final_job.take(s.ticks, _JOB_GRACE_S)
+        if not due:
+            return ""
+        s.final_job = None
+        text = transcript.text if transcript is not None and transcript.text else s.final_fallback
+        if only_backchannel(text):
+            return text  # Whisper heard only "mm-hm": nothing to ask
+        ev.append(Event("delegate", {"query": text}))
         return text
 
+    def _new_pause(self, s: CascadeState) -> None:
+        """Forget the cues of the last pause; jobs not started yet leave their worker's queue."""
+        for job in (s.eot_job, s.text_job):
+            if job is not None:
+                job.future.cancel()
+        s.eot_job, s.text_job, s.cues, s.pause_text = None, None, PauseCues(), None
+
+    def _pause_cues(self, s: CascadeState) -> PauseCues:
+        """Smart Turn and Whisper on the turn so far, asked once per pause (after `eot_check_ms` of
+        silence) and used at their due micro-turns: Smart Turn one later, Whisper `whisper_ticks`."""
+        t, o = s.turn, self.opts
+        if self.smart_turn is None or not t.turn or t.overlap:
+            return s.cues
+        if t.silence_ms < o.eot_check_ms:  # talking (again): the next pause is asked afresh
+            if s.eot_job is not None or s.text_job is not None or s.pause_text is not None:
+                self._new_pause(s)
+            return s.cues
+        audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
+        if s.eot_job is None and s.cues.p_end is None:
+            s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, audio)
+            return s.cues
+        # Whisper only at longer pauses that Smart Turn did not call finished: at every gap between
+        # words (~0.3-1 s of a shared core per call) its queue would outgrow the budget in real time.
+        unsure = s.cues.p_end is not None and s.cues.p_end < self.policy.eot_threshold
+        if (
+            self.whisper is not None
+            and unsure
+            and t.silence_ms >= o.text_check_ms
+            and s.text_job is None
+            and s.pause_text is None
+        ):
+            s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, audio)
+        if s.eot_job is not None:
+            due, p = s.eot_job.take(s.ticks, _JOB_GRACE_S)
+            if due:
+                s.eot_job = None
+                s.cues.p_end = 0.0 if p is None else p  # failed or late: no vote for "finished"
+        if self.whisper is None:
+            # No better transcript: the streaming one, after the fixed rule's silence.
+            s.cues.text_complete = t.silence_ms >= o.eot_silence_ms and looks_complete(s.partial)
+        elif s.text_job is not None:
+            due, transcript = s.text_job.take(s.ticks, _JOB_GRACE_S)
+            if due:
+                s.text_job = None
+                if transcript is None:  # Whisper late (overloaded machine): the streaming transcript
+                    transcript = Transcript(s.partial, raw=s.partial + "." if looks_complete(s.partial) else "")
+                s.pause_text = transcript
+                s.cues.text_complete = sentence_finished(transcript.raw)
+        return s.cues
+
+    def _background_level(self, s: CascadeState, level: float | None) -> bool:
+        """Speech this much quieter than the user's own is someone else's."""
+        o = self.opts
+        if level is None or s.user_db is None or o.background_db <= 0:
+            return False
+        return level < s.user_db - o.background_db
+
+    def _background_overlap(self, s: CascadeState) -> bool:
+        if not s.turn.overlap or not s.turn_levels:
+            return False
+        return self._background_level(s, statistics.median(s.turn_levels))
+
     def _delegate(self, s: CascadeState, query: str, ev: list[Event]) -> None:
+        self._take_floor(s)
+        ev.append(Event("delegate", {"query": query}))
+
+    def _take_floor(self, s: CascadeState) -> None:
         # A new question supersedes whatever answer is still pending or held back.
         s.speaker.drop()
         self._mute(s)
-        ev.append(Event("delegate", {"query": query}))
         if self.opts.ack and self.opts.ack_phrases:
             s.speaker.say(self.opts.ack_phrases[s.acks % len(self.opts.ack_phrases)], "ack")
             s.acks += 1
@@ -207,6 +359,7 @@ class CascadeModel:
         text = text.strip()
         if not text:
             return ""
+        s.final_job = None  # typed text supersedes a spoken question still being transcribed
         if self.opts.typed_text == "say":
             s.speaker.say(text, "say")
             return ""

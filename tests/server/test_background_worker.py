@@ -72,15 +72,23 @@ async def until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def drain_later(worker: BackgroundWorker, ticks: int = 100) -> list[BackgroundChunk]:
+    """The foreground's drain after it stepped `ticks` more micro-turns: chunks are delivered at the
+    micro-turn their virtual-clock stamp says (models/background/clock.py), not before."""
+    worker.session.tick += ticks
+    return worker.drain()
+
+
 async def drain_until_done(worker: BackgroundWorker, request_id: str,
                            timeout: float = 10.0) -> list[BackgroundChunk]:
-    """Drain every 20 ms (a fast foreground) until `request_id` delivers its done chunk."""
+    """Drain every 20 ms, one micro-turn on each time (a fast foreground), until `request_id`
+    delivers its done chunk."""
     got: list[BackgroundChunk] = []
     deadline = time.monotonic() + timeout
     while not any(c.request_id == request_id and c.done for c in got):
         assert time.monotonic() < deadline, f"no done chunk for {request_id}; got {got}"
         await asyncio.sleep(0.02)
-        got += worker.drain()
+        got += drain_later(worker, 1)
     return got
 
 
@@ -127,7 +135,7 @@ async def test_delegate_event_from_the_foreground_starts_a_request(stub: Scripte
     await until(lambda: bool(sink.of("duplex.background.done")))
     started = sink.of("duplex.background.started")
     assert len(started) == 1 and started[0]["source"] == "model" and started[0]["query"] == "look it up"
-    assert text_of(worker.drain(), started[0]["request_id"]) == "answer: look it up"
+    assert text_of(drain_later(worker), started[0]["request_id"]) == "answer: look it up"
     await worker.stop()
     await reasoner.aclose()
 
@@ -138,14 +146,14 @@ async def test_supersede_cancels_the_old_request_and_its_chunks_never_reach_the_
     old = worker.request("[slow] first", source="client")
     assert old is not None
     await until(lambda: len(sink.of("duplex.background.delta")) >= 2)
-    before = worker.drain()  # the foreground took some of the old answer already: that is fine
+    before = drain_later(worker)  # the foreground took some of the old answer already: that is fine
     assert before and all(c.request_id == old for c in before)
     await until(lambda: len(sink.of("duplex.background.delta")) >= 4)  # more old text waits in drain()
     new = worker.request("second", source="client")
     assert new is not None
     after = await drain_until_done(worker, new)
     await asyncio.sleep(0.3)  # the old stream would have produced more by now
-    after += worker.drain()
+    after += drain_later(worker)
     assert {c.request_id for c in after} == {new}, "a superseded request leaked into TickInput.background"
     assert all(c.epoch == 2 for c in after)
     cancelled = [e for e in sink.of("duplex.background.done") if e["request_id"] == old]

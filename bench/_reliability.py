@@ -33,6 +33,12 @@ FAULT_PATTERNS = re.compile(
 )
 
 
+# Tracebacks that a dependency logs for a fault it handled correctly. uvicorn's WebSocket protocol
+# logs one at ERROR for a text frame that is not UTF-8, after closing the connection with 1007 as
+# RFC 6455 requires: the client's fault, answered correctly, not a dead task of ours.
+HANDLED_BY_DEPENDENCY = ("Invalid UTF-8 sequence received from client",)
+
+
 class ServerUnderTest:
     """One `duplex serve` subprocess: start, health, log faults since a mark, stop with its exit status."""
 
@@ -61,7 +67,7 @@ class ServerUnderTest:
         return self.proc.pid
 
     def start(self) -> ServerUnderTest:
-        self.port = _free_port()
+        self.port = self.port or _free_port()  # a restart keeps the port, so clients find it again
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it; closed below
         cmd = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                *self.args]
@@ -104,7 +110,7 @@ class ServerUnderTest:
         lines = text.splitlines()
         out = []
         for i, line in enumerate(lines):
-            if FAULT_PATTERNS.search(line):
+            if FAULT_PATTERNS.search(line) and not (i and any(h in lines[i - 1] for h in HANDLED_BY_DEPENDENCY)):
                 # The exception's last line names it; keep a short excerpt of the block.
                 block = lines[i:i + 60]
                 last = next((b for b in reversed(block) if re.match(r"^\w+(\.\w+)*(Error|Exception)\b", b)), "")
@@ -115,6 +121,12 @@ class ServerUnderTest:
         if not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def sessions_held(self) -> int | None:
+        try:
+            return int(self.healthz().get("sessions", 0))
+        except (httpx.HTTPError, ValueError):
+            return None
 
     def restart(self) -> None:
         self.kill()
@@ -192,3 +204,33 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def progress(tool: str, message: str) -> None:
     print(f"[{tool}] {message}", file=sys.stderr, flush=True)
+
+
+class RemoteServer(ServerUnderTest):
+    """A server someone else started (`--url`): no log to read, no restart, no exit status."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        from urllib.parse import urlsplit
+
+        from bench.load import check_loopback
+
+        check_loopback(url)
+        self.port = int(urlsplit(url).port or 80)
+
+    def start(self) -> ServerUnderTest:
+        if not self.healthy(5):
+            raise RuntimeError(f"no duplex server answers {self.url}/healthz")
+        return self
+
+    def alive(self) -> bool:
+        return self.healthy(5)
+
+    def restart(self) -> None:
+        raise RuntimeError(f"the server at {self.url} stopped answering; restart it and run again")
+
+    def terminate(self, timeout: float) -> tuple[int | None, float]:
+        return None, 0.0
+
+    def close(self) -> None:
+        self._dir.cleanup()

@@ -56,6 +56,7 @@ class EchoClient:
         self.speech = speech
         self._speech_pos = 0
         self.deltas = 0
+        self.events: list[dict[str, Any]] = []  # every event but audio deltas, in arrival order
         self.delay = delay
         self.late_after = late_after
         self.headers = headers or {}
@@ -140,7 +141,9 @@ class EchoClient:
                     self.stats.max_added_ms = max(self.stats.max_added_ms, added)
                     if added > self.late_after * 1000:
                         self.stats.late += 1
-        elif etype == "response.output_audio_transcript.delta":
+            return
+        self.events.append(ev)
+        if etype == "response.output_audio_transcript.delta":
             self.stats.transcripts.append(str(ev.get("delta", "")))
         elif etype == "error":
             err = ev.get("error", {})
@@ -148,6 +151,17 @@ class EchoClient:
         elif etype == "duplex.session.closing":
             self.stats.closing.append(ev)
             self._closing_seen.set()
+
+    async def wait_event(self, pred: Any, timeout: float, start: int = 0) -> dict[str, Any] | None:
+        """The first event from index `start` on for which `pred(event)` holds, waiting up to `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for ev in self.events[start:]:
+                if pred(ev):
+                    return ev
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.02)
 
     @property
     def connected(self) -> bool:

@@ -130,7 +130,7 @@ class EchoClient:
         etype = ev.get("type")
         if etype in ("response.output_audio.delta", "response.audio.delta"):
             self.deltas += 1
-            hit = self._sent.get(base64.b64decode(ev["delta"]))
+            hit = self._sent.pop(base64.b64decode(ev["delta"]), None)  # echoed chunks are forgotten: bounded
             if hit is not None and hit[0] in self._pending:
                 k, sent_at = hit
                 self._pending.discard(k)

@@ -109,7 +109,7 @@ def session_update(draw: st.DrawFn, m: SessionModel) -> tuple[dict[str, Any], st
         due |= pace != m.pace
     for key in ("input", "output"):
         if draw(st.booleans()):
-            f = draw(formats | bad_formats)
+            f: Any = draw(formats | bad_formats)
             cfg.setdefault("audio", {}).setdefault(key, {})["format"] = f
             if _fmt_float_rate(f):
                 undecided = True

@@ -92,10 +92,8 @@ class WsTarget:
     async def run(self, case: Case) -> Outcome:
         await self.ensure()
         assert self.ws is not None
-        try:
+        with contextlib.suppress(ConnectionClosed):  # the probe read below records the close
             await self.ws.send(case.payload)
-        except ConnectionClosed:
-            pass  # the probe read below records the close
         return await self._probe()
 
     async def _probe(self) -> Outcome:

@@ -111,9 +111,9 @@ class ServerUnderTest:
         out = []
         for i, line in enumerate(lines):
             if FAULT_PATTERNS.search(line) and not (i and any(h in lines[i - 1] for h in HANDLED_BY_DEPENDENCY)):
-                # The exception's last line names it; keep a short excerpt of the block.
-                block = lines[i:i + 60]
-                last = next((b for b in reversed(block) if re.match(r"^\w+(\.\w+)*(Error|Exception)\b", b)), "")
+                # The exception's own line (unindented `Name: message` after the frames) names it.
+                last = next((b for b in lines[i + 1:i + 400] if re.match(r"^[A-Za-z_][\w.]*(: |$)", b)
+                             and not b.startswith(("Traceback", "During handling", "The above"))), "")
                 out.append(f"{line.strip()} {last.strip()}".strip())
         return out
 

@@ -30,7 +30,9 @@ budget. `strategy.example()` is not used: it is neither seeded nor shrinking.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -84,9 +86,9 @@ def judge(case: Case, out: Outcome, faults: list[str], dead: bool) -> list[str]:
     if dead:
         sigs.append("crash:server_process_died")
     if faults:
-        first = faults[0]
-        name = first.split()[-1] if first.split() else "fault"
-        sigs.append(f"crash:server_log:{name}")
+        # "Traceback ... AttributeError: 'NoneType' ..." -> the exception's name is the signature
+        m = re.search(r"(\w+(?:Error|Exception|Exit|Interrupt))\b(?!.*\b\w+(?:Error|Exception)\b)", faults[0])
+        sigs.append(f"crash:server_log:{m.group(1) if m else 'traceback'}")
     if out.timeout:
         sigs.append("crash:no_answer" if case.target != "http" else f"crash:http_no_answer:{out.detail[:40]}")
     if case.target == "http":
@@ -122,6 +124,46 @@ def judge(case: Case, out: Outcome, faults: list[str], dead: bool) -> list[str]:
 
 class _Found(Exception):
     """Raised inside the Hypothesis test to make it shrink a case that failed in a new way."""
+
+
+class _Segment:
+    """One Hypothesis run: generate until a case fails in a new way, then shrink that failure."""
+
+    def __init__(self, fuzzer: Fuzzer, name: str, remaining: int) -> None:
+        self.fuzzer, self.name, self.remaining = fuzzer, name, remaining
+        self.generated = 0
+        self.found: str | None = None  # the new failure signature being shrunk
+        self.best: Case | None = None  # the smallest case failing that way so far
+        self.out: Outcome | None = None
+        self.shrinks = 0
+        self.shrink_t0 = 0.0
+
+    def test(self, case: Case) -> None:
+        f, stats = self.fuzzer, self.fuzzer.stats[self.name]
+        if self.found is None:
+            if self.generated >= self.remaining:
+                return  # Hypothesis may generate a few more than asked for; they are not run
+            self.generated += 1
+            f._count(self.name, case)
+        else:
+            self.shrinks += 1
+            stats.shrink_steps += 1
+            if self.shrinks > SHRINK_STEPS or time.monotonic() - self.shrink_t0 > SHRINK_SECONDS:
+                return  # enough: the smallest failing case so far stands
+        out, sigs = f.execute(case)
+        keys = [f"{self.name}:{case.kind}:{s}" for s in sigs]
+        failed = None
+        if self.found is None:
+            f._record(self.name, case, out, sigs)
+            new = [k for k in keys if k not in f.known]
+            if new:
+                self.found, self.shrink_t0 = new[0], time.monotonic()
+                failed = self.found
+        elif self.found in keys:
+            failed = self.found
+        if failed is not None:
+            self.best, self.out = case, out
+            raise _Found(failed)  # one raise site: Hypothesis tells failures apart by where they were raised
 
 
 class Fuzzer:
@@ -176,56 +218,24 @@ class Fuzzer:
     def fuzz_target(self, name: str, strategy: st.SearchStrategy[Case], budget: int) -> None:
         stats = self.stats.setdefault(name, TargetStats())
         t0 = time.monotonic()
-        segment = 0
-        while stats.cases < budget and segment < MAX_SEGMENTS:
-            state: dict[str, Any] = {"found": None, "best": None, "out": None, "shrinks": 0, "shrink_t0": 0.0,
-                                     "generated": 0}
-            remaining = budget - stats.cases
-
-            def test(case: Case) -> None:
-                if state["found"] is None:
-                    if state["generated"] >= remaining:
-                        return  # Hypothesis may generate a few more than asked for; they are not run
-                    state["generated"] += 1
-                    self._count(name, case)
-                else:
-                    state["shrinks"] += 1
-                    stats.shrink_steps += 1
-                    if state["shrinks"] > SHRINK_STEPS or time.monotonic() - state["shrink_t0"] > SHRINK_SECONDS:
-                        return  # enough: the smallest failing case so far stands
-                out, sigs = self.execute(case)
-                failed = None
-                if state["found"] is None:
-                    self._record(name, case, out, sigs)
-                    new = [s for s in sigs if f"{name}:{case.kind}:{s}" not in self.known]
-                    if new:
-                        state["found"], state["shrink_t0"] = f"{name}:{case.kind}:{new[0]}", time.monotonic()
-                        failed = state["found"]
-                elif any(f"{name}:{case.kind}:{s}" == state["found"] for s in sigs):
-                    failed = state["found"]
-                if failed is not None:
-                    state["best"], state["out"] = case, out
-                    # One raise site: Hypothesis tells failures apart by where they were raised.
-                    raise _Found(failed)
-
-            run = settings(max_examples=remaining + 10, database=None, deadline=None, derandomize=False,
+        for segment in range(MAX_SEGMENTS):
+            if stats.cases >= budget:
+                break
+            seg = _Segment(self, name, budget - stats.cases)
+            run = settings(max_examples=seg.remaining + 10, database=None, deadline=None, derandomize=False,
                            phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck),
                            report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False)(
-                seed(self.seed * 1000 + segment)(given(strategy)(test)))
-            try:
+                seed(self.seed * 1000 + segment)(given(strategy)(seg.test)))
+            # _Found after shrinking, or Hypothesis' own complaint when shrinking was cut short.
+            with contextlib.suppress(Exception):
                 run()
-            except Exception:  # _Found after shrinking, or Hypothesis' own complaint when we stopped shrinking
-                pass
-            segment += 1
-            if state["found"] is None:
+            if seg.found is None or seg.best is None:
                 break  # the whole budget ran (or Hypothesis ran out of distinct cases)
-            self.known.add(state["found"])
-            rec = self.failures[state["found"]]
-            best: Case = state["best"]
-            rec.minimal_case = best.short(600)
-            rec.outcome = _describe(state["out"])
-            self._say(f"{name}: new failure {state['found']} (shrunk in {state['shrinks']} steps): "
-                      f"{rec.minimal_case[:200]}")
+            self.known.add(seg.found)
+            rec = self.failures[seg.found]
+            rec.minimal_case = seg.best.short(600)
+            rec.outcome = _describe(seg.out)
+            self._say(f"{name}: new failure {seg.found} (shrunk in {seg.shrinks} steps): {rec.minimal_case[:200]}")
         stats.seconds += time.monotonic() - t0
 
     def _count(self, name: str, case: Case) -> None:

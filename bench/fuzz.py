@@ -137,6 +137,7 @@ class _Segment:
         self.out: Outcome | None = None
         self.shrinks = 0
         self.shrink_t0 = 0.0
+        self.siblings: list[str] = []  # other signatures of the same failing case (one root, shrunk once)
 
     def test(self, case: Case) -> None:
         f, stats = self.fuzzer, self.fuzzer.stats[self.name]
@@ -157,7 +158,7 @@ class _Segment:
             f._record(self.name, case, out, sigs)
             new = [k for k in keys if k not in f.known]
             if new:
-                self.found, self.shrink_t0 = new[0], time.monotonic()
+                self.found, self.shrink_t0, self.siblings = new[0], time.monotonic(), new[1:]
                 failed = self.found
         elif self.found in keys:
             failed = self.found
@@ -231,10 +232,11 @@ class Fuzzer:
                 run()
             if seg.found is None or seg.best is None:
                 break  # the whole budget ran (or Hypothesis ran out of distinct cases)
-            self.known.add(seg.found)
-            rec = self.failures[seg.found]
-            rec.minimal_case = seg.best.short(600)
-            rec.outcome = _describe(seg.out)
+            for key in (seg.found, *seg.siblings):
+                self.known.add(key)
+                rec = self.failures[key]
+                rec.minimal_case = seg.best.short(600)
+                rec.outcome = _describe(seg.out)
             self._say(f"{name}: new failure {seg.found} (shrunk in {seg.shrinks} steps): {rec.minimal_case[:200]}")
         stats.seconds += time.monotonic() - t0
 

@@ -133,6 +133,8 @@ class Slot:
             if client.connected:  # the run is over: say goodbye
                 await client.settle(1.0)
                 await client.leave()
+            elif not client.stats.missed:
+                await client.settle(0.0)  # the connection died under us: whatever is pending was lost
             await asyncio.sleep(self.rng.uniform(0.0, 0.5))
 
 

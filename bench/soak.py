@@ -73,6 +73,7 @@ class SoakReport:
     rss_start_mb: float = 0.0
     rss_end_mb: float = 0.0
     rss_slope_mb_per_10min: float | None = None
+    rss_slope_second_half_mb_per_10min: float | None = None  # tells a plateau (warming allocator) from a leak
     fds_start: int = 0
     fds_end: int = 0
     fds_slope_per_10min: float | None = None
@@ -208,6 +209,9 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
         report.threads_after_warmup = after[0].threads
         slope = fit_slope([s.t for s in after], [s.rss_mb for s in after])
         report.rss_slope_mb_per_10min = None if slope is None else round(slope * 600, 3)
+        half = [s for s in after if s.t >= (after[0].t + after[-1].t) / 2]
+        hslope = fit_slope([s.t for s in half], [s.rss_mb for s in half])
+        report.rss_slope_second_half_mb_per_10min = None if hslope is None else round(hslope * 600, 3)
         fslope = fit_slope([s.t for s in after], [float(s.fds) for s in after])
         report.fds_slope_per_10min = None if fslope is None else round(fslope * 600, 3)
     if end is not None:

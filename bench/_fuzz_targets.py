@@ -29,6 +29,7 @@ from bench._fuzz_cases import Case
 
 T = TypeVar("T")
 PROBE_TIMEOUT = 5.0  # seconds for a probe's answer; an echo server answers in milliseconds
+DC_PROBE_TIMEOUT = 3.0  # a dead data-channel reader costs this per case, and a new call after it
 _probe_ids = itertools.count(1)
 
 
@@ -272,7 +273,7 @@ class DcTarget:
         pid = f"probe-{next(_probe_ids)}"
         out = Outcome()
         peer._channel.send(json.dumps({"type": "fuzz.probe", "event_id": pid}))
-        deadline = time.monotonic() + PROBE_TIMEOUT
+        deadline = time.monotonic() + DC_PROBE_TIMEOUT
         while True:
             left = deadline - time.monotonic()
             if left <= 0:

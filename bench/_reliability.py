@@ -37,6 +37,8 @@ FAULT_PATTERNS = re.compile(
 # logs one at ERROR for a text frame that is not UTF-8, after closing the connection with 1007 as
 # RFC 6455 requires: the client's fault, answered correctly, not a dead task of ours.
 HANDLED_BY_DEPENDENCY = ("Invalid UTF-8 sequence received from client",)
+LOG_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d|ERROR:|WARNING:|INFO:|DEBUG:|CRITICAL:)")  # a new log record starts
+UNRETRIEVED = "Task exception was never retrieved:"  # prefix of such faults in `new_faults`
 
 
 class ServerUnderTest:
@@ -108,13 +110,24 @@ class ServerUnderTest:
             text = f.read().decode("utf-8", errors="replace")
             self._log_pos = f.tell()
         lines = text.splitlines()
-        out = []
+        out: list[str] = []
+        skip_until = -1
         for i, line in enumerate(lines):
-            if FAULT_PATTERNS.search(line) and not (i and any(h in lines[i - 1] for h in HANDLED_BY_DEPENDENCY)):
+            if i <= skip_until or not FAULT_PATTERNS.search(line):
+                continue
+            if i and any(h in lines[i - 1] for h in HANDLED_BY_DEPENDENCY):
+                continue
+            if "Task exception was never retrieved" in line and i + 1 < len(lines):
+                # Logged when the dead task is garbage-collected, long after it died: name the task, not a case.
+                m = re.search(r"name='([a-z-]+?)(?:-sess_\w+)?'.*exception=(\w+)", lines[i + 1])
+                out.append(f"{UNRETRIEVED} {m.group(1)} {m.group(2)}" if m else f"{UNRETRIEVED} {lines[i + 1][:120]}")
+            else:
                 # The exception's own line (unindented `Name: message` after the frames) names it.
                 last = next((b for b in lines[i + 1:i + 400] if re.match(r"^[A-Za-z_][\w.]*(: |$)", b)
-                             and not b.startswith(("Traceback", "During handling", "The above"))), "")
+                             and not b.startswith(("Traceback", "During handling", "The above", "future:"))), "")
                 out.append(f"{line.strip()} {last.strip()}".strip())
+            # One log record is one fault: its chained tracebacks ("During handling of ...") are not more.
+            skip_until = next((j - 1 for j in range(i + 1, len(lines)) if LOG_RECORD.match(lines[j])), len(lines))
         return out
 
     def log_tail(self, n: int = 40) -> str:

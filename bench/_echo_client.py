@@ -21,6 +21,8 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from server.auth import RESUME_HEADER
+
 TICK_SAMPLES = 4800
 PERIOD = 0.2  # seconds per micro-turn
 DROP_EXEMPT = 1.0  # chunks sent this close before a deliberate drop may be lost with the connection
@@ -76,9 +78,11 @@ class EchoClient:
     # -- connection ---------------------------------------------------------------------------
 
     async def connect(self, resume: bool = False) -> bool:
-        url = self.ws_url + (f"?resume_token={self.resume_token}" if resume and self.resume_token else "")
+        headers = dict(self.headers)
+        if resume and self.resume_token:  # in a header, never the URL (access logs must not record it)
+            headers[RESUME_HEADER] = self.resume_token
         try:
-            ws = await connect(url, max_size=1 << 24, open_timeout=20, additional_headers=self.headers,
+            ws = await connect(self.ws_url, max_size=1 << 24, open_timeout=20, additional_headers=headers,
                                ping_interval=None)
         except InvalidStatus as exc:
             self.stats.errors.append(f"handshake refused: HTTP {exc.response.status_code}")

@@ -336,7 +336,8 @@ def ws_connection_case(draw: st.DrawFn) -> Case:
         return Case("ws_conn", "client_close", {"close": code, "reason": reason}, "either")
     if choice == 2:  # resume with a token that names no session
         token = draw(st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_%&=+", min_size=1, max_size=80))
-        return Case("ws_conn", "bad_resume_token", {"resume_token": token}, "error")
+        where = draw(st.sampled_from(["header", "subprotocol", "query"]))  # header first: what clients use
+        return Case("ws_conn", "bad_resume_token", {"resume_token": token, "token_in": where}, "error")
     # handshake headers: subprotocols and beta header of any shape
     protos = draw(st.lists(st.sampled_from(["realtime", "openai-beta.realtime-v1", "x", "duplex-api-key.",
                                             "openai-insecure-api-key.k"]), max_size=3, unique=True))

@@ -26,6 +26,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from bench._fuzz_cases import Case
+from server.auth import RESUME_HEADER, RESUME_SUBPROTOCOL_PREFIX
 
 T = TypeVar("T")
 PROBE_TIMEOUT = 5.0  # seconds for a probe's answer; an echo server answers in milliseconds
@@ -153,7 +154,14 @@ class WsConnTarget:
         url = self.ws_url
         kwargs: dict[str, Any] = {"max_size": 1 << 24, "open_timeout": 20, "ping_interval": None}
         if "resume_token" in p:
-            url += "?resume_token=" + quote(p["resume_token"], safe="")
+            # Where clients send it: the header (and, for browsers, a subprotocol); the query is legacy.
+            where = p.get("token_in", "header")
+            if where == "header":
+                kwargs["additional_headers"] = {RESUME_HEADER: p["resume_token"]}
+            elif where == "subprotocol":
+                kwargs["subprotocols"] = [RESUME_SUBPROTOCOL_PREFIX + p["resume_token"]]
+            else:
+                url += "?resume_token=" + quote(p["resume_token"], safe="")
         if "subprotocols" in p:
             kwargs["subprotocols"] = p["subprotocols"] or None
             kwargs["additional_headers"] = {"OpenAI-Beta": p["beta"]} if p["beta"] else {}

@@ -5,17 +5,17 @@
 Each of N client slots streams 200 ms of audio per micro-turn at absolute deadlines (unique random
 PCM on the echo model, whose every echo is matched and timed; a TTS sentence on the other models).
 At random (seeded) intervals of about `--churn` seconds a slot leaves (close 1000, the session ends),
-drops its connection without a close and resumes it with `?resume_token=` after a short outage, or
+drops its connection without a close and resumes it (token in `X-Duplex-Resume-Token`; it is rotated on
+every resume, so the client keeps the newest) after a short outage, or
 keeps going; a slot that left opens a fresh session. Every `--sample-every` seconds the server's
 RSS, open descriptors and threads (/proc/PID) and its missed deadlines (/metrics) are sampled; RSS
 and descriptors get the slope of a least-squares line over the samples after `--warmup`.
 
 At the end every slot leaves, and descriptors and threads are compared with their values before
-the first session. The server's asyncio task count has no endpoint (the server exposes none and
-this bench does not edit server/): it is reported as not measured.
+the first session, and so is the server's asyncio task count (`duplex_asyncio_tasks` in /metrics).
 
 Passes (exit 0) when: 0 missed deadlines, 0 echoes lost or late, RSS slope under `--max-rss-slope`
-MB per 10 minutes, descriptors and threads back at their start values, every resume succeeded, no
+MB per 10 minutes, descriptors, threads and tasks back at their start values, every resume succeeded, no
 session closed without being told why, and no traceback in the server's log.
 """
 
@@ -49,6 +49,7 @@ class Sample:
     threads: int
     missed: int  # missed deadlines so far (since the run started)
     sessions: int  # sessions the server holds (attached or awaiting resume)
+    tasks: int  # tasks alive on the server's event loop (its /metrics)
 
 
 @dataclass
@@ -80,7 +81,8 @@ class SoakReport:
     threads_start: int = 0
     threads_after_warmup: int = 0
     threads_end: int = 0
-    tasks: str = "not measured: the server has no endpoint for its asyncio task count"
+    tasks_start: int = 0  # asyncio tasks on the server's loop before the first session (/metrics)
+    tasks_end: int = 0  # and after every session left
     kv_slots_peak: int = 0  # sessions held at once, at most (each holds one model state / KV slot)
     untold_closes: int = 0  # sessions that ended without duplex.session.closing or a 1000 close
     server_errors: list[str] = field(default_factory=list)
@@ -151,11 +153,12 @@ async def _sampler(server_pid: int, base: str, t0: float, until: float, every: f
                 held = -1
             if s is not None:
                 sample = Sample(round(time.monotonic() - t0, 1), round(s.rss_bytes / 2**20, 2), s.fds, s.threads,
-                                int(metrics.get("duplex_missed_deadlines_total", 0) - missed0), held)
+                                int(metrics.get("duplex_missed_deadlines_total", 0) - missed0), held,
+                                int(metrics.get("duplex_asyncio_tasks", -1)))
                 report.samples.append(sample)
                 report.kv_slots_peak = max(report.kv_slots_peak, held)
                 progress("bench.soak", f"t={sample.t:.0f}s rss={sample.rss_mb:.1f}MB fds={sample.fds} "
-                         f"threads={sample.threads} sessions={held} missed={sample.missed}")
+                         f"threads={sample.threads} tasks={sample.tasks} sessions={held} missed={sample.missed}")
             if time.monotonic() >= until:
                 return
             await asyncio.sleep(every)
@@ -181,7 +184,9 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
     assert start is not None, "server process is gone"
     report.rss_start_mb, report.fds_start, report.threads_start = round(start.rss_bytes / 2**20, 2), start.fds, \
         start.threads
-    missed0 = scrape(server.url).get("duplex_missed_deadlines_total", 0.0)
+    metrics0 = scrape(server.url)
+    missed0 = metrics0.get("duplex_missed_deadlines_total", 0.0)
+    report.tasks_start = int(metrics0.get("duplex_asyncio_tasks", -1))
     rng = random.Random(seed)
     slots = [Slot(i, server.ws_url, random.Random(rng.random()), churn, delay, speech, report) for i in range(n)]
 
@@ -203,6 +208,7 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
     end = proc_sample(pid)
     metrics = scrape(server.url)
     report.missed_deadlines = int(metrics.get("duplex_missed_deadlines_total", 0) - missed0)
+    report.tasks_end = int(metrics.get("duplex_asyncio_tasks", -1))
     after = [s for s in report.samples if s.t >= warmup]
     if after:
         report.missed_after_warmup = report.missed_deadlines - after[0].missed
@@ -247,6 +253,8 @@ def _judge(r: SoakReport, max_rss_slope: float) -> None:
     if r.threads_end > max(r.threads_start, r.threads_after_warmup):
         f.append(f"threads {r.threads_start} at start ({r.threads_after_warmup} after warm-up), {r.threads_end} "
                  "at the end")
+    if r.tasks_end != r.tasks_start:
+        f.append(f"asyncio tasks {r.tasks_start} at start, {r.tasks_end} at the end")
     if r.resumes_failed:
         f.append(f"{r.resumes_failed} resumes failed")
     if r.untold_closes:

@@ -34,6 +34,7 @@ class NeverReader:
             self.proto.receive_data(self.sock.recv(4096))
         if self.proto.handshake_exc is not None:
             raise RuntimeError(f"handshake failed: {self.proto.handshake_exc}")
+        self.close_reason = ""  # the reason in the server's close frame, once `drain` read it
         self.blocked = False  # a send could not complete: the server stopped reading us (fine) or is stuck
 
     def _flush(self, timeout: float = 10.0) -> None:
@@ -76,6 +77,7 @@ class NeverReader:
             if self.proto.close_rcvd is not None or not data:
                 break
         code = self.proto.close_rcvd.code if self.proto.close_rcvd is not None else None
+        self.close_reason = self.proto.close_rcvd.reason if self.proto.close_rcvd is not None else ""
         return closing, code, count
 
     def close(self) -> None:

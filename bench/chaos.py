@@ -18,6 +18,7 @@ Scenarios:
   backend_slow       the backend streams slower than the server's background timeout
   backend_garbage    the backend sends lines that are not JSON, not SSE and not UTF-8 mid-stream
   client_drop        a client vanishes without a close right after typed text was acknowledged, and resumes
+                     (the token it used must be refused afterwards: tokens rotate on every resume)
   client_never_reads a client sends and never reads, until the server's buffers for it are full
   sigterm            SIGTERM while every session streams and a background answer is running
 """
@@ -38,6 +39,7 @@ from bench._echo_client import EchoClient
 from bench._never_reader import NeverReader
 from bench._reliability import ROOT, ServerUnderTest, _free_port, proc_sample, progress, table
 from bench._server import scrape
+from server.limits import DEFAULT_OUTBOX_BYTES, MAX_INSTRUCTIONS_CHARS
 
 DRAIN_SECONDS = 15.0  # SIGTERM to exit: uvicorn's graceful shutdown (10 s) plus margin
 BACKGROUND_TIMEOUT = 5.0  # the server's --background-timeout in these scenarios
@@ -185,10 +187,15 @@ async def client_drop(ctx: Ctx, rounds: int = 3) -> None:
         await v.drop()
         await streaming
         await asyncio.sleep(1.0)
+        old_token = v.resume_token
         if not await v.connect(resume=True):
             r.failures.append(f"resume {i} failed: {v.stats.resume_failures or v.stats.errors}")
             return
         streaming = asyncio.create_task(v.stream())
+        if v.resume_token == old_token:
+            r.failures.append(f"resume {i}: the resume token was not rotated")
+        elif not await _stale_token_refused(ctx, old_token):
+            r.failures.append(f"resume {i}: the token used to resume still works (it must be rotated)")
         await asyncio.sleep(1.0)
     await asyncio.sleep(0.6)
     said = " ".join(v.stats.transcripts)
@@ -204,6 +211,16 @@ async def client_drop(ctx: Ctx, rounds: int = 3) -> None:
     await v.leave()
 
 
+async def _stale_token_refused(ctx: Ctx, token: str | None) -> bool:
+    """A resume with a token that was already used is refused (invalid_resume_token), not served."""
+    thief = EchoClient(ctx.server.ws_url, seed=0)
+    thief.resume_token = token
+    if await thief.connect(resume=True):
+        await thief.leave()
+        return False
+    return thief.stats.resume_failures == ["invalid_resume_token"]
+
+
 async def client_never_reads(ctx: Ctx) -> None:
     """A client that sends and never reads: the server must close it, say why, free its slot, stay small."""
     r = ctx.result
@@ -212,35 +229,42 @@ async def client_never_reads(ctx: Ctx) -> None:
     held0 = ctx.server.sessions_held()
     loop = asyncio.get_running_loop()
 
-    def flood() -> tuple[list[dict[str, Any]], int | None, int, int, Any]:
+    def flood() -> tuple[list[dict[str, Any]], tuple[int | None, str], int, int, Any]:
         client = NeverReader(ctx.server.ws_url, "127.0.0.1", ctx.server.port)
         sent = 0
         try:
-            # Each answer (session.updated) carries the instructions back (~60 kB): after a few the socket
-            # buffers are full and the server's queue for this client grows; then small answered events.
-            for event in [{"type": "session.update", "session": {"instructions": "i" * 60_000}}] * 100 \
-                    + [{"type": "input_audio_buffer.commit"}] * 2500:
+            # Each answer (session.updated) carries the instructions back (the longest allowed): after a few
+            # the socket buffers are full and the server's queue for this client grows past its byte bound
+            # (twice over: a server that honours the bound must cut us); then small answered events.
+            n_big = 2 * DEFAULT_OUTBOX_BYTES // MAX_INSTRUCTIONS_CHARS
+            for event in [{"type": "session.update", "session": {"instructions": "i" * MAX_INSTRUCTIONS_CHARS}}] \
+                    * n_big + [{"type": "input_audio_buffer.commit"}] * 2500:
                 if not client.send(event):
                     break  # the server stopped reading from us: it may have given up on us, as it should
                 sent += 1
             time.sleep(3.0)
             rss = proc_sample(pid)
             closing, code, count = client.drain()
-            return closing, code, count, sent, rss
+            return closing, (code, client.close_reason), count, sent, rss
         finally:
             client.close()
 
-    closing, code, received, sent, rss1 = await loop.run_in_executor(None, flood)
+    closing, (code, reason), received, sent, rss1 = await loop.run_in_executor(None, flood)
     if rss0 is not None and rss1 is not None:
         r.notes.append(f"server RSS {rss0.rss_bytes / 2**20:.0f} -> {rss1.rss_bytes / 2**20:.0f} MB while it "
                        "held the unread events")
     r.notes.append(f"the client sent {sent} events and read {received} once it started reading")
-    r.told = f"closing={closing[0].get('reason') if closing else None!r} close code={code}"
+    # Told why: a duplex.session.closing event, or (the server cannot queue an event for a client whose
+    # queue is full) the close frame's code and reason, which the client reads after what was queued.
+    r.told = f"closing={closing[0].get('reason') if closing else None!r} close {code} {reason!r}"[:200]
     if code is None and received < sent + 2:  # + session.created and duplex.session.resume
         r.failures.append(f"the server neither closed a client that did not read nor delivered its events "
                           f"({received} of {sent + 2})")
-    elif not closing:
-        r.failures.append(f"the non-reading client was not told why it was closed (close code {code})")
+    elif code is None:
+        r.failures.append(f"the server queued {received} events for a client that read none of them for seconds "
+                          f"and did not cut it (its byte bound is {DEFAULT_OUTBOX_BYTES} bytes)")
+    elif not closing and not reason:
+        r.failures.append(f"the non-reading client was not told why it was closed (close code {code}, no reason)")
     await asyncio.sleep(RESUME_GRACE + 2.0)  # a detached session is reaped after its grace
     held1 = ctx.server.sessions_held()
     if held0 is not None and held1 is not None and held1 > held0:

@@ -150,12 +150,15 @@ class RealtimeConnection:
         text = json.dumps(event, separators=(",", ":"))
         if not self.outbox.fits(len(text)):
             # The client does not read: cut it (its session stays resumable). `end` never emits
-            # through this path, so there is no recursion however full the outbox is.
-            self.runtime.metrics.dropped_events.labels("outbox_full").inc()
+            # through this path, so there is no recursion however full the outbox is. What is queued
+            # is dropped so that the close frame and its reason are the next thing the client reads:
+            # behind megabytes of events, a slow reader would be hung up on before it got there.
+            queued = self.outbox.bytes
+            dropped = self.outbox.clear() + 1
+            self.runtime.metrics.dropped_events.labels("outbox_full").inc(dropped)
             log.warning("session %s: client not reading (%d bytes queued); disconnecting it", self.session.id,
-                        self.outbox.bytes)
-            self._close(1008, f"client is not reading its events ({self.outbox.bytes} bytes queued, limit "
-                        f"{self.outbox.max_bytes}); read faster or resume the session")
+                        queued)
+            self._close(1008, f"not reading: {dropped} events ({queued} B) dropped; resume the session")
             self.cut.set()
             return
         self.outbox.put(text)

@@ -57,6 +57,7 @@ class Runtime:
         self.registry = SessionRegistry(capacity, engine.open_state, self._free, config.max_backlog_ticks,
                                         config.resume_grace, config.idle_timeout)
         self.draining = False
+        self.drained = asyncio.Event()  # set once drain() began: transports stop waiting on slow clients
         self.allowed_origins = default_origins(config.host, config.port) | set(config.allowed_origins)
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
@@ -177,6 +178,7 @@ class Runtime:
     async def drain(self, reason: str) -> None:
         """Stop admitting, tell every live session why, and close them all."""
         self.draining = True
+        self.drained.set()
         for session in self.registry.sessions():
             try:
                 await self.close(session, reason, 1001)

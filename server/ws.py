@@ -32,6 +32,7 @@ from server.sessions import Session
 log = logging.getLogger(__name__)
 
 CLOSE_POLICY = 1008
+CUT_CLOSE_SECONDS = 10.0  # a client cut for not reading has this long to read its close frame (uvicorn's close timeout)
 NORMAL_CLOSURE = 1000  # a client closing with this ends its session; any other close keeps it resumable
 
 
@@ -101,6 +102,17 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
     # cut itself ends the connection.
     cut = asyncio.create_task(conn.cut.wait(), name=f"ws-cut-{session.id}")
     done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+    if cut in done and not writer.done():
+        # The session is resumable at once (the client may be reconnecting already), while the writer,
+        # whose outbox now holds only the Close, gets a bounded time to hand the client its close frame
+        # and reason: a client that reads again within CUT_CLOSE_SECONDS learns why it was cut.
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
+            await reader
+        await runtime.detach(session, normal=False, sink=conn)
+        draining = asyncio.create_task(runtime.drained.wait(), name=f"ws-drain-{session.id}")
+        await asyncio.wait({writer, draining}, timeout=CUT_CLOSE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        draining.cancel()  # a shutdown does not wait for a client that does not read
     for task in (reader, writer, cut):
         if task not in done:
             task.cancel()

@@ -133,7 +133,15 @@ class RtcCall:
 
     async def answer(self, offer_sdp: str) -> str:
         """Apply the offer, attach the output track, and return the answer SDP (ICE candidates included)."""
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        except (AttributeError, KeyError, IndexError, TypeError) as exc:
+            # aiortc trusts an offer's structure: a media section without its DTLS parameters (no
+            # a=fingerprint / a=setup) fails deep inside with AttributeError. It is the offer's fault
+            # (found by bench.fuzz); ValueError and AssertionError are turned into invalid_sdp by the caller.
+            raise ProtocolError("invalid_sdp", f"the SDP offer could not be used ({type(exc).__name__}: "
+                                f"{str(exc)[:120]}); send the offer exactly as RTCPeerConnection.createOffer() "
+                                "produced it") from None
         if not any(t.kind == "audio" for t in self.pc.getTransceivers()):
             raise ProtocolError("offer_without_audio", "the offer has no audio m-line: add a microphone "
                                 "track (or addTransceiver('audio')) before creating the offer")

@@ -43,6 +43,7 @@ class Outcome:
     http_status: int | None = None
     http_code: str | None = None  # error.code of an HTTP error body
     detail: str = ""
+    log: str = ""  # the server's log line for what went wrong (traceback head and exception), if any
 
 
 class LoopThread:

@@ -51,6 +51,7 @@ MAX_CASES = 2_000_000
 MAX_SEGMENTS = 40  # distinct failures shrunk per target, at most
 SHRINK_STEPS = 300  # cases tried while shrinking one failure, at most
 SHRINK_SECONDS = 60.0
+MAX_REPR = 300_000  # characters of a minimal case kept in the JSON report
 LOG_SETTLE = 0.3  # seconds to let the server's log catch up after a case that went wrong
 HEALTH_EVERY = 250  # cases between /healthz checks
 DC_MAX_MESSAGE = 60_000  # bytes: aiortc's SCTP transport takes messages up to 64 KiB
@@ -67,6 +68,7 @@ class FailureRecord:
     count: int = 0
     first_case: str = ""
     minimal_case: str = ""
+    minimal_full: str = ""  # the whole minimal case (repr, up to MAX_REPR chars): the repro for the server
     outcome: str = ""
 
 
@@ -207,7 +209,9 @@ class Fuzzer:
         for f in faults:
             if f.startswith(UNRETRIEVED):  # a task that died earlier, found by the garbage collector now
                 self.unretrieved[f] += 1
-        sigs = judge(case, out, [f for f in faults if not f.startswith(UNRETRIEVED)], dead)
+        own = [f for f in faults if not f.startswith(UNRETRIEVED)]
+        out.log = own[0][:300] if own else ""
+        sigs = judge(case, out, own, dead)
         if not dead and (out.timeout or self.total % HEALTH_EVERY == 0) and not self.server.healthy(5):
             sigs.append("crash:healthz_failed")
             dead = True
@@ -240,6 +244,7 @@ class Fuzzer:
                 self.known.add(key)
                 rec = self.failures[key]
                 rec.minimal_case = seg.best.short(600)
+                rec.minimal_full = seg.best.short(MAX_REPR)
                 rec.outcome = _describe(seg.out)
             self._say(f"{name}: new failure {seg.found} (shrunk in {seg.shrinks} steps): {rec.minimal_case[:200]}")
         stats.seconds += time.monotonic() - t0
@@ -289,6 +294,8 @@ def _describe(out: Outcome | None) -> str:
         parts.append(f"no answer {out.detail}".strip())
     if out.http_status is not None:
         parts.append(f"http {out.http_status} {out.http_code or ''} {out.detail}".strip())
+    if out.log:
+        parts.append(f"server log: {out.log}")
     return "; ".join(parts) or "no error event"
 
 

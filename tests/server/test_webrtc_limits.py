@@ -82,6 +82,24 @@ async def test_an_offer_missing_dtls_parameters_is_refused_with_a_reason(server:
     await until_sessions(server, 0, 5.0)  # the session opened for the call was closed at once
 
 
+async def test_an_offer_missing_an_m_line_is_refused_with_a_reason(server: ServerProc) -> None:
+    # The video section's m= line deleted: its attributes join the audio section, and aiortc's
+    # createAnswer failed with AttributeError: a 500 (found by bench.fuzz).
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio")
+    pc.addTransceiver("video")
+    pc.createDataChannel("oai-events")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    broken = "\r\n".join(ln for ln in sdp.split("\r\n") if not ln.startswith("m=video"))
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.post(server.url + "/v1/realtime/calls", content=broken,
+                            headers={"Content-Type": "application/sdp"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_sdp", r.text
+    await until_sessions(server, 0, 5.0)
+
+
 async def test_a_call_that_never_connects_frees_its_slot_at_the_connect_timeout(server: ServerProc) -> None:
     await until_sessions(server, 0, 5)
     pc, sdp = await offer_sdp()

@@ -23,6 +23,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from server.limits import MAX_INSTRUCTIONS_CHARS, MAX_ITEM_TEXT_CHARS
+
 RATES = (8000, 16000, 24000, 48000)
 KNOWN_TYPES = ("session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
                "input_audio_buffer.clear", "conversation.item.create", "response.create", "response.cancel",
@@ -120,7 +122,7 @@ def session_update(draw: st.DrawFn, m: SessionModel) -> tuple[dict[str, Any], st
     if draw(st.booleans()):
         instr = draw(TEXT | BIG_TEXT | json_values)
         cfg["instructions"] = instr
-        due |= not isinstance(instr, str)
+        due |= not isinstance(instr, str) or len(instr) > MAX_INSTRUCTIONS_CHARS
     if draw(st.booleans()):
         tools = draw(tools_ok | json_values)
         cfg["tools"] = tools
@@ -178,7 +180,7 @@ def item_create(draw: st.DrawFn, m: SessionModel) -> tuple[dict[str, Any], str]:
         parts = draw(st.lists(st.fixed_dictionaries({"type": st.sampled_from(["input_text", "text"]),
                                                      "text": TEXT | BIG_TEXT}), min_size=1, max_size=3))
         item: Any = {"type": "message", "role": "user", "content": parts}
-        return {"type": "conversation.item.create", "item": item}, "ok"
+        return {"type": "conversation.item.create", "item": item}, _item_expect(item)
     if choice == 1:  # a client tool's output: needs a background reasoner, which the fuzz server lacks
         item = {"type": "function_call_output", "call_id": draw(TEXT), "output": draw(TEXT | json_values)}
         return {"type": "conversation.item.create", "item": item}, "error"
@@ -206,9 +208,18 @@ def _item_expect(item: Any) -> str:
     if not isinstance(content, list) or not content:
         return "error"
     texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") in ("input_text", "text")]
-    if not texts or not all(isinstance(t, str) for t in texts):
+    strings = [t for t in texts if isinstance(t, str)]
+    if not texts or len(strings) != len(texts):
         return "error"
-    return "ok"
+    return _text_size_expect(sum(len(t) for t in strings), len(strings))
+
+
+def _text_size_expect(chars: int, parts: int) -> str:
+    """README: one typed message is at most MAX_ITEM_TEXT_CHARS characters; how parts are joined (the
+    separators) is not said, so a message within `parts` characters of the bound is not decided."""
+    if chars > MAX_ITEM_TEXT_CHARS:
+        return "error"
+    return "either" if chars + parts > MAX_ITEM_TEXT_CHARS else "ok"
 
 
 @st.composite
@@ -335,8 +346,10 @@ def ws_connection_case(draw: st.DrawFn) -> Case:
         reason = draw(st.text(max_size=30).filter(lambda s: len(s.encode()) <= 120))
         return Case("ws_conn", "client_close", {"close": code, "reason": reason}, "either")
     if choice == 2:  # resume with a token that names no session
-        token = draw(st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_%&=+", min_size=1, max_size=80))
         where = draw(st.sampled_from(["header", "subprotocol", "query"]))  # header first: what clients use
+        # A subprotocol is an HTTP token (RFC 7230): no '=' or '%' there, or the client cannot even send it.
+        alphabet = "abcdefghijklmnopqrstuvwxyz0123456789-_" + ("" if where == "subprotocol" else "%&=+")
+        token = draw(st.text(alphabet=alphabet, min_size=1, max_size=80))
         return Case("ws_conn", "bad_resume_token", {"resume_token": token, "token_in": where}, "error")
     # handshake headers: subprotocols and beta header of any shape
     protos = draw(st.lists(st.sampled_from(["realtime", "openai-beta.realtime-v1", "x", "duplex-api-key.",

@@ -63,10 +63,13 @@ def _offer_faults() -> Iterator[None]:
     """aiortc trusts an offer's structure: a media section without its DTLS parameters (no a=fingerprint /
     a=setup) fails in setRemoteDescription, one whose m= line is gone (its attributes merged into the
     section before) fails in createAnswer, both with AttributeError. Those are the offer's fault (found by
-    bench.fuzz): invalid_sdp. ValueError and AssertionError are turned into invalid_sdp by the caller."""
+    bench.fuzz): invalid_sdp. So is an `a=fmtp` line whose `a=rtpmap` is gone: a StopIteration inside
+    aiortc's coroutine, which Python re-raises as RuntimeError. The peer connection is fresh and only
+    the offer is applied here, so these come from the offer. ValueError and AssertionError are turned
+    into invalid_sdp by the caller."""
     try:
         yield
-    except (AttributeError, KeyError, IndexError, TypeError) as exc:
+    except (AttributeError, KeyError, IndexError, TypeError, StopIteration, RuntimeError) as exc:
         raise ProtocolError("invalid_sdp", f"the SDP offer could not be used ({type(exc).__name__}: "
                             f"{str(exc)[:120]}); send the offer exactly as RTCPeerConnection.createOffer() "
                             "produced it") from None

@@ -357,8 +357,11 @@ class RealtimeConnection:
         if isinstance(item, dict) and item.get("type") == "function_call_output":
             self._background_event(ev, eid)
             return
-        is_message = isinstance(item, dict) and item.get("type", "message") == "message"
-        if is_message and isinstance(item, dict) and item.get("role", "user") != "user":
+        if isinstance(item, dict) and item.get("type", "message") != "message":
+            # function_call, image, ...: taken as typed text before (found by bench.fuzz)
+            raise ProtocolError("unsupported_item", f"item type {str(item.get('type'))[:40]!r} cannot be created; "
+                                "only user messages and function_call_output items can", "item.type", eid)
+        if isinstance(item, dict) and item.get("role", "user") != "user":
             raise ProtocolError("unsupported_item", "only user messages and function_call_output items can be "
                                 "created", "item.role", eid)
         text = p.item_text(item, eid)

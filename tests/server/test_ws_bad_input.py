@@ -50,6 +50,9 @@ def echo0(duplex_server):
         (json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
          "unsupported_format"),
         (json.dumps({"type": "conversation.item.create", "item": {"type": "message", "content": []}}), "invalid_item"),
+        # An item type that cannot be created was taken as typed text (found by bench.fuzz).
+        (json.dumps({"type": "conversation.item.create", "item": {"type": "function_call", "role": "user",
+                     "content": [{"type": "input_text", "text": "hi"}]}}), "unsupported_item"),
         (json.dumps({"type": "response.cancel"}), "response_cancel_not_active"),
     ],
 )

@@ -42,7 +42,7 @@ from bench._server import scrape
 from server.limits import DEFAULT_OUTBOX_BYTES, MAX_INSTRUCTIONS_CHARS
 
 DRAIN_SECONDS = 15.0  # SIGTERM to exit: uvicorn's graceful shutdown (10 s) plus margin
-BACKGROUND_TIMEOUT = 5.0  # the server's --background-timeout in these scenarios
+BACKGROUND_TIMEOUT = 3.0  # the server's --background-timeout in these scenarios (the [slow] answer takes 20 s)
 RESUME_GRACE = 3.0
 SCENARIOS = ("backend_killed", "backend_slow", "backend_garbage", "client_drop", "client_never_reads", "sigterm")
 
@@ -186,7 +186,7 @@ async def client_drop(ctx: Ctx, rounds: int = 3) -> None:
         await asyncio.sleep(0.07 * i)  # drop right after the ack, or a little later
         await v.drop()
         await streaming
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.5)  # the outage
         old_token = v.resume_token
         if not await v.connect(resume=True):
             r.failures.append(f"resume {i} failed: {v.stats.resume_failures or v.stats.errors}")
@@ -196,7 +196,7 @@ async def client_drop(ctx: Ctx, rounds: int = 3) -> None:
             r.failures.append(f"resume {i}: the resume token was not rotated")
         elif not await _stale_token_refused(ctx, old_token):
             r.failures.append(f"resume {i}: the token used to resume still works (it must be rotated)")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.6)
     await asyncio.sleep(0.6)
     said = " ".join(v.stats.transcripts)
     lost = [m for m in markers if m not in said]
@@ -265,8 +265,11 @@ async def client_never_reads(ctx: Ctx) -> None:
                           f"and did not cut it (its byte bound is {DEFAULT_OUTBOX_BYTES} bytes)")
     elif not closing and not reason:
         r.failures.append(f"the non-reading client was not told why it was closed (close code {code}, no reason)")
-    await asyncio.sleep(RESUME_GRACE + 2.0)  # a detached session is reaped after its grace
+    deadline = time.monotonic() + RESUME_GRACE + 2.0  # a detached session is reaped after its grace
     held1 = ctx.server.sessions_held()
+    while held0 is not None and held1 is not None and held1 > held0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.25)
+        held1 = ctx.server.sessions_held()
     if held0 is not None and held1 is not None and held1 > held0:
         r.failures.append(f"the non-reading client's session still holds a slot ({held0} -> {held1} sessions)")
 
@@ -320,12 +323,12 @@ def run_scenario(name: str, backend: Backend, n_bystanders: int) -> ScenarioResu
             if not await b.connect():
                 raise RuntimeError(f"a bystander could not connect: {b.stats.errors}")
         streams = [asyncio.create_task(b.stream()) for b in bystanders]
-        await asyncio.sleep(1.0)  # steady state before the fault
+        await asyncio.sleep(0.6)  # steady state before the fault
         try:
             await BODIES[name](Ctx(server, backend, r, bystanders, missed0))
         except Exception as exc:  # a scenario that could not run to its end is a failure, not a crash of the bench
             r.failures.append(f"scenario stopped: {type(exc).__name__}: {exc}")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.6)
         for b in bystanders:
             b.stop.set()
         await asyncio.gather(*streams)

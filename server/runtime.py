@@ -143,11 +143,12 @@ class Runtime:
         return session
 
     async def detach(self, session: Session, normal: bool, sink: OutputSink | None = None,
-                     restore_token: str | None = None) -> None:
+                     restore_token: str | None = None, keep_token: str | None = None) -> None:
         """The transport's connection ended. `normal` (the client said goodbye): close the session now;
         otherwise keep it for the resume grace period. A no-op when `sink` no longer owns the session
         (it was resumed elsewhere, or closed). `restore_token`: the connection never delivered the
-        rotated token, so the client's old one must keep working."""
+        rotated token, so the client's old one must keep working. `keep_token`: the client may or may
+        not have the rotated token, so the old one works too, until either is used."""
         if session.closed or (sink is not None and session.sink is not sink):
             return
         if normal:
@@ -156,6 +157,8 @@ class Runtime:
         self.registry.detach(session)
         if restore_token:
             self.registry.retoken(session, restore_token)
+        elif keep_token:
+            self.registry.keep_token(session, keep_token)
 
     async def close(self, session: Session, reason: str = "", code: int = 1000) -> None:
         """End a session for good: tell its client why (when `reason`), free its model state and slot."""

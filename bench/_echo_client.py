@@ -45,6 +45,7 @@ class EchoStats:
     resume_failures: list[str] = field(default_factory=list)
     refused: bool = False  # server full (1013) at connect
     transcripts: list[str] = field(default_factory=list)  # text the echo model said (typed input comes back)
+    late_at: list[tuple[float, float]] = field(default_factory=list)  # (wall time of arrival, added ms) of late echoes
 
 
 class EchoClient:
@@ -145,6 +146,7 @@ class EchoClient:
                     self.stats.max_added_ms = max(self.stats.max_added_ms, added)
                     if added > self.late_after * 1000:
                         self.stats.late += 1
+                        self.stats.late_at.append((time.time(), round(added, 1)))
             return
         self.events.append(ev)
         if etype == "response.output_audio_transcript.delta":

@@ -29,7 +29,8 @@ def _main(ws_url: str, delay: int, late_after: float, stop: MpEvent, ready: MpEv
         await client.settle(2.0)
         dropped = not client.connected
         await client.leave()
-        return {**client.summary(), "dropped": dropped, "errors": client.stats.errors[:5]}
+        return {**client.summary(), "dropped": dropped, "errors": client.stats.errors[:5],
+                "late_at": client.stats.late_at[:50]}
 
     out.put(asyncio.run(run()))
 

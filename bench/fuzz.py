@@ -36,7 +36,7 @@ import re
 import sys
 import time
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ from hypothesis import strategies as st
 from bench._fuzz_cases import Case, SessionModel, http_case, message_cases, ws_connection_case
 from bench._fuzz_targets import DcTarget, HttpTarget, LoopThread, Outcome, WsConnTarget, WsTarget
 from bench._reliability import UNRETRIEVED, RemoteServer, ServerUnderTest, progress, table
+from bench._server import scrape
 from bench._witness import Witness
 
 MAX_CASES = 2_000_000
@@ -189,6 +190,9 @@ class Fuzzer:
         self.known: set[str] = set()
         self.unretrieved: Counter[str] = Counter()  # "Task exception was never retrieved", by task and exception
         self.total = 0
+        # (wall time, target, kind, size of the case's repr) of the last cases run: what ran just before
+        # a late witness echo
+        self.timeline: deque[tuple[float, str, str, int]] = deque(maxlen=20_000)
         self.started = time.monotonic()
 
     # -- one case ------------------------------------------------------------------------------
@@ -202,6 +206,8 @@ class Fuzzer:
 
     def execute(self, case: Case) -> tuple[Outcome, list[str]]:
         target = self._target(case.target)
+        size = len(case.payload) if isinstance(case.payload, str | bytes) else len(str(case.payload))
+        self.timeline.append((time.time(), case.target, case.kind, size))
         try:
             out = self.loop.run(target.run(case), timeout=60)
         except Exception as exc:  # the client side could not even deliver the case: the server is gone or stuck
@@ -363,6 +369,7 @@ def run_fuzz(cases: int, seed_: int, share: dict[str, float], url: str | None = 
         time.sleep(3.0)
         held = server.sessions_held()
         faults_at_end = server.new_faults()
+        missed = scrape(server.url).get("duplex_missed_deadlines_total") if server.alive() else None
         for f in faults_at_end:
             if f.startswith(UNRETRIEVED):
                 fuzzer.unretrieved[f] += 1
@@ -382,6 +389,14 @@ def run_fuzz(cases: int, seed_: int, share: dict[str, float], url: str | None = 
         # Tasks that died and that nobody awaited: logged when collected, so not tied to one case.
         "unretrieved_task_exceptions": dict(fuzzer.unretrieved),
         "witness": witness_report,
+        # The witness is the only real-time session: the server's own count of its late micro-turns.
+        "server_missed_deadlines": missed,
+        # For each late echo: the cases that ran in the second before it arrived (a case that stalls
+        # the server shows up here every time; a busy machine does not).
+        "late_context": [{"at": round(t, 2), "added_ms": ms,
+                          "cases_before": [f"{tg}:{k}({n})" for (ct, tg, k, n) in fuzzer.timeline
+                                           if t - 1.0 <= ct <= t][-12:]}
+                         for t, ms in witness_report.get("late_at", [])],
         "targets": {k: {**asdict(v), "by_expect": dict(v.by_expect), "seconds": round(v.seconds, 1)}
                     for k, v in fuzzer.stats.items()},
         "failures": [asdict(f) for f in sorted(fuzzer.failures.values(), key=lambda f: -f.count)],

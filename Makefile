@@ -12,6 +12,10 @@ PORT   ?= 8000
 MODEL  ?= cascade
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
+# llama-cpp-python compiles llama.cpp. Its default (-march=native) build turns on the AMX kernels on CPUs
+# that report AMX, and those crash (SIGSEGV in ggml_backend_amx_mul_mat, seen on this project's CI machines,
+# where the VM does not grant the AMX tile state). On x86_64 build a portable AVX2 binary instead.
+LLAMA_CMAKE ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
 
 # Debian packages: espeak-ng is the fallback voice and the benchmark's second voice family;
 # cmake/g++ build llama-cpp-python; chromium drives the browser tests (test only).
@@ -61,7 +65,9 @@ $(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || { echo ">> installing $(TORCH) (CPU)"; \
 		$(BIN)/python -m pip install --progress-bar on "$(TORCH)"; }
 	@echo ">> installing duplex and its dependencies (llama-cpp-python builds from source: ~5 min the first time)"
-	$(BIN)/python -m pip install --progress-bar on -e ".[dev,llamacpp]"
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/python -m pip install --progress-bar on -e ".[dev,llamacpp]"
+	@# A crash here, not in the middle of a conversation: the embedded reasoner must generate a token.
+	$(BIN)/python -m models.background.llamacpp_check
 	@touch $@
 
 bench-latency: setup

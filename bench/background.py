@@ -30,9 +30,9 @@ import asyncio  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Awaitable, Sequence  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from typing import Any, cast  # noqa: E402
+from typing import Any, TypeVar, cast  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -44,6 +44,7 @@ from server.metrics import Metrics  # noqa: E402
 from server.sessions import Session  # noqa: E402
 from streaming.types import TICK_SECONDS  # noqa: E402
 
+T = TypeVar("T")
 REQUEST_LIMIT_S = 30.0  # a background request slower than this is counted as timed out
 QUERIES = ["How many legs does a spider have?", "Why is the sky blue?", "What is the capital of France?",
            "Name three kinds of fruit.", "What do bees make?", "How far away is the moon?"]
@@ -138,6 +139,15 @@ def _stats(values: Sequence[float], scale: float = 1000.0) -> dict[str, float]:
             "max": round(float(a.max()), 1)}
 
 
+async def _bounded(aw: Awaitable[T], what: str, seconds: float = 60.0) -> T:
+    """Await `aw`, or fail saying which step hung (a hang would otherwise be a silent stall)."""
+    try:
+        return await asyncio.wait_for(aw, seconds)
+    except TimeoutError:
+        raise RuntimeError(f"bench.background: {what} took over {seconds:g} s; the machine may be "
+                           "overloaded (see load_average_1m) or a thread is stuck") from None
+
+
 def _lateness(starts: list[float]) -> list[float]:
     """Step start minus its deadline, with the 200 ms grid anchored at the earliest-fitting start."""
     n = np.arange(len(starts))
@@ -148,7 +158,7 @@ def _lateness(starts: list[float]) -> list[float]:
 async def run_config(threads: int, nice: int, fg_ms: float, n_requests: int, max_tokens: int,
                      baseline_s: float) -> dict[str, Any]:
     reasoner = LlamaCppReasoner(LlamaCppConfig(n_threads=threads, nice=nice, max_tokens=max_tokens))
-    await asyncio.wrap_future(reasoner.preload())
+    await _bounded(asyncio.wrap_future(reasoner.preload()), "loading the GGUF")
     model = ProbeModel(fg_ms / 1000)
     metrics = Metrics()
     engine = Engine(cast(InteractionModel, model), metrics)
@@ -190,9 +200,9 @@ async def run_config(threads: int, nice: int, fg_ms: float, n_requests: int, max
             rates.append((len(deltas) - 1) / (deltas[-1] - deltas[0]))
     busy_end = len(state.starts)
     engine.remove(session)
-    await worker.stop()
-    await engine.stop()
-    await reasoner.aclose()
+    await _bounded(worker.stop(), "stopping the background worker")
+    await _bounded(engine.stop(), "stopping the engine")
+    await _bounded(reasoner.aclose(), "closing the llama.cpp reasoner")
     late = _lateness(state.starts)
     missed = metrics.registry.get_sample_value("duplex_missed_deadlines_total") or 0.0
     return {
@@ -211,13 +221,17 @@ async def isolated_rate(max_tokens: int) -> dict[str, Any]:
     """Tokens/s and first-token time with nothing else running (same 1-thread setting)."""
     reasoner = LlamaCppReasoner(LlamaCppConfig(max_tokens=max_tokens))
     t0 = time.perf_counter()
-    await asyncio.wrap_future(reasoner.preload())
+    await _bounded(asyncio.wrap_future(reasoner.preload()), "loading the GGUF")
     load = time.perf_counter() - t0
     times: list[float] = []
+
+    async def collect() -> None:
+        async for _ in reasoner.stream([{"role": "user", "content": QUERIES[1]}], []):
+            times.append(time.perf_counter())
+
     t0 = time.perf_counter()
-    async for _ in reasoner.stream([{"role": "user", "content": QUERIES[1]}], []):
-        times.append(time.perf_counter())
-    await reasoner.aclose()
+    await _bounded(collect(), "generating alone")
+    await _bounded(reasoner.aclose(), "closing the llama.cpp reasoner")
     n = len(times) - 1  # the last delta is Done
     return {"load_s": round(load, 2), "first_token_ms": round((times[0] - t0) * 1000, 1),
             "tokens_per_s": round((n - 1) / (times[n - 1] - times[0]), 1) if n > 2 else None,

@@ -68,3 +68,11 @@ async def test_closing_the_stream_stops_generation_and_frees_the_thread(reasoner
         if first is None:
             first = time.perf_counter() - t0
     assert first is not None and first < 3.0, f"second request waited {first:.2f}s for the thread"
+
+
+def test_setup_check_generates_in_a_child_process(capsys: pytest.CaptureFixture[str]) -> None:
+    from models.background import llamacpp_check
+
+    assert llamacpp_check.main(["--tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("embedded reasoner ok: ") and len(out.strip()) > len("embedded reasoner ok: ''")

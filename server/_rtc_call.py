@@ -298,6 +298,7 @@ class RtcCall:
             if was_live:
                 await self._release()
         finally:
+            self.conn.release()
             self._ended.set()
             if self._on_end is not None:
                 self._on_end(self)

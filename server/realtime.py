@@ -80,6 +80,7 @@ class RealtimeConnection:
         self.cut = asyncio.Event()  # set when the client is cut for not reading: the transport hangs up now
         self._in_resampler: StreamResampler | None = None
         self._out_resampler: StreamResampler | None = None
+        self._released = False  # the transport ended: no more audio in or out
         self._response_id: str | None = None  # the assistant utterance in progress
         self._item_id: str | None = None
         self._transcript: list[str] = []
@@ -112,6 +113,14 @@ class RealtimeConnection:
         self.state = ConnState.OPEN
         self._apply_formats()
         self.hello()
+
+    def release(self) -> None:
+        """The transport is done with this connection: drop its resamplers now. Each holds an FFmpeg
+        filter graph with its own threads, and the connection sits in reference cycles (its handler
+        table holds its bound methods), so without this they lived until a full garbage collection:
+        the server's thread count grew by four per session that used another rate (found by bench.soak)."""
+        self._released = True
+        self._in_resampler = self._out_resampler = None
 
     def _apply_formats(self) -> None:
         cfg = self.session.settings
@@ -214,6 +223,8 @@ class RealtimeConnection:
                    "content_index": 0, "delta": self._encode_out(audio), "tick": tick})
 
     def _encode_out(self, audio: np.ndarray) -> str:
+        if self._released:
+            return ""
         if self._out_resampler is not None:
             audio = self._out_resampler.process(audio)
         return p.encode_audio_b64(float32_to_pcm16(audio))
@@ -304,6 +315,8 @@ class RealtimeConnection:
 
     async def push_audio(self, audio: np.ndarray) -> None:
         """float32 audio in the session's input rate -> engine (24 kHz)."""
+        if self._released:
+            return
         if self._in_resampler is not None:
             audio = self._in_resampler.process(audio)
         engine, s = self.runtime.engine, self.session

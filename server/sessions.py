@@ -317,7 +317,13 @@ class SessionRegistry:
                 sink.end(code, reason)
         except Exception:  # a broken transport must not keep the model state alive
             log.exception("session %s: telling the client why it closes failed", session.id)
-        await self._close(session)
+        try:
+            await self._close(session)
+        finally:
+            # A closed Session can stay reachable for a while (reference cycles through its
+            # connection and background worker); the model state it held (KV slot, resamplers with
+            # their threads, recogniser) must not wait for the garbage collector with it.
+            session.state = None
 
     async def reap(self, now: float) -> list[Session]:
         """Close sessions past their resume grace, and attached sessions idle past the idle timeout."""

@@ -128,6 +128,7 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
     # server cutting a client that does not read) keeps it resumable for the grace period.
     await runtime.detach(session, normal=code == NORMAL_CLOSURE, sink=conn,
                          keep_token=_unconfirmed(resumed_with, heard))
+    conn.release()
     with contextlib.suppress(Exception):
         if ws.application_state is not WebSocketState.DISCONNECTED:
             # Bounded: a client that does not read may never take the close frame either.

@@ -29,7 +29,7 @@ def test_short_soak_of_echo() -> None:
     assert r.missed_deadlines == 0, summary
     assert r.echoes_missed == 0 and r.echoes_late == 0, summary
     assert r.resumes_failed == 0 and r.untold_closes == 0, summary
-    assert r.fds_end == r.fds_start, summary
+    assert r.fds_end <= r.fds_start, summary
     assert r.tasks_start > 0 and r.tasks_end == r.tasks_start, summary
     assert r.threads_end <= max(r.threads_start, r.threads_after_warmup), summary
     assert not r.faults and not r.server_errors, summary

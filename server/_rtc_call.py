@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from enum import Enum
 from typing import Any
@@ -56,6 +56,23 @@ class CallState(Enum):
     NEW = "new"  # offer being answered; session not attached yet
     LIVE = "live"  # session attached; media and events flow
     ENDED = "ended"  # peer connection closed; the session is detached or closed
+
+
+@contextlib.contextmanager
+def _offer_faults() -> Iterator[None]:
+    """aiortc trusts an offer's structure: a media section without its DTLS parameters (no a=fingerprint /
+    a=setup) fails in setRemoteDescription, one whose m= line is gone (its attributes merged into the
+    section before) fails in createAnswer, both with AttributeError. Those are the offer's fault (found by
+    bench.fuzz): invalid_sdp. So is an `a=fmtp` line whose `a=rtpmap` is gone: a StopIteration inside
+    aiortc's coroutine, which Python re-raises as RuntimeError. The peer connection is fresh and only
+    the offer is applied here, so these come from the offer. ValueError and AssertionError are turned
+    into invalid_sdp by the caller."""
+    try:
+        yield
+    except (AttributeError, KeyError, IndexError, TypeError, StopIteration, RuntimeError) as exc:
+        raise ProtocolError("invalid_sdp", f"the SDP offer could not be used ({type(exc).__name__}: "
+                            f"{str(exc)[:120]}); send the offer exactly as RTCPeerConnection.createOffer() "
+                            "produced it") from None
 
 
 class RtcCall:
@@ -133,7 +150,8 @@ class RtcCall:
 
     async def answer(self, offer_sdp: str) -> str:
         """Apply the offer, attach the output track, and return the answer SDP (ICE candidates included)."""
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        with _offer_faults():
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         if not any(t.kind == "audio" for t in self.pc.getTransceivers()):
             raise ProtocolError("offer_without_audio", "the offer has no audio m-line: add a microphone "
                                 "track (or addTransceiver('audio')) before creating the offer")
@@ -141,7 +159,8 @@ class RtcCall:
             if transceiver.kind == "audio" and not use_low_latency_buffer(transceiver.receiver):
                 log.warning("could not replace aiortc's audio jitter buffer: input latency is 80 ms higher")
         self.pc.addTrack(self.track)
-        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        with _offer_faults():  # what the offer set up is used here: a broken one fails only now
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
         return str(self.pc.localDescription.sdp)
 
     def start(self) -> None:
@@ -279,6 +298,7 @@ class RtcCall:
             if was_live:
                 await self._release()
         finally:
+            self.conn.release()
             self._ended.set()
             if self._on_end is not None:
                 self._on_end(self)

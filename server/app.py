@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -74,7 +75,9 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        return Response(request.app.state.runtime.metrics.render(), media_type="text/plain; version=0.0.4")
+        m = request.app.state.runtime.metrics
+        m.asyncio_tasks.set(len(asyncio.all_tasks()))  # a task leak shows as this growing over a soak
+        return Response(m.render(), media_type="text/plain; version=0.0.4")
 
     app.add_api_websocket_route("/v1/realtime", realtime_endpoint)
     if webrtc is not None:

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -17,11 +18,16 @@ import uvicorn
 
 from models.registry import DEFAULT_MODEL, available
 from server.config import ServerConfig
-from server.limits import DEFAULT_OUTBOX_BYTES
+from server.limits import DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, with a drain step first on SIGTERM/SIGINT: live sessions are told why and closed cleanly."""
+    """uvicorn, with a drain step first on SIGTERM/SIGINT: live sessions are told why and closed cleanly;
+    and TCP_USER_TIMEOUT on its listening sockets, so a stalled client connection cannot be held forever."""
+
+    def __init__(self, config: uvicorn.Config, stalled_connection_s: float = TCP_USER_TIMEOUT_S) -> None:
+        super().__init__(config)
+        self.stalled_connection_s = stalled_connection_s
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -37,6 +43,15 @@ class DrainingServer(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # Connections accepted from now on inherit this from the listening socket (Linux).
+        for srv in getattr(self, "servers", []):
+            for sock in srv.sockets:
+                if sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "TCP_USER_TIMEOUT"):
+                    ms = int(self.stalled_connection_s * 1000)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:
         app = self.config.loaded_app
@@ -139,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(its session stays resumable)")
     serve.add_argument("--step-watchdog-s", type=float, default=2.0,
                        help="a model step running longer is reported as hung (log, metric, /healthz 503)")
+    serve.add_argument("--stalled-connection-s", type=float, default=TCP_USER_TIMEOUT_S,
+                       help="a client connection whose data stays unacknowledged this long (gone, or never "
+                       "reading) is dropped by the kernel (TCP_USER_TIMEOUT); its session stays resumable")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -158,7 +176,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         background_threads=args.background_threads,
         ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout,
         max_sessions_per_client=args.max_sessions_per_client, max_outbox_bytes=args.max_outbox_bytes,
-        step_watchdog_s=args.step_watchdog_s, log_level=args.log_level)
+        step_watchdog_s=args.step_watchdog_s, stalled_connection_s=args.stalled_connection_s,
+        log_level=args.log_level)
 
 
 def serve(config: ServerConfig) -> int:
@@ -175,7 +194,7 @@ def serve(config: ServerConfig) -> int:
                         ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=10)
     for name in ("uvicorn.access", "uvicorn.error"):  # access lines and WebSocket "[accepted]" lines
         logging.getLogger(name).addFilter(RedactTokens())
-    server = DrainingServer(uv)
+    server = DrainingServer(uv, config.stalled_connection_s)
     server.run()
     return 0 if server.started else 1
 

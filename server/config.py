@@ -6,7 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from models.registry import DEFAULT_MODEL
-from server.limits import DEFAULT_OUTBOX_BYTES
+from server.limits import DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
 
 @dataclass
@@ -40,6 +40,7 @@ class ServerConfig:
     max_sessions_per_client: int = 0  # sessions one client address may hold at once (0 = no limit)
     max_outbox_bytes: int = DEFAULT_OUTBOX_BYTES  # events queued for a client that does not read, then it is cut
     step_watchdog_s: float = 2.0  # a model step running longer is reported (log, metric, /healthz 503)
+    stalled_connection_s: float = TCP_USER_TIMEOUT_S  # a TCP peer not acknowledging our data this long is dropped
     log_level: str = "info"
 
     def is_loopback(self) -> bool:
@@ -74,5 +75,7 @@ class ServerConfig:
             raise ValueError(f"--max-outbox-bytes must be at least 65536, got {self.max_outbox_bytes}")
         if self.step_watchdog_s <= 0 or self.rtc_connect_timeout <= 0:
             raise ValueError("--step-watchdog-s and --rtc-connect-timeout must be positive")
+        if not 1 <= self.stalled_connection_s <= 3600:
+            raise ValueError(f"--stalled-connection-s must be within 1..3600 seconds, got {self.stalled_connection_s}")
         if self.background_policy not in ("supersede", "queue"):
             raise ValueError(f"--background-policy must be supersede or queue; got {self.background_policy!r}")

@@ -20,3 +20,9 @@ RTC_INBOX_BYTES = 2 << 20  # data-channel messages waiting to be handled
 MAX_OFFER_BYTES = 64 * 1024  # an SDP offer; real ones are a few kB
 MAX_OFFER_MLINES = 4  # m= sections in an offer: audio, video, data channel (+1 spare)
 MAX_VIDEO_PIXELS = 3840 * 2160  # larger decoded frames are dropped (counted) before conversion
+# A TCP connection whose sent data stays unacknowledged this long (a peer that vanished, or one that
+# never reads: its zero window is probed forever) is dropped by the kernel. Without it a client that
+# never reads and never closes pins a socket, its send buffer and our transport buffer for good, after
+# its session was cut and reaped. A real-time client stalled this long is gone; its session stays
+# resumable for the grace period.
+TCP_USER_TIMEOUT_S = 30

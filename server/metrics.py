@@ -61,6 +61,9 @@ class Metrics:
             "duplex_dropped_events", "Events not kept for a client, by reason (outbox_full, backlog_full, "
             "inbox_full)", ["reason"], registry=r
         )
+        self.asyncio_tasks = Gauge(
+            "duplex_asyncio_tasks", "Tasks alive on the server's event loop (set when /metrics is read)", registry=r
+        )
         self.client_errors = Counter(
             "duplex_client_errors", "Error events sent to clients, by code", ["code"], registry=r
         )

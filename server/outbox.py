@@ -48,6 +48,14 @@ class Outbox:
             self._ready.clear()
         return item
 
+    def clear(self) -> int:
+        """Forget every queued event (a client cut for not reading gets its Close next); returns how many."""
+        dropped = sum(isinstance(item, str) for item in self._items)
+        self._items.clear()
+        self.bytes = 0
+        self._ready.clear()
+        return dropped
+
     async def get(self) -> str | Close:
         while not self._items:
             await self._ready.wait()

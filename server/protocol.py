@@ -62,6 +62,9 @@ def parse_client_text(text: str) -> dict[str, Any]:
     except RecursionError:  # "[" * 100000 is under the size limit but deeper than the parser goes
         raise ProtocolError("invalid_json", "message is nested too deeply to be an event; send a flat JSON "
                             "object with a 'type' field") from None
+    except ValueError as exc:  # not a JSONDecodeError: an integer longer than Python converts (4300 digits)
+        raise ProtocolError("invalid_json", f"message has a number the server cannot read ({str(exc)[:80]}); "
+                            "send numbers of ordinary size") from None
     if not isinstance(event, dict):
         raise ProtocolError("invalid_event", "an event must be a JSON object with a 'type' field")
     etype = event.get("type")

@@ -80,6 +80,7 @@ class RealtimeConnection:
         self.cut = asyncio.Event()  # set when the client is cut for not reading: the transport hangs up now
         self._in_resampler: StreamResampler | None = None
         self._out_resampler: StreamResampler | None = None
+        self._released = False  # the transport ended: no more audio in or out
         self._response_id: str | None = None  # the assistant utterance in progress
         self._item_id: str | None = None
         self._transcript: list[str] = []
@@ -113,6 +114,14 @@ class RealtimeConnection:
         self.state = ConnState.OPEN
         self._apply_formats()
         self.hello()
+
+    def release(self) -> None:
+        """The transport is done with this connection: drop its resamplers now. Each holds an FFmpeg
+        filter graph with its own threads, and the connection sits in reference cycles (its handler
+        table holds its bound methods), so without this they lived until a full garbage collection:
+        the server's thread count grew by four per session that used another rate (found by bench.soak)."""
+        self._released = True
+        self._in_resampler = self._out_resampler = None
 
     def _apply_formats(self) -> None:
         cfg = self.session.settings
@@ -151,12 +160,15 @@ class RealtimeConnection:
         text = json.dumps(event, separators=(",", ":"))
         if not self.outbox.fits(len(text)):
             # The client does not read: cut it (its session stays resumable). `end` never emits
-            # through this path, so there is no recursion however full the outbox is.
-            self.runtime.metrics.dropped_events.labels("outbox_full").inc()
+            # through this path, so there is no recursion however full the outbox is. What is queued
+            # is dropped so that the close frame and its reason are the next thing the client reads:
+            # behind megabytes of events, a slow reader would be hung up on before it got there.
+            queued = self.outbox.bytes
+            dropped = self.outbox.clear() + 1
+            self.runtime.metrics.dropped_events.labels("outbox_full").inc(dropped)
             log.warning("session %s: client not reading (%d bytes queued); disconnecting it", self.session.id,
-                        self.outbox.bytes)
-            self._close(1008, f"client is not reading its events ({self.outbox.bytes} bytes queued, limit "
-                        f"{self.outbox.max_bytes}); read faster or resume the session")
+                        queued)
+            self._close(1008, f"not reading: {dropped} events ({queued} B) dropped; resume the session")
             self.cut.set()
             return
         self.outbox.put(text)
@@ -212,6 +224,8 @@ class RealtimeConnection:
                    "content_index": 0, "delta": self._encode_out(audio), "tick": tick})
 
     def _encode_out(self, audio: np.ndarray) -> str:
+        if self._released:
+            return ""
         if self._out_resampler is not None:
             audio = self._out_resampler.process(audio)
         return p.encode_audio_b64(float32_to_pcm16(audio))
@@ -310,6 +324,8 @@ class RealtimeConnection:
 
     async def push_audio(self, audio: np.ndarray) -> None:
         """float32 audio in the session's input rate -> engine (24 kHz)."""
+        if self._released:
+            return
         if self._in_resampler is not None:
             audio = self._in_resampler.process(audio)
         engine, s = self.runtime.engine, self.session
@@ -363,8 +379,11 @@ class RealtimeConnection:
         if isinstance(item, dict) and item.get("type") == "function_call_output":
             self._background_event(ev, eid)
             return
-        is_message = isinstance(item, dict) and item.get("type", "message") == "message"
-        if is_message and isinstance(item, dict) and item.get("role", "user") != "user":
+        if isinstance(item, dict) and item.get("type", "message") != "message":
+            # function_call, image, ...: taken as typed text before (found by bench.fuzz)
+            raise ProtocolError("unsupported_item", f"item type {str(item.get('type'))[:40]!r} cannot be created; "
+                                "only user messages and function_call_output items can", "item.type", eid)
+        if isinstance(item, dict) and item.get("role", "user") != "user":
             raise ProtocolError("unsupported_item", "only user messages and function_call_output items can be "
                                 "created", "item.role", eid)
         text = p.item_text(item, eid)

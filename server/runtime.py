@@ -57,6 +57,7 @@ class Runtime:
         self.registry = SessionRegistry(capacity, engine.open_state, self._free, config.max_backlog_ticks,
                                         config.resume_grace, config.idle_timeout)
         self.draining = False
+        self.drained = asyncio.Event()  # set once drain() began: transports stop waiting on slow clients
         self.allowed_origins = default_origins(config.host, config.port) | set(config.allowed_origins)
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
@@ -142,11 +143,12 @@ class Runtime:
         return session
 
     async def detach(self, session: Session, normal: bool, sink: OutputSink | None = None,
-                     restore_token: str | None = None) -> None:
+                     restore_token: str | None = None, keep_token: str | None = None) -> None:
         """The transport's connection ended. `normal` (the client said goodbye): close the session now;
         otherwise keep it for the resume grace period. A no-op when `sink` no longer owns the session
         (it was resumed elsewhere, or closed). `restore_token`: the connection never delivered the
-        rotated token, so the client's old one must keep working."""
+        rotated token, so the client's old one must keep working. `keep_token`: the client may or may
+        not have the rotated token, so the old one works too, until either is used."""
         if session.closed or (sink is not None and session.sink is not sink):
             return
         if normal:
@@ -155,6 +157,8 @@ class Runtime:
         self.registry.detach(session)
         if restore_token:
             self.registry.retoken(session, restore_token)
+        elif keep_token:
+            self.registry.keep_token(session, keep_token)
 
     async def close(self, session: Session, reason: str = "", code: int = 1000) -> None:
         """End a session for good: tell its client why (when `reason`), free its model state and slot."""
@@ -177,6 +181,7 @@ class Runtime:
     async def drain(self, reason: str) -> None:
         """Stop admitting, tell every live session why, and close them all."""
         self.draining = True
+        self.drained.set()
         for session in self.registry.sessions():
             try:
                 await self.close(session, reason, 1001)

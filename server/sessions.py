@@ -200,6 +200,7 @@ class Session:
     last_activity: float = field(default_factory=time.monotonic)
     closed: bool = False
     backlog: Backlog = field(default_factory=Backlog)  # produced while detached; replayed on resume
+    spare_token: str | None = None  # the token it last resumed with, while the client may lack the new one
 
     @property
     def attached(self) -> bool:
@@ -281,11 +282,20 @@ class SessionRegistry:
         return session
 
     def retoken(self, session: Session, token: str | None = None) -> str:
-        """Give `session` a new resume token (a fresh one unless `token`); the old one stops working."""
+        """Give `session` a new resume token (a fresh one unless `token`); the old ones stop working."""
         self._by_token.pop(session.resume_token, None)
+        if session.spare_token is not None:
+            self._by_token.pop(session.spare_token, None)
+            session.spare_token = None
         session.resume_token = token or secrets.token_urlsafe(24)
         self._by_token[session.resume_token] = session
         return session.resume_token
+
+    def keep_token(self, session: Session, token: str) -> None:
+        """`token` (the one the session last resumed with) works again, next to the current one, until
+        either is used: for a connection that ended before the client showed it got the new one."""
+        session.spare_token = token
+        self._by_token[token] = session
 
     def reattach(self, session: Session, sink: OutputSink) -> None:
         session.sink = sink
@@ -299,13 +309,21 @@ class SessionRegistry:
         # Unregister first, so that whatever happens below the slot and the token are freed.
         self._by_id.pop(session.id, None)
         self._by_token.pop(session.resume_token, None)
+        if session.spare_token is not None:
+            self._by_token.pop(session.spare_token, None)
         sink, session.sink = session.sink, None
         try:
             if reason and sink is not None:
                 sink.end(code, reason)
         except Exception:  # a broken transport must not keep the model state alive
             log.exception("session %s: telling the client why it closes failed", session.id)
-        await self._close(session)
+        try:
+            await self._close(session)
+        finally:
+            # A closed Session can stay reachable for a while (reference cycles through its
+            # connection and background worker); the model state it held (KV slot, resamplers with
+            # their threads, recogniser) must not wait for the garbage collector with it.
+            session.state = None
 
     async def reap(self, now: float) -> list[Session]:
         """Close sessions past their resume grace, and attached sessions idle past the idle timeout."""

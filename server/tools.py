@@ -192,6 +192,8 @@ def run_builtin(name: str, arguments: str) -> ToolResult:
         raise ToolError(f"unknown built-in tool {name!r}")
     except json.JSONDecodeError as exc:
         return error_result(name, f"arguments are not valid JSON ({exc.msg})")
+    except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
+        return error_result(name, f"arguments could not be read: {str(exc)[:80]}")
     except RecursionError:
         return error_result(name, "arguments are nested too deeply")
     except ToolError as exc:

@@ -32,6 +32,7 @@ from server.sessions import Session
 log = logging.getLogger(__name__)
 
 CLOSE_POLICY = 1008
+CUT_CLOSE_SECONDS = 10.0  # a client cut for not reading has this long to read its close frame (uvicorn's close timeout)
 NORMAL_CLOSURE = 1000  # a client closing with this ends its session; any other close keeps it resumable
 
 
@@ -79,13 +80,14 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         return
     await ws.accept(subprotocol=_pick_subprotocol(offered))
     conn = RealtimeConnection(runtime, beta=_wants_beta(ws, offered))
+    token = _resume_token(ws, offered)
     try:
-        session = await runtime.attach(conn, _resume_token(ws, offered), client_id(ws.scope))
+        session = await runtime.attach(conn, token, client_id(ws.scope))
     except Refused as exc:
         runtime.metrics.client_errors.labels(exc.code).inc()
         await _refuse(ws, exc.ws_close, exc.code, exc.message)
         return
-    await _serve(ws, conn, session, runtime)
+    await _serve(ws, conn, session, runtime, token)
 
 
 async def _refuse(ws: WebSocket, code: int, err: str, message: str) -> None:
@@ -94,13 +96,26 @@ async def _refuse(ws: WebSocket, code: int, err: str, message: str) -> None:
         await ws.close(code, message[:120])
 
 
-async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runtime: Runtime) -> None:
+async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runtime: Runtime,
+                 resumed_with: str | None = None) -> None:
+    heard = asyncio.Event()  # the client sent something on this connection
     writer = asyncio.create_task(_write(ws, conn), name=f"ws-writer-{session.id}")
-    reader = asyncio.create_task(_read(ws, conn), name=f"ws-reader-{session.id}")
+    reader = asyncio.create_task(_read(ws, conn, heard), name=f"ws-reader-{session.id}")
     # A client cut for not reading: its writer may be stuck in a send that never completes, so the
     # cut itself ends the connection.
     cut = asyncio.create_task(conn.cut.wait(), name=f"ws-cut-{session.id}")
     done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+    if cut in done and not writer.done():
+        # The session is resumable at once (the client may be reconnecting already), while the writer,
+        # whose outbox now holds only the Close, gets a bounded time to hand the client its close frame
+        # and reason: a client that reads again within CUT_CLOSE_SECONDS learns why it was cut.
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
+            await reader
+        await runtime.detach(session, normal=False, sink=conn, keep_token=_unconfirmed(resumed_with, heard))
+        draining = asyncio.create_task(runtime.drained.wait(), name=f"ws-drain-{session.id}")
+        await asyncio.wait({writer, draining}, timeout=CUT_CLOSE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        draining.cancel()  # a shutdown does not wait for a client that does not read
     for task in (reader, writer, cut):
         if task not in done:
             task.cancel()
@@ -111,19 +126,29 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
         log.error("session %s: reader failed", session.id, exc_info=reader.exception())
     # The client said goodbye (1000): free its model state and slot now. Any other end (a drop, the
     # server cutting a client that does not read) keeps it resumable for the grace period.
-    await runtime.detach(session, normal=code == NORMAL_CLOSURE, sink=conn)
+    await runtime.detach(session, normal=code == NORMAL_CLOSURE, sink=conn,
+                         keep_token=_unconfirmed(resumed_with, heard))
+    conn.release()
     with contextlib.suppress(Exception):
         if ws.application_state is not WebSocketState.DISCONNECTED:
             # Bounded: a client that does not read may never take the close frame either.
             await asyncio.wait_for(ws.close(CLOSE_POLICY if conn.cut.is_set() else 1000), 1.0)
 
 
-async def _read(ws: WebSocket, conn: RealtimeConnection) -> int:
+def _unconfirmed(resumed_with: str | None, heard: asyncio.Event) -> str | None:
+    """The token this connection resumed with, if the client never spoke on it: the greeting with the
+    rotated token may never have reached it (a flaky network drops the new connection too), so its
+    old token must keep working, next to the new one, or the session is lost with the connection."""
+    return resumed_with if resumed_with and not heard.is_set() else None
+
+
+async def _read(ws: WebSocket, conn: RealtimeConnection, heard: asyncio.Event) -> int:
     """Feed client messages to the connection; returns the client's close code."""
     while True:
         msg = await ws.receive()
         if msg["type"] == "websocket.disconnect":
             return int(msg.get("code", 1006))
+        heard.set()
         if msg.get("text") is not None:
             await conn.handle_text(msg["text"])
         elif msg.get("bytes") is not None:

@@ -37,7 +37,8 @@ def test_run_builtin_turns_every_failure_into_an_error_result() -> None:
     ok = run_builtin("calculate", '{"expression": "6 * 7"}')
     assert ok.ok and json.loads(ok.output) == {"result": 42}
     for name, args in [("calculate", "{not json"), ("calculate", "[]"), ("calculate", '{"expression": 5}'),
-                       ("get_current_time", '{"utc_offset_hours": 99}'), ("nope", "{}")]:
+                       ("get_current_time", '{"utc_offset_hours": 99}'), ("nope", "{}"),
+                       ("calculate", '{"expression": ' + "9" * 5000 + "}")]:  # ValueError, not JSONDecodeError
         res = run_builtin(name, args)
         assert not res.ok and json.loads(res.output)["error"].startswith(f"tool {name} failed:")
 

@@ -204,6 +204,8 @@ async def test_resume_rotates_the_token_and_keeps_it_out_of_the_log(server: Serv
     await recv_event(ws2)
     again = await recv_event(ws2)
     assert again["resumed"] is True and again["resume_token"] != old, "the token rotates on every resume"
+    await send(ws2, {"type": "input_audio_buffer.commit"})  # the client speaks: it has the new token
+    await recv_until(ws2, "input_audio_buffer.committed")
     ws2.transport.abort()
     await asyncio.sleep(0.3)
     stale = await open_ws(server.ws_url, additional_headers={"X-Duplex-Resume-Token": old})
@@ -216,6 +218,34 @@ async def test_resume_rotates_the_token_and_keeps_it_out_of_the_log(server: Serv
     log = server.log()
     assert "resume_token=<redacted>" in log, "the query-string resume was logged (redacted)"
     assert old not in log and again["resume_token"] not in log
+
+
+async def test_a_resume_dropped_before_the_client_spoke_leaves_both_tokens_working(server: ServerProc) -> None:
+    # Before: the token rotated the moment the server resumed the session, so a client whose new
+    # connection dropped before the greeting (with the new token) reached it held a dead token, and
+    # its session was lost although it was still inside its resume grace.
+    ws, first = await start_session(server.ws_url, pace="media")
+    old = first["resume_token"]
+    ws.transport.abort()
+    await asyncio.sleep(0.3)
+    lost = await open_ws(server.ws_url, additional_headers={"X-Duplex-Resume-Token": old})
+    await recv_event(lost)
+    unseen = (await recv_event(lost))["resume_token"]  # as if it never arrived: the client sends nothing
+    lost.transport.abort()
+    await asyncio.sleep(0.3)
+    ws2, _, again = await resume(server.ws_url, old)
+    assert again["resumed"] is True and again["session_id"] == first["session_id"]
+    await send(ws2, {"type": "input_audio_buffer.commit"})  # now it spoke: only the newest token is left
+    await recv_until(ws2, "input_audio_buffer.committed")
+    ws2.transport.abort()
+    await asyncio.sleep(0.3)
+    for stale in (old, unseen):
+        refused = await open_ws(server.ws_url, additional_headers={"X-Duplex-Resume-Token": stale})
+        assert (await recv_event(refused))["error"]["code"] == "invalid_resume_token"
+        await refused.close()
+    ws3, _, third = await resume(server.ws_url, again["resume_token"])
+    assert third["session_id"] == first["session_id"]
+    await ws3.close()
 
 
 def test_serve_help_does_not_print_the_api_key() -> None:

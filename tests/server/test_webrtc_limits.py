@@ -67,6 +67,44 @@ async def test_offer_size_and_media_sections_are_bounded(server: ServerProc) -> 
     assert await asyncio.to_thread(sessions, server) == 0
 
 
+async def test_an_offer_missing_dtls_parameters_is_refused_with_a_reason(server: ServerProc) -> None:
+    # aiortc failed with AttributeError deep inside setRemoteDescription: a 500 (found by bench.fuzz).
+    pc, sdp = await offer_sdp()
+    await pc.close()
+    lines = sdp.split("\r\n")
+    first_m = next(i for i, ln in enumerate(lines) if ln.startswith("m="))
+    stripped = lines[:first_m] + [ln for ln in lines[first_m:] if not ln.startswith(("a=fingerprint", "a=setup"))]
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.post(server.url + "/v1/realtime/calls", content="\r\n".join(stripped),
+                            headers={"Content-Type": "application/sdp"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_sdp", r.text
+    assert "createOffer" in r.json()["error"]["message"]
+    await until_sessions(server, 0, 5.0)  # the session opened for the call was closed at once
+
+
+async def test_an_offer_missing_an_m_line_or_an_rtpmap_is_refused_with_a_reason(server: ServerProc) -> None:
+    # The video section's m= line deleted: its attributes join the audio section, and aiortc's
+    # createAnswer failed with AttributeError; an rtx rtpmap deleted: RuntimeError from a StopIteration.
+    # Both were a 500 (found by bench.fuzz).
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio")
+    pc.addTransceiver("video")
+    pc.createDataChannel("oai-events")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    lines = sdp.split("\r\n")
+    rtx = next(i for i, ln in enumerate(lines) if ln.startswith("a=rtpmap:") and "rtx/" in ln)
+    for broken in ("\r\n".join(ln for ln in lines if not ln.startswith("m=video")),
+                   # a=fmtp:N apt=... left without its a=rtpmap:N: StopIteration inside aiortc
+                   "\r\n".join(lines[:rtx] + lines[rtx + 1:])):
+        async with httpx.AsyncClient(timeout=10) as http:
+            r = await http.post(server.url + "/v1/realtime/calls", content=broken,
+                                headers={"Content-Type": "application/sdp"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_sdp", r.text
+        await until_sessions(server, 0, 5.0)
+
+
 async def test_a_call_that_never_connects_frees_its_slot_at_the_connect_timeout(server: ServerProc) -> None:
     await until_sessions(server, 0, 5)
     pc, sdp = await offer_sdp()

@@ -1,0 +1,316 @@
+"""python -m bench.soak: N real-time sessions for M minutes, with clients coming, dropping and going.
+
+    python -m bench.soak --model echo --sessions 8 --minutes 30 [--seed 1] [--json]
+
+Each of N client slots streams 200 ms of audio per micro-turn at absolute deadlines (unique random
+PCM on the echo model, whose every echo is matched and timed; a TTS sentence on the other models).
+At random (seeded) intervals of about `--churn` seconds a slot leaves (close 1000, the session ends),
+drops its connection without a close and resumes it (token in `X-Duplex-Resume-Token`; it is rotated on
+every resume, so the client keeps the newest) after a short outage, or
+keeps going; a slot that left opens a fresh session. Every `--sample-every` seconds the server's
+RSS, open descriptors and threads (/proc/PID) and its missed deadlines (/metrics) are sampled; RSS
+and descriptors get the slope of a least-squares line over the samples after `--warmup`.
+
+At the end every slot leaves, and descriptors and threads are compared with their values before
+the first session, and so is the server's asyncio task count (`duplex_asyncio_tasks` in /metrics).
+
+Passes (exit 0) when: 0 missed deadlines, 0 echoes lost or late, RSS slope under `--max-rss-slope`
+MB per 10 minutes, descriptors, threads and tasks back at their start values, every resume succeeded, no
+session closed without being told why, and no traceback in the server's log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench._echo_client import EchoClient
+from bench._reliability import ServerUnderTest, fit_slope, proc_sample, progress, table
+from bench._server import scrape
+
+MAX_SESSIONS = 256
+MAX_MINUTES = 600.0
+
+
+@dataclass
+class Sample:
+    t: float  # seconds since the first session started
+    rss_mb: float
+    fds: int
+    threads: int
+    missed: int  # missed deadlines so far (since the run started)
+    sessions: int  # sessions the server holds (attached or awaiting resume)
+    tasks: int  # tasks alive on the server's event loop (its /metrics)
+
+
+@dataclass
+class SoakReport:
+    model: str
+    sessions: int
+    minutes: float
+    seed: int
+    capacity: int
+    sessions_opened: int = 0
+    leaves: int = 0
+    drops: int = 0
+    resumes_ok: int = 0
+    resumes_failed: int = 0
+    chunks_sent: int = 0
+    echoes_returned: int = 0
+    echoes_missed: int = 0
+    echoes_late: int = 0
+    added_ms_p99: float | None = None
+    missed_deadlines: int = 0
+    missed_after_warmup: int = 0
+    rss_start_mb: float = 0.0
+    rss_end_mb: float = 0.0
+    rss_slope_mb_per_10min: float | None = None
+    rss_slope_second_half_mb_per_10min: float | None = None  # tells a plateau (warming allocator) from a leak
+    fds_start: int = 0
+    fds_end: int = 0
+    fds_slope_per_10min: float | None = None
+    threads_start: int = 0
+    threads_after_warmup: int = 0
+    threads_end: int = 0
+    tasks_start: int = 0  # asyncio tasks on the server's loop before the first session (/metrics)
+    tasks_end: int = 0  # and after every session left
+    kv_slots_peak: int = 0  # sessions held at once, at most (each holds one model state / KV slot)
+    untold_closes: int = 0  # sessions that ended without duplex.session.closing or a 1000 close
+    server_errors: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # tracebacks in the server log
+    samples: list[Sample] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class Slot:
+    """One client seat: a chain of sessions, each ended by leave, or interrupted by drop + resume."""
+
+    def __init__(self, index: int, ws_url: str, rng: random.Random, churn: float, delay: int,
+                 speech: np.ndarray | None, report: SoakReport) -> None:
+        self.index, self.ws_url, self.rng, self.churn, self.delay = index, ws_url, rng, churn, delay
+        self.speech = speech
+        self.report = report
+        self.clients: list[EchoClient] = []
+
+    async def run(self, until: float) -> None:
+        n = 0
+        while time.monotonic() < until:
+            client = EchoClient(self.ws_url, seed=self.index * 100_000 + n, delay=self.delay, speech=self.speech)
+            n += 1
+            self.clients.append(client)
+            if not await client.connect():
+                await asyncio.sleep(1.0)  # refused (full) or failed: counted in its stats; try again
+                continue
+            self.report.sessions_opened += 1
+            while time.monotonic() < until:
+                left = until - time.monotonic()
+                span = min(left, self.rng.expovariate(1.0 / self.churn))
+                await client.stream(span)
+                if not client.connected or time.monotonic() >= until:
+                    break
+                action = self.rng.choices(["leave", "drop", "stay"], weights=[1, 2, 1])[0]
+                if action == "leave":
+                    await client.settle(0.5)
+                    await client.leave()
+                    self.report.leaves += 1
+                    break
+                if action == "drop":
+                    await client.drop()
+                    self.report.drops += 1
+                    await asyncio.sleep(self.rng.uniform(0.2, 2.0))  # the outage, well inside the grace
+                    if not await client.connect(resume=True):
+                        break
+            if client.connected:  # the run is over: say goodbye
+                await client.settle(1.0)
+                await client.leave()
+            elif not client.stats.missed:
+                await client.settle(0.0)  # the connection died under us: whatever is pending was lost
+            await asyncio.sleep(self.rng.uniform(0.0, 0.5))
+
+
+async def _sampler(server_pid: int, base: str, t0: float, until: float, every: float, report: SoakReport,
+                   missed0: float) -> None:
+    async with httpx.AsyncClient(timeout=5) as http:
+        while True:
+            s = proc_sample(server_pid)
+            metrics = scrape(base)
+            try:
+                held = int((await http.get(base + "/healthz")).json().get("sessions", 0))
+            except (httpx.HTTPError, ValueError):
+                held = -1
+            if s is not None:
+                sample = Sample(round(time.monotonic() - t0, 1), round(s.rss_bytes / 2**20, 2), s.fds, s.threads,
+                                int(metrics.get("duplex_missed_deadlines_total", 0) - missed0), held,
+                                int(metrics.get("duplex_asyncio_tasks", -1)))
+                report.samples.append(sample)
+                report.kv_slots_peak = max(report.kv_slots_peak, held)
+                progress("bench.soak", f"t={sample.t:.0f}s rss={sample.rss_mb:.1f}MB fds={sample.fds} "
+                         f"threads={sample.threads} tasks={sample.tasks} sessions={held} missed={sample.missed}")
+            if time.monotonic() >= until:
+                return
+            await asyncio.sleep(every)
+
+
+def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, seed: int, churn: float,
+         every: float, warmup: float, max_rss_slope: float) -> SoakReport:
+    health = server.healthz()
+    capacity = int(health.get("capacity", 0))
+    n = sessions or min(capacity, MAX_SESSIONS)
+    if not 1 <= n <= MAX_SESSIONS:
+        raise ValueError(f"--sessions must be within 1..{MAX_SESSIONS}, got {n}")
+    report = SoakReport(model=model, sessions=n, minutes=minutes, seed=seed, capacity=capacity)
+    delay = int(model.split(":")[1]) if model.startswith("echo:") else 1
+    speech = None
+    if not model.startswith("echo"):
+        from bench.load import speech_clip
+        from streaming.pcm import float32_to_pcm16
+
+        speech = np.frombuffer(float32_to_pcm16(speech_clip(None)), "<i2")
+    pid = server.pid
+    start = proc_sample(pid)
+    assert start is not None, "server process is gone"
+    report.rss_start_mb, report.fds_start, report.threads_start = round(start.rss_bytes / 2**20, 2), start.fds, \
+        start.threads
+    metrics0 = scrape(server.url)
+    missed0 = metrics0.get("duplex_missed_deadlines_total", 0.0)
+    report.tasks_start = int(metrics0.get("duplex_asyncio_tasks", -1))
+    rng = random.Random(seed)
+    slots = [Slot(i, server.ws_url, random.Random(rng.random()), churn, delay, speech, report) for i in range(n)]
+
+    async def run_all() -> None:
+        t0 = time.monotonic()
+        until = t0 + minutes * 60
+        sampler = asyncio.create_task(_sampler(pid, server.url, t0, until, every, report, missed0))
+
+        async def slot_run(slot: Slot) -> None:
+            await asyncio.sleep(slot.index * 0.2 / n + rng.random() * 0.5)  # spread phases like real clients
+            await slot.run(until)
+
+        await asyncio.gather(*(slot_run(s) for s in slots))
+        await sampler
+
+    asyncio.run(run_all())
+    # Every session has left with 1000; give the server a moment to close them, then compare.
+    time.sleep(2.0)
+    end = proc_sample(pid)
+    metrics = scrape(server.url)
+    report.missed_deadlines = int(metrics.get("duplex_missed_deadlines_total", 0) - missed0)
+    report.tasks_end = int(metrics.get("duplex_asyncio_tasks", -1))
+    after = [s for s in report.samples if s.t >= warmup]
+    if after:
+        report.missed_after_warmup = report.missed_deadlines - after[0].missed
+        report.threads_after_warmup = after[0].threads
+        slope = fit_slope([s.t for s in after], [s.rss_mb for s in after])
+        report.rss_slope_mb_per_10min = None if slope is None else round(slope * 600, 3)
+        half = [s for s in after if s.t >= (after[0].t + after[-1].t) / 2]
+        hslope = fit_slope([s.t for s in half], [s.rss_mb for s in half])
+        report.rss_slope_second_half_mb_per_10min = None if hslope is None else round(hslope * 600, 3)
+        fslope = fit_slope([s.t for s in after], [float(s.fds) for s in after])
+        report.fds_slope_per_10min = None if fslope is None else round(fslope * 600, 3)
+    if end is not None:
+        report.rss_end_mb, report.fds_end, report.threads_end = round(end.rss_bytes / 2**20, 2), end.fds, end.threads
+    clients = [c for slot in slots for c in slot.clients]
+    for c in clients:
+        st = c.stats
+        report.chunks_sent += st.sent
+        report.echoes_returned += st.returned if speech is None else c.deltas
+        report.echoes_missed += st.missed
+        report.echoes_late += st.late
+        report.resumes_ok += st.resumes - len(st.resume_failures)
+        report.resumes_failed += len(st.resume_failures)
+        report.untold_closes += st.unexpected_drops
+        report.server_errors += st.errors[:3]
+    added = [x for c in clients for x in c.stats.added_ms]
+    report.added_ms_p99 = round(float(np.percentile(added, 99)), 1) if added else None
+    report.faults = server.new_faults()
+    _judge(report, max_rss_slope)
+    return report
+
+
+def _judge(r: SoakReport, max_rss_slope: float) -> None:
+    f = r.failures
+    if r.missed_deadlines:
+        f.append(f"{r.missed_deadlines} missed deadlines")
+    if r.echoes_missed or r.echoes_late:
+        f.append(f"{r.echoes_missed} echoes lost, {r.echoes_late} late")
+    if r.rss_slope_mb_per_10min is not None and r.rss_slope_mb_per_10min >= max_rss_slope:
+        f.append(f"RSS grows {r.rss_slope_mb_per_10min} MB per 10 min (limit {max_rss_slope})")
+    if r.fds_end > r.fds_start:  # fewer is fine: the start can include a client's keep-alive connection
+        f.append(f"open descriptors {r.fds_start} at start, {r.fds_end} at the end")
+    if r.threads_end > max(r.threads_start, r.threads_after_warmup):
+        f.append(f"threads {r.threads_start} at start ({r.threads_after_warmup} after warm-up), {r.threads_end} "
+                 "at the end")
+    if r.tasks_end != r.tasks_start:
+        f.append(f"asyncio tasks {r.tasks_start} at start, {r.tasks_end} at the end")
+    if r.resumes_failed:
+        f.append(f"{r.resumes_failed} resumes failed")
+    if r.untold_closes:
+        f.append(f"{r.untold_closes} sessions closed without being told why")
+    if r.server_errors:
+        f.append(f"error events: {r.server_errors[:3]}")
+    if r.faults:
+        f.append(f"server log: {r.faults[:3]}")
+
+
+def _print(r: SoakReport) -> None:
+    row = {k: v for k, v in asdict(r).items() if k not in ("samples", "failures", "server_errors", "faults")}
+    print(table([{"figure": k, "value": v} for k, v in row.items()], ["figure", "value"]))
+    print("PASS" if r.ok else "FAIL: " + "; ".join(r.failures))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="echo", help="echo, echo:N, cascade or native:tiny (server --model)")
+    ap.add_argument("--sessions", type=int, default=0,
+                    help="client slots (default: the server's rated capacity from /healthz, at most 256)")
+    ap.add_argument("--minutes", type=float, default=1.0, help="how long the sessions stream")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the clients' random behaviour and audio")
+    ap.add_argument("--churn", type=float, default=20.0, help="mean seconds between a slot's leave/drop/stay choices")
+    ap.add_argument("--sample-every", type=float, default=5.0, help="seconds between RSS/fds/threads samples")
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="seconds excluded from the fitted slopes (default: a fifth of the run, at most 120)")
+    ap.add_argument("--max-rss-slope", type=float, default=1.0, help="failing RSS slope, MB per 10 minutes")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="extra argument for `duplex serve` (repeatable, e.g. --server-arg=--max-sessions=8)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = ap.parse_args(argv)
+    if not 0 < args.minutes <= MAX_MINUTES:
+        print(f"error: --minutes must be within (0, {MAX_MINUTES:.0f}]", file=sys.stderr)
+        return 2
+    warmup = args.warmup if args.warmup is not None else min(120.0, args.minutes * 60 / 5)
+    progress("bench.soak", f"starting duplex serve --model {args.model} ...")
+    server_args = ["--model", args.model, "--background", "none", "--log-level", "warning", *args.server_arg]
+    with ServerUnderTest(*server_args) as server:
+        report = soak(server, args.model, args.sessions, args.minutes, args.seed, args.churn, args.sample_every,
+                      warmup, args.max_rss_slope)
+        progress("bench.soak", f"{report.sessions} slots x {args.minutes} min done; stopping the server")
+    if args.json:
+        out = asdict(report)
+        out["ok"] = report.ok
+        print(json.dumps(out, indent=2))
+    else:
+        _print(report)
+    return 0 if report.ok else 1
+
+
+def summary(r: SoakReport) -> dict[str, Any]:
+    """The figures without the samples (for tests and logs)."""
+    return {k: v for k, v in asdict(r).items() if k != "samples"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

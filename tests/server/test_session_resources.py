@@ -1,0 +1,53 @@
+"""What a finished connection holds is freed when it ends, not at the next full garbage collection
+(found by bench.soak: the cascade server's threads grew in pairs with every session that came and went).
+
+Each resampler is an FFmpeg filter graph with threads of its own; a connection sits in reference
+cycles, so before the fix its resamplers (and a closed session's model state) lived until the cyclic
+collector ran, and the server's thread count climbed by four for every session that used another rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import numpy as np
+from websockets.asyncio.client import connect
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+async def _session_at_16k(ws_url: str) -> None:
+    ws = await connect(ws_url)
+    for _ in range(2):  # session.created, duplex.session.resume
+        await ws.recv()
+    fmt = {"type": "audio/pcm", "rate": 16000}
+    await ws.send(json.dumps({"type": "session.update",
+                              "session": {"pace": "media", "audio": {"input": {"format": fmt},
+                                                                     "output": {"format": fmt}}}}))
+    for _ in range(3):  # both resamplers run (and start their threads)
+        await ws.send(np.full(3200, 100, "<i2").tobytes())
+    deadline = time.monotonic() + 10
+    deltas = 0
+    while deltas < 2 and time.monotonic() < deadline:
+        msg = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        deltas += msg.get("type") == "response.output_audio.delta"
+    assert deltas >= 2, "the echo never came back"
+    await ws.close(1000)
+
+
+async def test_sessions_at_other_rates_leave_no_threads_behind(duplex_server) -> None:
+    srv = duplex_server("--model", "echo:1", "--background", "none")
+    pid = srv.proc.pid
+    await _session_at_16k(srv.ws_url)  # warm-up: threads the server starts once, lazily
+    await asyncio.sleep(0.5)
+    start = _threads(pid)
+    for _ in range(6):
+        await _session_at_16k(srv.ws_url)
+    await asyncio.sleep(0.5)
+    assert _threads(pid) <= start, f"{_threads(pid)} threads after 6 more sessions, {start} before them"
+    assert srv.stop() == 0

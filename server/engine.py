@@ -116,6 +116,7 @@ class Engine:
                 exc = None if task.cancelled() else task.exception()
                 return f"engine loop {task.get_name()} stopped" + (f": {type(exc).__name__}: {exc}" if exc else "")
         if self._stepping:
+            self._report_hangs()  # whoever sees a hang first (this or the watchdog) counts it, once
             running = self.clock() - min(self._stepping.values())
             if running > self.hang_after:
                 return f"a model step has been running for {running:.1f} s (hung?)"
@@ -125,14 +126,18 @@ class Engine:
         """Report a step that runs far past a micro-turn: it stalls every session of its batch."""
         while True:
             await asyncio.sleep(self.hang_after / 4)
-            now = self.clock()
-            for batch, started in list(self._stepping.items()):
-                if now - started > self.hang_after and batch not in self._hung_reported:
-                    self._hung_reported.add(batch)
-                    self.metrics.hung_steps.inc()
-                    log.error("model step running for %.1f s (over %.1f s): the model may be hung; every "
-                              "session in its batch is stalled", now - started, self.hang_after)
-            self._hung_reported &= set(self._stepping)
+            self._report_hangs()
+
+    def _report_hangs(self) -> None:
+        """Log and count each step running past `hang_after`, once per step."""
+        now = self.clock()
+        for batch, started in list(self._stepping.items()):
+            if now - started > self.hang_after and batch not in self._hung_reported:
+                self._hung_reported.add(batch)
+                self.metrics.hung_steps.inc()
+                log.error("model step running for %.1f s (over %.1f s): the model may be hung; every "
+                          "session in its batch is stalled", now - started, self.hang_after)
+        self._hung_reported &= set(self._stepping)
 
     async def stop(self, last: Callable[[], object] | None = None) -> None:
         """Cancel the loops, let in-flight steps finish, run `last` (model shutdown) on the inference

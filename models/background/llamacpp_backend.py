@@ -80,7 +80,10 @@ def _lower_priority(nice: int) -> None:
     """Thread initializer: make this thread (not the process) nicer, where the OS allows it."""
     if nice:
         with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            # Relative to the process's own niceness: a server started with `nice -n 15` must not get a
+            # generation thread at 10 (root may lower niceness, so an absolute value would raise priority).
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
 
 
 class LlamaCppReasoner:

@@ -17,10 +17,23 @@ FORMAT = "duplex-native-1"
 INIT_SEED = 1234
 
 
-def save_checkpoint(net: InteractionTransformer, path: str | Path, preset_name: str) -> None:
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in net.state_dict().items()}
-    meta = {"format": FORMAT, "preset": preset_name, "config": json.dumps(net.cfg.to_dict())}
+def save_checkpoint(
+    net: InteractionTransformer,
+    path: str | Path,
+    preset_name: str,
+    dtype: torch.dtype | None = None,
+    extra: dict[str, str] | None = None,
+) -> None:
+    """Weights (optionally cast, e.g. fp16 to halve the file) and the config; `extra` goes into the
+    metadata too (the trainer records its command, data seed and commit there)."""
+    tensors = {k: v.detach().to("cpu", dtype=dtype or v.dtype).contiguous() for k, v in net.state_dict().items()}
+    meta = {**(extra or {}), "format": FORMAT, "preset": preset_name, "config": json.dumps(net.cfg.to_dict())}
     save_file(tensors, str(path), metadata=meta)
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
 
 
 def read_config(path: str | Path) -> tuple[str, InteractionConfig]:

@@ -13,16 +13,17 @@ learning, `NativeModel.step` for sampling.
 import copy
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from models.base import TickInput, TickOutput
 from models.interaction.checkpoint import INIT_SEED, build, save_checkpoint
+from models.interaction.config import InteractionConfig
+from models.interaction.config import preset as preset_config
 from models.interaction.model import HeadOutputs, InteractionTransformer, init_weights
 from models.interaction.runtime import NativeModel
 from train.lora import apply_lora, merge_lora
@@ -58,7 +59,9 @@ class TrainingClient:
         precision: str = "bf16",
         seed: int = 0,
         weights: LossWeights | None = None,
+        config: InteractionConfig | None = None,
     ) -> None:
+        """config overrides the preset's sizes (tests train small models saved under a preset's name)."""
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
@@ -66,7 +69,7 @@ class TrainingClient:
             raise ValueError(f"precision must be bf16 or fp32, got {precision!r}")
         self.preset, self.precision, self.lora_rank = preset, precision, lora_rank
         if checkpoint is None:
-            net = InteractionTransformer(_preset_cfg(preset))
+            net = InteractionTransformer(config or preset_config(preset))
             init_weights(net, INIT_SEED)
         else:
             net = build(preset, checkpoint)
@@ -195,14 +198,6 @@ class TrainingClient:
             model.close(st)
 
 
-def _preset_cfg(name: str) -> Any:
-    from models.interaction.config import preset
-
-    return preset(name)
-
-
 def metrics_line(m: dict[str, float]) -> str:
     return " ".join(f"{k} {v:.3f}" for k, v in m.items())
 
-
-_ = (asdict, Tensor)

@@ -101,8 +101,8 @@ def sft_loss(
     with torch.no_grad():
         acc = (logits[:, :na].argmax(-1) == batch.control).float().mean()
     return loss, {
-        "loss": float(loss.detach()), "control": float(ctrl), "vad": float(vad), "text": float(text),
-        "transcript": float(tr), "flow": float(fl), "control_acc": float(acc),
+        "loss": float(loss.detach()), "control": float(ctrl.detach()), "vad": float(vad.detach()), "text": float(text.detach()),
+        "transcript": float(tr.detach()), "flow": float(fl.detach()), "control_acc": float(acc),
     }
 
 

@@ -47,14 +47,30 @@ def read_config(path: str | Path) -> tuple[str, InteractionConfig]:
     return meta["preset"], InteractionConfig.from_dict(json.loads(meta["config"]))
 
 
+WEIGHTS = Path(__file__).parent / "weights"  # shipped checkpoints: native-<preset>.safetensors
+RANDOM = "random"  # --checkpoint random: seeded random weights even where a trained checkpoint ships
+
+
+def shipped_checkpoint(preset_name: str) -> Path | None:
+    path = WEIGHTS / f"native-{preset_name}.safetensors"
+    return path if path.is_file() else None
+
+
 def build(preset_name: str, checkpoint: str | None) -> InteractionTransformer:
-    """The network for `native:<preset>`: from a checkpoint, or seeded random weights with a warning."""
+    """The network for `native:<preset>`: from a checkpoint; without one, the shipped trained weights
+    of that preset (models/interaction/weights/); without those (or with "random"), seeded random
+    weights with a warning."""
     if checkpoint is None:
+        shipped = shipped_checkpoint(preset_name)
+        if shipped is not None:
+            log.info("native:%s: loading the shipped checkpoint %s", preset_name, shipped)
+            return build(preset_name, str(shipped))
+    if checkpoint is None or checkpoint == RANDOM:
         net = InteractionTransformer(preset(preset_name))
         init_weights(net, INIT_SEED)
         msg = (
-            f"native:{preset_name} has RANDOM weights (seed {INIT_SEED}, no --checkpoint): it stays mostly silent "
-            "and says nothing meaningful. Pass --checkpoint FILE.safetensors with trained weights."
+            f"native:{preset_name} has RANDOM weights (seed {INIT_SEED}, no trained checkpoint): it stays mostly "
+            "silent and says nothing meaningful. Pass --checkpoint FILE.safetensors with trained weights."
         )
         warnings.warn(msg, stacklevel=2)
         log.warning(msg)

@@ -98,8 +98,8 @@ class TrainingClient:
         batch = batch.to(self.device)
         out = self.forward(batch)
         value, metrics = fn(out, batch, self.net.flow, self.weights, self.generator)
-        value.backward()  # type: ignore[no-untyped-call]
-        return ForwardBackwardOutput(float(value), metrics, batch.rows * self.net.cfg.tokens_per_turn)
+        value.backward()
+        return ForwardBackwardOutput(float(value.detach()), metrics, batch.rows * self.net.cfg.tokens_per_turn)
 
     def _optimizer(self, p: AdamParams) -> torch.optim.AdamW:
         if self._opt is None:

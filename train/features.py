@@ -167,7 +167,7 @@ def build_cache(
         if keep_audio:
             arrays["user_audio"] = np.stack(audio)
         tmp = out / f".tmp-{path.name}"  # not matched by shard-*.npz until complete
-        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
+        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
         tmp.rename(path)
         done = min(s0 + shard, episodes)
         rate = done / max(time.monotonic() - t0, 1e-9)

@@ -30,7 +30,7 @@ class LoRALin(nn.Module):
 
     def merged(self) -> Lin:
         with torch.no_grad():
-            self.base.weight += (self.lora_b @ self.lora_a * self.scale).to(self.base.weight.dtype)
+            self.base.weight.add_((self.lora_b @ self.lora_a * self.scale).to(self.base.weight.dtype))
         return self.base
 
 

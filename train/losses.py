@@ -7,6 +7,7 @@ judged (text only where the label says "speak", mel only where the assistant rea
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,9 @@ class Batch:
         return int(self.control.shape[0])
 
     def to(self, device: torch.device) -> "Batch":
-        moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in vars(self).items() if k != "feats"}
+        moved: dict[str, Any] = {
+            k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in vars(self).items() if k != "feats"
+        }
         f = TurnFeatures(**{k: v.to(device) for k, v in vars(self.feats).items()})
         return Batch(feats=f, **moved)
 
@@ -54,6 +57,9 @@ class LossWeights:
     # class weights of the control head, ACTIONS order: rare decisions (yield, delegate, backchannel)
     # would otherwise be drowned by "silent"
     classes: list[float] = field(default_factory=lambda: [1.0, 0.5, 2.0, 4.0, 4.0])
+    # extra weight on the micro-turn where speech starts: continuing is easy (the model hears and
+    # reads itself), taking the floor at the right moment is the decision that matters
+    onset: float = 4.0
 
 
 def time_embeddings(t: Tensor) -> Tensor:
@@ -86,8 +92,11 @@ def sft_loss(
     """Supervised sum over the heads -> (loss, metrics)."""
     na = len(ACTIONS)
     logits = out.control.float()
-    cw = torch.tensor(w.classes, device=logits.device)
-    ctrl = F.cross_entropy(logits[:, :na], batch.control, weight=cw)
+    cw = torch.tensor(w.classes, device=logits.device)[batch.control]  # [R]
+    c = batch.control.view(-1, batch.n_turns)
+    onset = (c == SPEAK) & (F.pad(c, (1, 0), value=-1)[:, :-1] != SPEAK)  # [B, N]
+    rw = cw * torch.where(onset.reshape(-1), w.onset, 1.0)
+    ctrl = (F.cross_entropy(logits[:, :na], batch.control, reduction="none") * rw).sum() / rw.sum()
     vad = F.binary_cross_entropy_with_logits(logits[:, na], batch.user_speaking)
     speak = batch.control == SPEAK
     text = (
@@ -100,10 +109,8 @@ def sft_loss(
     loss = w.control * ctrl + w.vad * vad + w.text * text + w.transcript * tr + w.flow * fl
     with torch.no_grad():
         acc = (logits[:, :na].argmax(-1) == batch.control).float().mean()
-    return loss, {
-        "loss": float(loss.detach()), "control": float(ctrl.detach()), "vad": float(vad.detach()), "text": float(text.detach()),
-        "transcript": float(tr.detach()), "flow": float(fl.detach()), "control_acc": float(acc),
-    }
+    parts = {"loss": loss, "control": ctrl, "vad": vad, "text": text, "transcript": tr, "flow": fl}
+    return loss, {**{k: float(v.detach()) for k, v in parts.items()}, "control_acc": float(acc)}
 
 
 def policy_gradient_loss(

@@ -15,8 +15,8 @@ from streaming.pcm import float32_to_pcm16
 from tests.models.test_interaction_core import small_cfg
 from tests.wsclient import b64, collect_audio, send, start_session
 from train import _texts as train_texts
-from train.client import AdamParams, TrainingClient
 from train.cli import evaluate
+from train.client import AdamParams, TrainingClient
 from train.data import EpisodeData
 from train.episodes import Speaker, make_episode
 from train.features import build_cache

@@ -164,3 +164,9 @@ async def test_sample_equals_server(duplex_server, tmp_path: Path) -> None:
     assert any(o.audio.any() for o in outs), "the speaking model must produce audio"
     for k in range(n):
         assert float32_to_pcm16(outs[k].audio) == served[k], f"micro-turn {k} differs from the server's"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a CPU-only machine gives")
+def test_cuda_requested_without_gpu_says_what_to_do() -> None:
+    with pytest.raises(RuntimeError, match="use --device cpu"):
+        TrainingClient("tiny", config=small_cfg(), device="cuda")

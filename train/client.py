@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from models.base import TickInput, TickOutput
 from models.interaction.checkpoint import INIT_SEED, build, save_checkpoint
-from models.interaction.config import InteractionConfig
+from models.interaction.config import ACTIONS, InteractionConfig
 from models.interaction.config import preset as preset_config
-from models.interaction.model import HeadOutputs, InteractionTransformer, init_weights
+from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures, init_weights
 from models.interaction.runtime import NativeModel
 from train.lora import apply_lora, merge_lora
 from train.losses import LOSSES, Batch, LossFn, LossWeights
@@ -185,17 +186,27 @@ class TrainingClient:
         self, ticks: Sequence[TickInput], session_id: str = "sample", on_step: Callable[[int], None] | None = None
     ) -> list[TickOutput]:
         """Stream micro-turns through NativeModel.step with the current weights, exactly as served."""
+        return self.rollout(ticks, session_id, on_step)[0]
+
+    def rollout(
+        self, ticks: Sequence[TickInput], session_id: str = "sample", on_step: Callable[[int], None] | None = None
+    ) -> tuple[list[TickOutput], TurnFeatures, Tensor]:
+        """`sample`, plus what RL needs: the features the model saw each micro-turn (its own audio and
+        text fed back included) [N rows] and the control action it chose [N] (greedy, as served)."""
         model = self.sampler()
         st = model.open(session_id)
+        st.trace = []
         try:
             outs = []
             for i, tick in enumerate(ticks):
                 outs.extend(model.step([(st, tick)]))
                 if on_step:
                     on_step(i)
-            return outs
         finally:
             model.close(st)
+        feats = TurnFeatures.cat([f for f, _ in st.trace])
+        actions = torch.cat([h.control[:, : len(ACTIONS)].argmax(-1) for _, h in st.trace])
+        return outs, feats, actions
 
 
 def metrics_line(m: dict[str, float]) -> str:

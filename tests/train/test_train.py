@@ -21,6 +21,7 @@ from train.data import EpisodeData
 from train.episodes import Speaker, make_episode
 from train.features import build_cache
 from train.lora import LoRALin, apply_lora, merge_lora
+from train.losses import Batch
 
 TURNS = 24
 
@@ -170,3 +171,38 @@ async def test_sample_equals_server(duplex_server, tmp_path: Path) -> None:
 def test_cuda_requested_without_gpu_says_what_to_do() -> None:
     with pytest.raises(RuntimeError, match="use --device cpu"):
         TrainingClient("tiny", config=small_cfg(), device="cuda")
+
+
+def test_policy_gradient_raises_rewarded_actions(cache: Path) -> None:
+    """One REINFORCE step: a rewarded action becomes more likely, a punished one less."""
+    from train.losses import policy_gradient_loss
+
+    data = EpisodeData(cache, small_cfg())
+    for sign in (1.0, -1.0):
+        tc = client()
+        b = data.batch([0])
+        b.control = torch.full((b.rows,), ACTIONS.index("backchannel"))
+        b.advantage = torch.full((b.rows,), sign)
+
+        def logp(tc: TrainingClient = tc, b: Batch = b) -> float:
+            with torch.no_grad():
+                lp = torch.log_softmax(tc.forward(b).control[:, : len(ACTIONS)].float(), -1)
+            return float(lp.gather(1, b.control[:, None]).mean())
+
+        before = logp()
+        tc.forward_backward(b, policy_gradient_loss)
+        tc.optim_step(AdamParams(lr=1e-3))
+        assert (logp() - before) * sign > 0
+
+
+def test_rl_step_rolls_out_through_the_server_step(tmp_path: Path) -> None:
+    """rl_step: a rollout through NativeModel.step, its features replayed by the batched path."""
+    from train.rl import rl_step, timing_reward
+
+    os.environ["DUPLEX_TTS_DETERMINISTIC"] = "1"
+    build_cache(tmp_path, small_cfg(), seed=9, episodes=1, turns=12, shard=1, keep_audio=True, log=lambda m: None)
+    tc = client()
+    data = EpisodeData(tmp_path, small_cfg())
+    m = rl_step(tc, data, 0, AdamParams(lr=1e-3))
+    assert -1.0 <= m["reward"] <= 2.0 and tc.step == 1
+    assert timing_reward(torch.tensor([0, 1, 3]), torch.tensor([0, 0, 3])).tolist() == [1.0, -1.0, 2.0]

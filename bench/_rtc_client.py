@@ -21,6 +21,7 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessi
 from aiortc.mediastreams import MediaStreamError
 
 from server._rtc_tracks import use_low_latency_buffer
+from server.auth import RESUME_HEADER
 from streaming.avframes import FrameToMono, mono_to_frame
 from streaming.pacer import AudioPacer
 from streaming.pcm import Audio
@@ -156,14 +157,11 @@ class RtcClient:
                 self._tasks.append(asyncio.create_task(self._record(track)))
 
         await pc.setLocalDescription(await pc.createOffer())
-        params = {"resume_token": resume_token} if resume_token else None
+        headers = self._headers()
+        if resume_token:  # in a header, not the URL: access logs must not record it
+            headers[RESUME_HEADER] = resume_token
         async with httpx.AsyncClient(timeout=timeout) as http:
-            r = await http.post(
-                f"{self.base_url}/v1/realtime/calls",
-                content=pc.localDescription.sdp,
-                headers=self._headers(),
-                params=params,
-            )
+            r = await http.post(f"{self.base_url}/v1/realtime/calls", content=pc.localDescription.sdp, headers=headers)
         if r.status_code != 201:
             await pc.close()
             try:

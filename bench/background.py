@@ -42,7 +42,6 @@ from server.background import BackgroundSettings, BackgroundWorker  # noqa: E402
 from server.engine import Engine  # noqa: E402
 from server.metrics import Metrics  # noqa: E402
 from server.sessions import Session  # noqa: E402
-from streaming.chunker import Chunker  # noqa: E402
 from streaming.types import TICK_SECONDS  # noqa: E402
 
 REQUEST_LIMIT_S = 30.0  # a background request slower than this is counted as timed out
@@ -115,6 +114,9 @@ class TimedSink:
     def __init__(self) -> None:
         self.events: list[tuple[float, dict[str, Any]]] = []
 
+    def bind(self, session: Session, resumed: bool) -> None:
+        pass
+
     def deliver(self, out: TickOutput, tick: int) -> None:
         pass
 
@@ -151,7 +153,7 @@ async def run_config(threads: int, nice: int, fg_ms: float, n_requests: int, max
     metrics = Metrics()
     engine = Engine(cast(InteractionModel, model), metrics)
     await engine.start()
-    session = Session(id="bench", resume_token="-", state=None, chunker=Chunker())
+    session = Session(id="bench", resume_token="-", state=None)
     sink = TimedSink()
     session.sink = sink
     session.state = await engine.open_state(session.id)

@@ -1,6 +1,8 @@
 """python -m bench.engine: cost of one micro-turn `step` by number of sessions and session age.
 
     python -m bench.engine --model native:tiny --sessions 1,4,16 --ages 0,3000 --json
+    python -m bench.engine --model native:tiny --sessions 1,8,16 --deterministic both --peak
+    python -m bench.engine --model native:tiny --device cuda --sessions 1,16,64,256 --no-baseline
     python -m bench.engine --model cascade --sessions 1,4,8 --json
 
 Generic over any model `models.registry.load_model` knows. It calls the model directly on this thread
@@ -13,6 +15,13 @@ Optional model capabilities, used when present and reported as unsupported other
   session's whole history every micro-turn. It is measured for ONE session per age (a re-prefill is
   per session, so N sessions cost N times that; the table says "x N, extrapolated").
 * `set_deterministic(on)`, `session_bytes`: batch-invariant mode switch; KV bytes per session.
+
+For models that run on torch, every point also counts the FLOPs of one step (matrix products and
+attention, as torch's FLOP counter sees them; padding rows included) and reports the achieved rate.
+`--peak` measures this machine's dense fp32 matmul rate with the same threads (or the GPU's in bf16)
+so the report can say what fraction of it a step reaches, per wall second and per CPU-second. On a
+shared machine read the wall times together with `cpu_ms` (process CPU time per step, all threads):
+time other processes took the core shows in the first and not the second.
 """
 
 import argparse
@@ -29,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from bench._flops import matmul_peak_gflops, step_flops
 from models.base import InteractionModel, TickInput
 from models.registry import load_model
 from streaming.types import TICK_SAMPLES, TICK_SECONDS
@@ -50,6 +60,12 @@ class Point:
     p90_ms: float
     per_session_ms: float
     within_budget: bool  # median step <= 200 ms
+    cpu_ms: float = 0.0  # median process CPU time per step (all threads; includes OpenMP spinning)
+    gflop: float | None = None  # FLOPs of one step, when the model runs on torch
+    gflops: float | None = None  # gflop / median wall time
+    peak_ratio: float | None = None  # gflops / the measured matmul peak (--peak)
+    cpu_gflops: float | None = None  # gflop / median CPU time: the rate per CPU-second (all threads)
+    cpu_peak_ratio: float | None = None  # cpu_gflops / the peak per CPU-second (--peak, CPU only)
 
 
 @dataclass
@@ -66,6 +82,8 @@ class Report:
     kv_bytes_per_session: int | None
     max_sessions: int | None
     torch_threads: int | None = None  # intra-op threads, when the model uses torch
+    peak_gflops: float | None = None  # dense matmul rate measured on this machine (--peak)
+    peak_gflops_cpu: float | None = None  # the same per CPU-second of this process (CPU only)
     load_average: float | None = None  # 1-minute load average at the end: other processes on the CPU
     points: list[Point] = field(default_factory=list)
     baseline: list[Baseline] = field(default_factory=list)
@@ -99,14 +117,21 @@ def heartbeat(what: str, every_s: float = 30.0) -> Iterator[None]:
         t.join()
 
 
-def _time(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
+def _time(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall ms, process CPU ms) of one call."""
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return (time.perf_counter() - t0) * 1000.0
+    return (time.perf_counter() - t0) * 1000.0, (time.process_time() - c0) * 1000.0
 
 
 def measure(
-    model: InteractionModel, sessions: int, ages: list[int], modes: list[str], steps: int, warmup: int
+    model: InteractionModel,
+    sessions: int,
+    ages: list[int],
+    modes: list[str],
+    steps: int,
+    warmup: int,
+    peak: tuple[float | None, float | None] = (None, None),
 ) -> list[Point]:
     """Time `sessions` sessions per (age, mode), interleaved step by step.
 
@@ -119,8 +144,8 @@ def measure(
             for s in states:
                 if age:
                     model.fast_forward(s, age)  # type: ignore[attr-defined]
-        inputs = [_ticks(warmup + steps, seed=i) for i in range(sessions)]
-        times: dict[tuple[int, str], list[float]] = {(a, m): [] for a in ages for m in modes}
+        inputs = [_ticks(warmup + steps + 1, seed=i) for i in range(sessions)]
+        times: dict[tuple[int, str], list[tuple[float, float]]] = {(a, m): [] for a in ages for m in modes}
         for k in range(warmup + steps):
             for mode in modes:
                 if mode != "default":
@@ -130,16 +155,32 @@ def measure(
                     ms = _time(lambda batch=batch: model.step(batch))  # type: ignore[misc]
                     if k >= warmup:
                         times[(age, mode)].append(ms)
+        flops: dict[tuple[int, str], float | None] = {}
+        for mode in modes:  # one more step per point, untimed, under the FLOP counter
+            if mode != "default":
+                model.set_deterministic(mode == "deterministic")  # type: ignore[attr-defined]
+            for age, states in groups.items():
+                batch = [(s, inputs[i][-1]) for i, s in enumerate(states)]
+                flops[(age, mode)] = step_flops(lambda batch=batch: model.step(batch))  # type: ignore[misc]
     finally:
         for states in groups.values():
             for s in states:
                 model.close(s)
     points = []
     for (age, mode), ts in times.items():
-        med = statistics.median(ts)
-        p90 = sorted(ts)[max(0, round(0.9 * len(ts)) - 1)]
+        wall = [w for w, _ in ts]
+        med = statistics.median(wall)
+        p90 = sorted(wall)[max(0, round(0.9 * len(wall)) - 1)]
+        f = flops[(age, mode)]
+        gf = round(f / 1e9, 3) if f is not None else None
+        rate = round(f / 1e6 / med, 2) if f is not None and med > 0 else None
+        cpu = statistics.median(c for _, c in ts)
+        ratio = round(rate / peak[0], 3) if rate is not None and peak[0] else None
+        cpu_rate = round(f / 1e6 / cpu, 2) if f is not None and cpu > 0 else None
+        cpu_ratio = round(cpu_rate / peak[1], 3) if cpu_rate is not None and peak[1] else None
         points.append(
-            Point(sessions, age, mode, steps, round(med, 2), round(p90, 2), round(med / sessions, 2), med <= BUDGET_MS)
+            Point(sessions, age, mode, steps, round(med, 2), round(p90, 2), round(med / sessions, 2), med <= BUDGET_MS,
+                  round(cpu, 2), gf, rate, ratio, cpu_rate, cpu_ratio)
         )
     return points
 
@@ -151,7 +192,7 @@ def measure_baseline(model: InteractionModel, age: int, repeats: int) -> Baselin
             model.fast_forward(state, age)  # type: ignore[attr-defined]
         tick = _ticks(1, seed=99)[0]
         with heartbeat(f"re-prefill of {age + 1} micro-turns"):
-            times = [_time(lambda: model.baseline_step([(state, tick)])) for _ in range(repeats)]  # type: ignore[attr-defined]
+            times = [_time(lambda: model.baseline_step([(state, tick)]))[0] for _ in range(repeats)]  # type: ignore[attr-defined]
     finally:
         model.close(state)
     return Baseline(age, round(statistics.median(times), 1), repeats)
@@ -170,6 +211,11 @@ def run(args: argparse.Namespace) -> Report:
         ages = [0]
     if not can_baseline:
         report.notes.append(f"{args.model} has no baseline_step: no re-prefill baseline for it")
+    if args.peak:
+        progress("measuring this machine's matmul peak ...")
+        report.peak_gflops, report.peak_gflops_cpu = matmul_peak_gflops(str(getattr(model, "device", "cpu")))
+        per_cpu = f", {report.peak_gflops_cpu:.1f} per CPU-second" if report.peak_gflops_cpu else ""
+        progress(f"  {report.peak_gflops:.1f} GFLOP/s{per_cpu}")
     modes = ["default"]
     if hasattr(model, "set_deterministic"):
         modes = {"on": ["deterministic"], "off": ["fast"], "both": ["deterministic", "fast"]}[args.deterministic]
@@ -181,9 +227,12 @@ def run(args: argparse.Namespace) -> Report:
             )
             continue
         progress(f"{n} session(s), ages {ages}, modes {modes}: {args.warmup} warm-up + {args.steps} timed steps")
-        for p in measure(model, n, ages, modes, args.steps, args.warmup):
+        peaks = (report.peak_gflops, report.peak_gflops_cpu)
+        for p in measure(model, n, ages, modes, args.steps, args.warmup, peaks):
+            rate = f", {p.gflops:.1f} GFLOP/s" if p.gflops is not None else ""
             progress(
-                f"  {p.mode} age {p.age}: median {p.median_ms:.1f} ms/step, {p.per_session_ms:.1f} ms/session, "
+                f"  {p.mode} age {p.age}: median {p.median_ms:.1f} ms/step (CPU {p.cpu_ms:.1f} ms), "
+                f"{p.per_session_ms:.1f} ms/session{rate}, "
                 f"{'within' if p.within_budget else 'OVER'} the {BUDGET_MS:.0f} ms budget"
             )
             report.points.append(p)
@@ -221,19 +270,27 @@ def summarise(r: Report) -> None:
 
 
 def table(r: Report) -> str:
+    peak = f"; matmul peak {r.peak_gflops:.1f} GFLOP/s" if r.peak_gflops else ""
+    if r.peak_gflops_cpu:
+        peak += f" ({r.peak_gflops_cpu:.1f} per CPU-second)"
     lines = [
         f"model {r.model} on {r.device}; KV bytes/session: {r.kv_bytes_per_session}; "
         f"KV slots: {r.max_sessions}; budget {BUDGET_MS:.0f} ms per micro-turn; torch threads "
-        f"{r.torch_threads}; load average {r.load_average}",
-        f"{'mode':<14}{'sessions':>9}{'age':>7}{'median ms':>11}{'p90 ms':>9}{'ms/session':>12}"
-        f"{'re-prefill ms':>15}  budget",
+        f"{r.torch_threads}; load average {r.load_average}{peak}",
+        f"{'mode':<14}{'sessions':>9}{'age':>7}{'median ms':>11}{'p90 ms':>9}{'cpu ms':>9}{'ms/session':>12}"
+        f"{'GFLOP/s':>9}{'of peak':>9}{'per cpu-s':>10}{'of peak':>9}{'re-prefill ms':>15}  budget",
     ]
     base = {b.age: b.ms_one_session for b in r.baseline}
     for p in r.points:
         b = f"{base[p.age] * p.sessions:.0f}" + ("*" if p.sessions > 1 else "") if p.age in base else "-"
+        rate = f"{p.gflops:.1f}" if p.gflops is not None else "-"
+        ratio = f"{p.peak_ratio:.0%}" if p.peak_ratio is not None else "-"
+        cpu_rate = f"{p.cpu_gflops:.1f}" if p.cpu_gflops is not None else "-"
+        cpu_ratio = f"{p.cpu_peak_ratio:.0%}" if p.cpu_peak_ratio is not None else "-"
         lines.append(
-            f"{p.mode:<14}{p.sessions:>9}{p.age:>7}{p.median_ms:>11.1f}{p.p90_ms:>9.1f}"
-            f"{p.per_session_ms:>12.1f}{b:>15}  {'ok' if p.within_budget else 'OVER'}"
+            f"{p.mode:<14}{p.sessions:>9}{p.age:>7}{p.median_ms:>11.1f}{p.p90_ms:>9.1f}{p.cpu_ms:>9.1f}"
+            f"{p.per_session_ms:>12.1f}{rate:>9}{ratio:>9}{cpu_rate:>10}{cpu_ratio:>9}{b:>15}  "
+            f"{'ok' if p.within_budget else 'OVER'}"
         )
     if r.baseline:
         lines.append("* re-prefill measured for one session, x N sessions extrapolated")
@@ -268,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         help="for models with a batch-invariant mode: which mode(s) to measure",
     )
     ap.add_argument("--no-baseline", action="store_true", help="skip the re-prefill baseline")
+    ap.add_argument("--peak", action="store_true", help="measure the matmul peak and report steps as a fraction of it")
     ap.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     args = ap.parse_args(argv)
     bad = args.steps < 1 or args.warmup < 0 or not args.sessions or min(args.sessions) < 1

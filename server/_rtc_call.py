@@ -1,16 +1,20 @@
 """One WebRTC call: a peer connection bound to one session, for as long as the peer is alive.
 
     peer --Opus--> read_audio -> engine
-    engine -> RtcConnection.deliver -> PacedAudioTrack --Opus--> peer
-    peer --video-> read_video -> session.video
-    peer <-JSON--> data channel <-> RealtimeConnection (the same event codec as the WebSocket)
+    engine -> RealtimeConnection.deliver -> PacedAudioTrack (its AudioOutput) --Opus--> peer
+    peer --video-> read_video -> session.inbox.video
+    peer <-JSON--> data channel <-> RealtimeConnection (the same event codec as the WebSocket, given
+                                    this call's PacedAudioTrack as its audio output)
 
-Lifecycle (CallState): NEW while the offer is answered, LIVE once the session is attached, ENDED
-after `finish`. aiortc has no "disconnected" state and its ICE consent check takes ~30 s to fail,
-so the call keeps its own liveness: anything from the peer (RTP media, data-channel messages, the
-`duplex.pong` answering our `duplex.ping`) counts; LIVENESS_TIMEOUT without any of it and the peer
-is dead. A call that ends without a hang-up detaches its session, which can then be resumed with
-its token within the grace period, exactly like a dropped WebSocket.
+Lifecycle (CallState): the session is attached (Runtime.attach) before the offer is answered; NEW
+while it is answered, LIVE once the call's tasks run, ENDED after `finish`. aiortc has no
+"disconnected" state and its ICE consent check takes ~30 s to fail, so the call keeps its own
+liveness: anything from the peer (RTP media, data-channel messages, the `duplex.pong` answering our
+`duplex.ping`) counts; LIVENESS_TIMEOUT without any of it and the peer is dead. A call that ends
+without a hang-up detaches its session, which can then be resumed with its token within the grace
+period, exactly like a dropped WebSocket; a call whose peer never showed any life
+(`--rtc-connect-timeout`) closes a new session at once, or gives a resumed one its old token back
+(the rotated one never reached the client).
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from typing import Any
 
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
-from models.base import TickOutput
 from server import protocol as p
 from server._rtc_tracks import PacedAudioTrack, read_audio, read_video, use_low_latency_buffer
+from server.limits import RTC_INBOX_BYTES
+from server.outbox import Close
 from server.protocol import ProtocolError
-from server.realtime import Close, RealtimeConnection
+from server.realtime import RealtimeConnection
 from server.runtime import Runtime
 from server.sessions import Session
 from streaming.pcm import Audio
@@ -42,7 +47,6 @@ log = logging.getLogger(__name__)
 
 PING_INTERVAL = 1.0  # seconds between duplex.ping events on the data channel
 LIVENESS_TIMEOUT = 5.0  # seconds without anything from the peer before it is declared dead
-CONNECT_TIMEOUT = 15.0  # the first sign of life may take longer (ICE through TURN, DTLS)
 PENDING_EVENTS = 512  # events kept while the data channel is not open yet (the oldest are dropped)
 CHANNEL_BUFFER_LIMIT = 8 << 20  # bytes queued on a data channel that is not read before we hang up
 FLUSH_TIMEOUT = 1.0  # seconds to let the last events (session.closing) leave before closing the peer
@@ -54,57 +58,37 @@ class CallState(Enum):
     ENDED = "ended"  # peer connection closed; the session is detached or closed
 
 
-class RtcConnection(RealtimeConnection):
-    """The Realtime protocol over a data channel, with output audio going to the paced RTP track."""
-
-    def __init__(self, runtime: Runtime, session: Session, track: PacedAudioTrack,
-                 resumed: bool = False) -> None:
-        super().__init__(runtime, session, resumed=resumed)
-        self.track = track
-
-    def send_audio(self, audio: Audio, tick: int) -> None:
-        self.track.push(audio)
-
-    def deliver(self, out: TickOutput, tick: int) -> None:
-        # The model gave up the floor (barge-in): what it had queued must not keep playing.
-        if any(ev.type == "yielded" for ev in out.events):
-            self.track.clear()
-        super().deliver(out, tick)
-
-    async def _dispatch(self, ev: dict[str, Any]) -> None:
-        etype = ev["type"]
-        cfg = ev.get("session")
-        if etype == "session.update" and isinstance(cfg, dict) and cfg.get("pace") == "media":
-            raise ProtocolError("pace_unsupported", "a WebRTC call always runs in real time; use the "
-                                "WebSocket endpoint /v1/realtime for pace 'media'", "session.pace",
-                                ev.get("event_id"))
-        if etype in ("response.cancel", "output_audio_buffer.clear"):
-            # Drop what is queued for the speaker now; the base class silences ticks still in flight.
-            dropped_ms = self.track.clear()
-            if etype == "output_audio_buffer.clear":
-                self.emit({"type": "output_audio_buffer.cleared", "event_id": p.new_id("event"),
-                           "dropped_ms": dropped_ms})
-        await super()._dispatch(ev)
-
-
 class RtcCall:
-    def __init__(self, runtime: Runtime, pc: RTCPeerConnection, session: Session, resumed: bool,
+    def __init__(self, runtime: Runtime, pc: RTCPeerConnection, resume_token: str | None = None,
                  on_end: Callable[[RtcCall], None] | None = None) -> None:
         self.runtime = runtime
         self.pc = pc
-        self.session = session
         self.state = CallState.NEW
+        self.resume_token = resume_token  # the token this call resumed with (restored if it never connects)
         self._on_end = on_end  # told once when the call has ended (the endpoint forgets it)
+        self.connect_timeout = runtime.config.rtc_connect_timeout
         self.track = PacedAudioTrack()
-        self.conn = RtcConnection(runtime, session, self.track, resumed=resumed)
+        # The Realtime codec, composed with this call's audio path; pace 'media' is not served here.
+        self.conn = RealtimeConnection(runtime, audio_out=self.track, media_ok=False)
         self.channel: RTCDataChannel | None = None
         self.started = time.monotonic()
         self.last_seen: float | None = None  # monotonic time of the last sign of life from the peer
         self._pending: deque[str] = deque(maxlen=PENDING_EVENTS)  # events waiting for the channel to open
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()  # data-channel messages, in order
+        self._inbox_bytes = 0  # bounded by RTC_INBOX_BYTES
+        self._last_inbox_error = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._ended = asyncio.Event()
         self._wire()
+
+    @property
+    def session(self) -> Session:
+        return self.conn.session
+
+    @property
+    def session_id(self) -> str | None:
+        """The session's id once attached; None for a call refused before it got one."""
+        return self.conn._session.id if self.conn._session is not None else None
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -121,11 +105,11 @@ class RtcCall:
         @pc.on("datachannel")
         def on_datachannel(channel: RTCDataChannel) -> None:
             if self.channel is not None:  # one event channel per call; extra ones are ignored
-                log.info("call %s: ignoring extra data channel %r", self.session.id, channel.label)
+                log.info("call %s: ignoring extra data channel %r", self.session_id, channel.label)
                 return
             self.channel = channel
             channel.on("open", self._flush_pending)
-            channel.on("message", self._inbox.put_nowait)
+            channel.on("message", self._on_message)
             if channel.readyState == "open":
                 self._flush_pending()
 
@@ -133,6 +117,19 @@ class RtcCall:
         async def on_state() -> None:
             if pc.connectionState in ("failed", "closed"):
                 await self.finish(f"peer connection {pc.connectionState}")
+
+    def _on_message(self, msg: str | bytes) -> None:
+        """A data-channel message: queue it for the reader, within RTC_INBOX_BYTES (else drop and say so)."""
+        if self._inbox_bytes + len(msg) > RTC_INBOX_BYTES:
+            self.runtime.metrics.dropped_events.labels("inbox_full").inc()
+            now = time.monotonic()
+            if now - self._last_inbox_error > 1.0:
+                self._last_inbox_error = now
+                self.conn.error(ProtocolError("inbox_full", f"over {RTC_INBOX_BYTES} bytes of data-channel messages "
+                                              "are waiting to be handled; a message was dropped. Send less at once"))
+            return
+        self._inbox_bytes += len(msg)
+        self._inbox.put_nowait(msg)
 
     async def answer(self, offer_sdp: str) -> str:
         """Apply the offer, attach the output track, and return the answer SDP (ICE candidates included)."""
@@ -155,14 +152,14 @@ class RtcCall:
         self._spawn(self._watchdog(), "rtc-liveness")
 
     def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=f"{name}-{self.session.id}")
+        task = asyncio.create_task(coro, name=f"{name}-{self.session_id}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("call %s: task %s failed", self.session.id, task.get_name(), exc_info=task.exception())
+            log.error("call %s: task %s failed", self.session_id, task.get_name(), exc_info=task.exception())
 
     # -- media in -------------------------------------------------------------------------------
 
@@ -172,15 +169,13 @@ class RtcCall:
     def _push_audio(self, audio: Audio) -> None:
         if self.state is not CallState.LIVE or self.session.closed:
             return
-        engine = self.runtime.engine
-        assert engine is not None
         self.session.last_activity = self.last_seen or time.monotonic()
         # RTP arrives in real time; the engine counts any overrun (a stalled loop catching up).
-        engine.push_audio(self.session, audio)
+        self.runtime.engine.push_audio(self.session, audio)
 
     def _store_video(self, frame: Frame) -> None:
         if self.state is CallState.LIVE and not self.session.closed:
-            self.session.video = frame  # the engine takes the newest one at the next micro-turn
+            self.session.inbox.video = frame  # the engine takes the newest one at the next micro-turn
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -205,25 +200,31 @@ class RtcCall:
                 await self._drain_channel()
                 await self.finish(item.reason or "closed by the server")
                 return
-            self._send(json.dumps(item, separators=(",", ":")))
+            self._send(item)
 
     async def _read_loop(self) -> None:
         while True:
             msg = await self._inbox.get()
+            self._inbox_bytes -= len(msg)
             self.alive()
-            if isinstance(msg, bytes):
-                await self.conn.handle_audio_bytes(msg)  # raw PCM16, as binary WebSocket frames
-                continue
-            # Transport keepalive, answered here: it is not part of the Realtime event codec.
-            if ('"duplex.ping"' in msg or '"duplex.pong"' in msg) and self._keepalive(msg):
-                continue
-            await self.conn.handle_text(msg)
+            try:
+                if isinstance(msg, bytes):
+                    await self.conn.handle_audio_bytes(msg)  # raw PCM16, as binary WebSocket frames
+                    continue
+                # Transport keepalive, answered here: it is not part of the Realtime event codec.
+                if ('"duplex.ping"' in msg or '"duplex.pong"' in msg) and self._keepalive(msg):
+                    continue
+                await self.conn.handle_text(msg)
+            except Exception as exc:  # a bug in handling one message must not leave the call deaf
+                log.exception("call %s: handling a data-channel message failed", self.session.id)
+                self.conn.error(ProtocolError("internal_error", f"the server failed on that message "
+                                              f"({type(exc).__name__}); the session continues"))
 
     def _keepalive(self, msg: str) -> bool:
         """Answer the page's duplex.ping (its round-trip readout); a duplex.pong only proves life."""
         try:
             ev = json.loads(msg)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply: the codec will say so
             return False
         if not isinstance(ev, dict):
             return False
@@ -238,8 +239,8 @@ class RtcCall:
             await asyncio.sleep(PING_INTERVAL)
             now = time.monotonic()
             if self.last_seen is None:
-                if now - self.started > CONNECT_TIMEOUT:
-                    await self.finish(f"peer never connected within {CONNECT_TIMEOUT:.0f} s")
+                if now - self.started > self.connect_timeout:
+                    await self.finish(f"peer never connected within {self.connect_timeout:g} s")
                     return
             elif now - self.last_seen > LIVENESS_TIMEOUT:
                 await self.finish(f"peer silent for {now - self.last_seen:.1f} s")
@@ -261,12 +262,12 @@ class RtcCall:
     # -- teardown -------------------------------------------------------------------------------
 
     async def finish(self, why: str) -> None:
-        """End the call: stop the tasks, close the peer, detach the session (resumable) if still ours."""
+        """End the call: stop the tasks, close the peer, and let the runtime detach (or close) the session."""
         if self.state is CallState.ENDED:
             return
         was_live = self.state is CallState.LIVE
         self.state = CallState.ENDED
-        log.info("call %s ended: %s; output %s", self.session.id, why, asdict(self.track.pacer.stats))
+        log.info("call %s ended: %s; output %s", self.session_id or "-", why, asdict(self.track.pacer.stats))
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
@@ -274,13 +275,24 @@ class RtcCall:
         self.track.stop()
         with contextlib.suppress(Exception):  # closing a half-broken peer may raise; it is closed anyway
             await self.pc.close()
+        try:
+            if was_live:
+                await self._release()
+        finally:
+            self._ended.set()
+            if self._on_end is not None:
+                self._on_end(self)
+
+    async def _release(self) -> None:
         s = self.session
-        if was_live and not s.closed and s.sink is self.conn:
-            assert self.runtime.registry is not None
-            self.runtime.registry.detach(s)  # kept for the resume grace period
-        self._ended.set()
-        if self._on_end is not None:
-            self._on_end(self)
+        if self.last_seen is not None:
+            await self.runtime.detach(s, normal=False, sink=self.conn)  # resumable for the grace period
+        elif self.resume_token:
+            # Never connected, so the client never got the rotated token: its old one must still work.
+            await self.runtime.detach(s, normal=False, sink=self.conn, restore_token=self.resume_token)
+        elif s.sink is self.conn:
+            # A new session whose peer never connected: nobody holds its token; free the slot now.
+            await self.runtime.close(s)
 
     async def wait_ended(self) -> None:
         await self._ended.wait()

@@ -17,6 +17,7 @@ from aiortc import MediaStreamTrack, RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError
 
+from server.limits import MAX_VIDEO_PIXELS
 from streaming.avframes import FrameToMono, mono_to_frame
 from streaming.pacer import AudioPacer
 from streaming.pcm import Audio
@@ -128,6 +129,7 @@ async def read_video(track: MediaStreamTrack, store: Callable[[Frame], None], al
     convert = convert or off_loop
     converting: asyncio.Future[Frame] | None = None
     last_start = -VIDEO_MIN_INTERVAL
+    oversized = 0  # frames dropped for their size
     try:
         while True:
             try:
@@ -135,9 +137,16 @@ async def read_video(track: MediaStreamTrack, store: Callable[[Frame], None], al
             except MediaStreamError:
                 return
             alive()
+            assert isinstance(frame, av.VideoFrame), f"video track produced {type(frame).__name__}"
+            if frame.width * frame.height > MAX_VIDEO_PIXELS:
+                # A peer may send any resolution; converting huge frames would cost a core. Dropped, said once.
+                if not oversized:
+                    log.warning("dropping video frames of %dx%d (over %d pixels); send at most 3840x2160",
+                                frame.width, frame.height, MAX_VIDEO_PIXELS)
+                oversized += 1
+                continue
             now = time.monotonic()
             if (converting is None or converting.done()) and now - last_start >= VIDEO_MIN_INTERVAL:
-                assert isinstance(frame, av.VideoFrame), f"video track produced {type(frame).__name__}"
                 converting = asyncio.ensure_future(convert(frame))
                 converting.add_done_callback(lambda t: _store_result(t, store))
                 last_start = now

@@ -1,6 +1,7 @@
 """What the engine can afford: how many sessions fit the micro-turn budget, and how many phase groups.
 
-Measured at start-up by stepping batches of throw-away sessions with silence and fitting
+Measured at start-up by stepping batches of throw-away sessions with silence (aged to the model's
+`steady_age` when it has one, so the fit holds for old sessions) and fitting
 `step(b) = overhead + b * per_session`. Two decisions follow from that fit:
 
 - **phase groups**: every group is one more batched step per micro-turn, so it costs one more
@@ -56,6 +57,12 @@ def _measure(engine: Engine, batch: int, reps: int = 3) -> float:
     model = engine.model
     states = [model.open(f"calibrate-{i}") for i in range(batch)]
     try:
+        # A step whose cost grows with session age (the native model attends to what was written, up
+        # to its cap) is measured at the age where it stops growing: capacity must hold for old sessions.
+        age = getattr(model, "steady_age", 0)
+        if age and hasattr(model, "fast_forward"):
+            for st in states:
+                model.fast_forward(st, age)
         times = []
         for _ in range(reps + 1):  # the first step warms caches and is not counted
             inputs = [(st, TickInput(silence(), TICK_SAMPLES)) for st in states]

@@ -15,6 +15,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 KEY_SUBPROTOCOL_PREFIXES = ("duplex-api-key.", "openai-insecure-api-key.")
+RESUME_HEADER = "x-duplex-resume-token"  # a resume token travels here (or in the subprotocol), not in URLs
+RESUME_SUBPROTOCOL_PREFIX = "duplex-resume-token."  # browsers cannot set headers on a WebSocket
 # Paths anyone may fetch: the static web client holds no data; everything else is API.
 PUBLIC_PREFIXES = ("/static/",)
 PUBLIC_PATHS = ("/", "/index.html", "/favicon.ico")
@@ -78,3 +80,9 @@ class APIKeyMiddleware:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def client_id(scope: Scope) -> str:
+    """Who a connection is, for the per-client session cap: its address (one API key serves everyone)."""
+    client = scope.get("client")
+    return f"addr:{client[0]}" if client else "addr:unknown"

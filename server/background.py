@@ -24,19 +24,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from models.background import Reasoner, ReasonerError, TextDelta, ToolCall, ToolSpec
 from models.background.factory import ReasonerSpec, make_reasoner
 from models.base import BackgroundChunk, TickOutput
 from server import protocol as p
 from server.background_context import Pending, ReasonerContext
+from server.limits import MAX_FUNCTION_OUTPUT_CHARS
 from server.sessions import BackgroundHook, NoBackground, Session
-from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin
+from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin_async
 from streaming.types import TICK_SECONDS
-
-if TYPE_CHECKING:
-    from server.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +218,7 @@ class BackgroundWorker:
     async def _answer(self, req: _Request) -> None:
         """Stream the reasoner, running tool calls between rounds, until it answers without tools."""
         s, cfg = self.session, self.settings
-        messages, req.context = self.context.build(s.log, s.instructions, req.query)
+        messages, req.context = self.context.build(s.log, s.settings.instructions, req.query)
         tools = self._tools() if self.reasoner.supports_tools else []
         for round_no in range(cfg.max_tool_rounds + 1):
             calls: list[ToolCall] = []
@@ -250,17 +248,17 @@ class BackgroundWorker:
     # -- tools ----------------------------------------------------------------------------------
 
     def _tools(self) -> list[ToolSpec]:
-        client = client_tools_to_chat(self.session.tools)
+        client = client_tools_to_chat(self.session.settings.tools)
         names = {t["function"]["name"] for t in client}
         # A client tool with a built-in's name wins: the client declared it on purpose.
         return client + [t for t in BUILTIN_TOOLS if t["function"]["name"] not in names]
 
     async def _run_tool(self, req: _Request, call: ToolCall) -> ToolResult:
-        client_names = {t.get("name") for t in self.session.tools}
+        client_names = {t.get("name") for t in self.session.settings.tools}
         if call.name in client_names:
             result = await self._client_tool(req, call)
         elif call.name in BUILTIN_NAMES:
-            result = run_builtin(call.name, call.arguments)
+            result = await run_builtin_async(call.name, call.arguments)
         else:
             result = error_result(call.name, "no such tool; use one of the tools offered")
         self._emit("duplex.background.tool", request_id=req.id, epoch=req.epoch, name=call.name,
@@ -289,6 +287,10 @@ class BackgroundWorker:
         if not isinstance(call_id, str) or not isinstance(output, str):
             self._client_error("invalid_function_call_output", "a function_call_output item needs string "
                                "'call_id' and 'output' fields", "item", eid)
+            return
+        if len(output) > MAX_FUNCTION_OUTPUT_CHARS:
+            self._client_error("function_output_too_large", f"function_call_output has {len(output)} characters; "
+                               f"the limit is {MAX_FUNCTION_OUTPUT_CHARS}", "item.output", eid)
             return
         fut = self._tool_calls.get(call_id)
         if fut is None or fut.done():
@@ -358,15 +360,15 @@ def settings_from_config(config: Any) -> BackgroundSettings:
     return s
 
 
-def make_background_factory(runtime: Runtime) -> Callable[[Session], BackgroundHook]:
-    """Build the server's one reasoner (shared by all sessions) and a per-session worker factory."""
-    cfg = runtime.config
+def make_background_factory(cfg: Any) -> tuple[Reasoner | None, Callable[[Session], BackgroundHook]]:
+    """Build the server's one reasoner (shared by all sessions; the caller closes it) and a per-session
+    worker factory. `cfg` is the ServerConfig (read with getattr, so older configs still work)."""
     spec = ReasonerSpec(kind=cfg.background, url=cfg.background_url, model=cfg.background_model,
                         max_tokens=getattr(cfg, "background_max_tokens", None),
                         threads=getattr(cfg, "background_threads", None) or 1)
     reasoner = make_reasoner(spec)
     if reasoner is None:
-        return lambda session: NoBackground()
+        return None, lambda session: NoBackground()
     settings = settings_from_config(cfg)
     log.info("background reasoner %s (policy %s)", reasoner.name, settings.policy.value)
-    return lambda session: BackgroundWorker(session, reasoner, settings)
+    return reasoner, lambda session: BackgroundWorker(session, reasoner, settings)

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -16,9 +17,10 @@ import uvicorn
 
 from models.registry import DEFAULT_MODEL, available
 from server.config import ServerConfig
+from server.limits import DEFAULT_OUTBOX_BYTES
 
 
-class _Server(uvicorn.Server):
+class DrainingServer(uvicorn.Server):
     """uvicorn, with a drain step first on SIGTERM/SIGINT: live sessions are told why and closed cleanly."""
 
     @contextlib.contextmanager
@@ -47,6 +49,21 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+class RedactTokens(logging.Filter):
+    """Keeps resume tokens (a credential for a session) out of the logs when an older client sends one
+    in the query string: `resume_token=...` becomes `resume_token=<redacted>`."""
+
+    _pattern = re.compile(r"(resume_token=)[^&\s\"']+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any("resume_token=" in str(a) for a in record.args):
+            record.args = tuple(self._pattern.sub(r"\1<redacted>", a) if isinstance(a, str) else a
+                                for a in record.args)
+        if isinstance(record.msg, str) and "resume_token=" in record.msg:
+            record.msg = self._pattern.sub(r"\1<redacted>", record.msg)
+        return True
+
+
 def _auto_int(value: str) -> int | None:
     if value == "auto":
         return None
@@ -71,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "a colon (echo:2 = echo delayed 2 micro-turns, native:tiny, native:base)")
     serve.add_argument("--checkpoint", default=None, help="weights file for the model (native: safetensors)")
     serve.add_argument("--device", default=None, help="torch device for the model (cpu, cuda, cuda:1)")
-    serve.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY"),
-                       help="require this key on every API endpoint (default: $DUPLEX_API_KEY)")
+    # No default here: the help shows defaults, and it must never print the key's value.
+    serve.add_argument("--api-key", default=None,
+                       help="require this key on every API endpoint (if not given: $DUPLEX_API_KEY)")
     serve.add_argument("--allow-no-auth", action="store_true",
                        help="allow binding a non-loopback interface without an API key")
     serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
@@ -111,6 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="llama.cpp threads; 1 keeps a core free for the foreground model")
     serve.add_argument("--ice-server", action="append", default=[], metavar="URL",
                        help="WebRTC STUN/TURN server URL (stun:host:port, turn:user:pass@host:port); repeatable")
+    serve.add_argument("--rtc-connect-timeout", type=float, default=15.0,
+                       help="seconds a WebRTC peer has to show its first sign of life; then the call and its new "
+                       "session are closed")
+    serve.add_argument("--max-sessions-per-client", type=int, default=0,
+                       help="sessions one client address may hold at once, attached or awaiting resume (0 = no limit)")
+    serve.add_argument("--max-outbox-bytes", type=int, default=DEFAULT_OUTBOX_BYTES,
+                       help="bytes of events queued for a client that does not read before it is disconnected "
+                       "(its session stays resumable)")
+    serve.add_argument("--step-watchdog-s", type=float, default=2.0,
+                       help="a model step running longer is reported as hung (log, metric, /healthz 503)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub.add_parser("train", help="train the native interaction model (duplex train --help)")
     return parser
@@ -119,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host, port=args.port, model=args.model, checkpoint=args.checkpoint, device=args.device,
-        api_key=args.api_key or None, allow_no_auth=args.allow_no_auth, allowed_origins=args.allow_origin,
+        api_key=args.api_key or os.environ.get("DUPLEX_API_KEY") or None, allow_no_auth=args.allow_no_auth,
+        allowed_origins=args.allow_origin,
         max_sessions=args.max_sessions, phase_groups=args.phase_groups, guard_ms=args.guard_ms,
         late_input_ms=args.late_input_ms,
         max_backlog_ticks=args.max_backlog_ticks, max_frame_bytes=args.max_frame_bytes,
@@ -128,7 +157,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         background_policy=args.background_policy, background_timeout=args.background_timeout,
         background_tool_timeout=args.background_tool_timeout, background_max_tokens=args.background_max_tokens,
         background_threads=args.background_threads,
-        ice_servers=args.ice_server, log_level=args.log_level)
+        ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout,
+        max_sessions_per_client=args.max_sessions_per_client, max_outbox_bytes=args.max_outbox_bytes,
+        step_watchdog_s=args.step_watchdog_s, log_level=args.log_level)
 
 
 def serve(config: ServerConfig) -> int:
@@ -143,7 +174,9 @@ def serve(config: ServerConfig) -> int:
     app = create_app(config)
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, ws_max_size=16 << 20,
                         ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=10)
-    server = _Server(uv)
+    for name in ("uvicorn.access", "uvicorn.error"):  # access lines and WebSocket "[accepted]" lines
+        logging.getLogger(name).addFilter(RedactTokens())
+    server = DrainingServer(uv)
     server.run()
     return 0 if server.started else 1
 

@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from models.registry import DEFAULT_MODEL
+from server.limits import DEFAULT_OUTBOX_BYTES
 
 
 @dataclass
@@ -35,6 +36,10 @@ class ServerConfig:
     background_max_tokens: int | None = None  # answer length cap
     background_threads: int = 1  # llama.cpp threads; 1 leaves a core to the foreground
     ice_servers: list[str] = field(default_factory=list)  # WebRTC STUN/TURN URLs
+    rtc_connect_timeout: float = 15.0  # s for a WebRTC peer's first sign of life; then the call is closed
+    max_sessions_per_client: int = 0  # sessions one client address may hold at once (0 = no limit)
+    max_outbox_bytes: int = DEFAULT_OUTBOX_BYTES  # events queued for a client that does not read, then it is cut
+    step_watchdog_s: float = 2.0  # a model step running longer is reported (log, metric, /healthz 503)
     log_level: str = "info"
 
     def is_loopback(self) -> bool:
@@ -62,5 +67,12 @@ class ServerConfig:
             raise ValueError(f"--background must be auto, none, llamacpp, openai or sglang; got {self.background!r}")
         if self.background == "openai" and not self.background_url:
             raise ValueError("--background openai needs --background-url (e.g. http://127.0.0.1:30000/v1)")
+        if self.max_sessions_per_client < 0:
+            raise ValueError("--max-sessions-per-client must be 0 (no limit) or more, got "
+                             f"{self.max_sessions_per_client}")
+        if self.max_outbox_bytes < 64 * 1024:
+            raise ValueError(f"--max-outbox-bytes must be at least 65536, got {self.max_outbox_bytes}")
+        if self.step_watchdog_s <= 0 or self.rtc_connect_timeout <= 0:
+            raise ValueError("--step-watchdog-s and --rtc-connect-timeout must be positive")
         if self.background_policy not in ("supersede", "queue"):
             raise ValueError(f"--background-policy must be supersede or queue; got {self.background_policy!r}")

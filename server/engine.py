@@ -45,6 +45,16 @@ MAX_IN_FLIGHT = 2  # steps queued per session before its next deadline waits (bo
 CATCH_UP_STREAK = 3  # ticks a surplus must persist before an extra tick is stepped to drain it
 
 
+def _loop_ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("engine task %s died; /healthz now answers 503", task.get_name(), exc_info=task.exception())
+
+
+def _failed(exc: Exception) -> TickOutput:
+    """The output of a session whose step raised: silence and an error event for its client."""
+    return TickOutput(silence(), events=[Event("error", {"message": f"model step failed: {exc}"})])
+
+
 @dataclass
 class _Planned:
     session: Session
@@ -56,7 +66,7 @@ class _Planned:
 class Engine:
     def __init__(self, model: InteractionModel, metrics: Metrics, phase_groups: int = 20, guard: float = 0.001,
                  late_input: float = 0.02, period: float = TICK_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, hang_after: float = 2.0) -> None:
         if phase_groups < 1:
             raise ValueError("phase_groups must be >= 1")
         self.model = model
@@ -76,6 +86,9 @@ class Engine:
         self._media_wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
+        self.hang_after = hang_after  # a step running longer than this is reported as hung (s)
+        self._stepping: dict[int, float] = {}  # batch id -> clock() at its start, while it runs
+        self._hung_reported: set[int] = set()
 
     def set_phase_groups(self, groups: int) -> None:
         """Choose the phase grid (server/admission.py decides it at start-up, before any session)."""
@@ -91,10 +104,39 @@ class Engine:
     async def start(self) -> None:
         self.t0 = self.clock()
         self._loops = [asyncio.create_task(self._realtime_loop(), name="duplex-realtime"),
-                       asyncio.create_task(self._media_loop(), name="duplex-media")]
+                       asyncio.create_task(self._media_loop(), name="duplex-media"),
+                       asyncio.create_task(self._watchdog(), name="duplex-step-watchdog")]
+        for task in self._loops:
+            task.add_done_callback(_loop_ended)
 
-    async def stop(self) -> None:
-        """Cancel the loops, let in-flight steps finish, then release the inference thread."""
+    def health(self) -> str | None:
+        """None while the engine works; otherwise what is wrong (/healthz answers 503 with it)."""
+        for task in self._loops:
+            if task.done():
+                exc = None if task.cancelled() else task.exception()
+                return f"engine loop {task.get_name()} stopped" + (f": {type(exc).__name__}: {exc}" if exc else "")
+        if self._stepping:
+            running = self.clock() - min(self._stepping.values())
+            if running > self.hang_after:
+                return f"a model step has been running for {running:.1f} s (hung?)"
+        return None
+
+    async def _watchdog(self) -> None:
+        """Report a step that runs far past a micro-turn: it stalls every session of its batch."""
+        while True:
+            await asyncio.sleep(self.hang_after / 4)
+            now = self.clock()
+            for batch, started in list(self._stepping.items()):
+                if now - started > self.hang_after and batch not in self._hung_reported:
+                    self._hung_reported.add(batch)
+                    self.metrics.hung_steps.inc()
+                    log.error("model step running for %.1f s (over %.1f s): the model may be hung; every "
+                              "session in its batch is stalled", now - started, self.hang_after)
+            self._hung_reported &= set(self._stepping)
+
+    async def stop(self, last: Callable[[], object] | None = None) -> None:
+        """Cancel the loops, let in-flight steps finish, run `last` (model shutdown) on the inference
+        thread, then release the thread."""
         for task in self._loops:
             task.cancel()
         for task in self._loops:
@@ -102,6 +144,11 @@ class Engine:
                 await task
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if last is not None:
+            try:
+                await self.call(last)
+            except Exception:
+                log.exception("model shutdown failed")
         self._executor.shutdown(wait=True)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -119,7 +166,7 @@ class Engine:
 
     def add(self, session: Session) -> None:
         self.remove(session)
-        if session.pace is Pace.REALTIME:
+        if session.settings.pace is Pace.REALTIME:
             # A real-time session starts ticking at its first input (see _start_ticking), not at
             # connect: before that the model has nothing to answer, and a client that switches to
             # media pace first must find its timeline still at micro-turn 0.
@@ -134,7 +181,7 @@ class Engine:
 
     def resumed(self, session: Session) -> None:
         """A detached session is attached again: pick up where it paused, from now."""
-        if session.pace is Pace.REALTIME:
+        if session.settings.pace is Pace.REALTIME:
             self._schedule_at(session, self.clock() + self.guard)
             self._rt_wake.set()
         else:
@@ -142,18 +189,18 @@ class Engine:
 
     def push_audio(self, session: Session, audio: np.ndarray) -> int:
         """Queue real-time input; returns samples dropped because the client ran ahead."""
-        session.audio_started = True
-        before = session.chunker.ready()
-        dropped = session.chunker.push(audio)
+        session.inbox.audio_started = True
+        before = session.inbox.chunker.ready()
+        dropped = session.inbox.chunker.push(audio)
         if dropped:
             self.metrics.dropped_samples.inc(dropped)
-        if session.pace is Pace.REALTIME:
+        if session.settings.pace is Pace.REALTIME:
             self._start_ticking(session)
-        if session.pace is Pace.REALTIME and session.chunker.ready() > before:
-            session.ready_at = self.clock()
-            self._rephase(session, session.ready_at)
+        if session.settings.pace is Pace.REALTIME and session.inbox.chunker.ready() > before:
+            session.sched.ready_at = self.clock()
+            self._rephase(session, session.sched.ready_at)
             self._rt_wake.set()  # the loop may be waiting out the late-input allowance for this chunk
-        elif session.pace is Pace.MEDIA:
+        elif session.settings.pace is Pace.MEDIA:
             self._media_wake.set()
         return dropped
 
@@ -161,35 +208,36 @@ class Engine:
         """Queue media-pace input, waiting while the backlog is full (back-pressure, nothing dropped)."""
         for start in range(0, len(audio), TICK_SAMPLES):
             piece = audio[start : start + TICK_SAMPLES]
-            while session.chunker.buffered + len(piece) > session.chunker.max_samples and not session.closed:
-                session.room.clear()
+            chunker = session.inbox.chunker
+            while chunker.buffered + len(piece) > chunker.max_samples and not session.closed:
+                session.inbox.room.clear()
                 self._media_wake.set()
-                await session.room.wait()
+                await session.inbox.room.wait()
             self.push_audio(session, piece)
 
     def nudge(self, session: Session) -> None:
         """Something other than audio changed (text, cancel); media sessions may be steppable."""
-        if session.pace is Pace.MEDIA:
+        if session.settings.pace is Pace.MEDIA:
             self._media_wake.set()
         else:
             self._start_ticking(session)
 
     def _start_ticking(self, s: Session) -> None:
         """First input of a real-time session: tick in the first slot from now on; arrivals re-phase it."""
-        if not s.ticking:
-            s.ticking = True
+        if not s.sched.ticking:
+            s.sched.ticking = True
             self._schedule_at(s, self.clock() + self.guard)
             self._rt_wake.set()
 
     # -- real-time scheduling --------------------------------------------------------------------
 
     def _deadline(self, s: Session) -> float:
-        return self.t0 + s.period_index * self.period + s.slot * self.grid
+        return self.t0 + s.sched.period_index * self.period + s.sched.slot * self.grid
 
     def _schedule_at(self, s: Session, t: float) -> None:
         """Put `s` on the first slot boundary at or after `t`."""
         k = math.ceil((t - self.t0) / self.grid - 1e-9)
-        s.period_index, s.slot = divmod(k, self.groups)
+        s.sched.period_index, s.sched.slot = divmod(k, self.groups)
 
     def _rephase(self, s: Session, now: float) -> None:
         """A full micro-turn of input just completed: tick in the first slot after it (plus the guard).
@@ -201,7 +249,7 @@ class Engine:
         """
         phase = (now - self.t0) % self.period
         slot = math.ceil((phase + self.guard) / self.grid - 1e-9) % self.groups
-        if slot != s.slot or self._deadline(s) > now + self.period:
+        if slot != s.sched.slot or self._deadline(s) > now + self.period:
             next_time = now + ((slot * self.grid - phase) % self.period)
             self._schedule_at(s, next_time)
             self._rt_wake.set()
@@ -215,7 +263,7 @@ class Engine:
         (a silent or text-only client) still ticks, `late_input` after its deadline.
         """
         deadline = self._deadline(s)
-        if s.audio_started and s.chunker.ready() == 0:
+        if s.inbox.audio_started and s.inbox.chunker.ready() == 0:
             return deadline + self.late_input
         return deadline
 
@@ -225,8 +273,8 @@ class Engine:
             now = self.clock()
             # One pass: when each steppable session is due (sessions with MAX_IN_FLIGHT steps queued
             # wait for a completion, which wakes this loop).
-            due_at = {s: (now if s.catch_up else self._due_at(s)) for s in self._realtime
-                      if s.attached and not s.closed and s.ticking and s.in_flight < MAX_IN_FLIGHT}
+            due_at = {s: (now if s.sched.catch_up else self._due_at(s)) for s in self._realtime
+                      if s.attached and not s.closed and s.sched.ticking and s.sched.in_flight < MAX_IN_FLIGHT}
             due = [s for s, t in due_at.items() if t <= now + tolerance]
             if due:
                 self._launch(due, realtime=True)
@@ -240,8 +288,10 @@ class Engine:
         while True:
             await self._media_wake.wait()
             self._media_wake.clear()
-            ready = [s for s in self._media
-                     if s.attached and not s.closed and s.in_flight == 0 and s.chunker.ready() >= 1]
+            # Typed text (or a cancel) steps a media session too, with whatever audio it has (padded):
+            # a session that only types must still be answered, and its text must not pile up.
+            ready = [s for s in self._media if s.attached and not s.closed and s.sched.in_flight == 0
+                     and (s.inbox.chunker.ready() >= 1 or s.inbox.pending())]
             if ready:
                 await self._launch(ready, realtime=False)
                 self._media_wake.set()  # more may have become ready while stepping
@@ -257,57 +307,58 @@ class Engine:
             if realtime:
                 # Lateness is the server's: when input came after the deadline, count from its arrival;
                 # when it never came, from the end of the wait for it.
-                if s.catch_up:
+                if s.sched.catch_up:
                     deadline = self.clock()
-                elif s.chunker.ready() == 0:
+                elif s.inbox.chunker.ready() == 0:
                     deadline = self._due_at(s)
                 else:
-                    deadline = max(self._deadline(s), s.ready_at)
-                    ready_at = s.ready_at if s.chunker.ready() == 1 else None  # older surplus: not timed
-                if not s.catch_up:
-                    s.period_index += 1  # absolute cadence: the next deadline is one period on
-                s.catch_up = False
+                    deadline = max(self._deadline(s), s.sched.ready_at)
+                    ready_at = s.sched.ready_at if s.inbox.chunker.ready() == 1 else None  # older surplus: not timed
+                if not s.sched.catch_up:
+                    s.sched.period_index += 1  # absolute cadence: the next deadline is one period on
+                s.sched.catch_up = False
             inputs.append((s.state, self._take_input(s, realtime)))
             planned.append(_Planned(s, s.tick, deadline, ready_at))
             s.tick += 1
-            s.in_flight += 1
+            s.sched.in_flight += 1
         task = asyncio.create_task(self._step_and_deliver(planned, inputs, realtime))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
     def _take_input(self, s: Session, realtime: bool) -> TickInput:
-        chunk = s.chunker.pop()
+        chunk = s.inbox.chunker.pop()
         if realtime:
             if chunk.received < TICK_SAMPLES:
                 self.metrics.underruns.inc()
             # A surplus that persists means the client got ahead (burst or late phase): drain it.
-            s.surplus_streak = s.surplus_streak + 1 if s.chunker.ready() >= 1 else 0
-            if s.surplus_streak >= CATCH_UP_STREAK:
-                s.catch_up, s.surplus_streak = True, 0
-        s.room.set()
-        tick = TickInput(audio=chunk.audio, received=chunk.received, video=s.video, text=s.text_in,
-                         background=s.background.drain(), cancel=s.cancel)
-        s.video, s.text_in, s.cancel = None, [], False
+            s.sched.surplus_streak = s.sched.surplus_streak + 1 if s.inbox.chunker.ready() >= 1 else 0
+            if s.sched.surplus_streak >= CATCH_UP_STREAK:
+                s.sched.catch_up, s.sched.surplus_streak = True, 0
+        s.inbox.room.set()
+        box = s.inbox
+        tick = TickInput(audio=chunk.audio, received=chunk.received, video=box.video, text=box.take_text(),
+                         background=s.background.drain(), cancel=box.cancel)
+        box.video, box.cancel = None, False
         return tick
 
     async def _step_and_deliver(self, planned: list[_Planned], inputs: list[tuple[SessionState, TickInput]],
                                 realtime: bool) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            outs, t_start, t_end = await loop.run_in_executor(self._executor, self._step, inputs)
-        except Exception as exc:  # a model failure must not stop the engine or other sessions
-            log.exception("model step failed for %d session(s)", len(inputs))
-            outs = [TickOutput(silence(), events=[Event("error", {"message": f"model step failed: {exc}"})])
-                    for _ in inputs]
-            t_start = t_end = self.clock()
         m = self.metrics
+        self._stepping[id(planned)] = self.clock()  # watched by _watchdog
+        try:
+            outs, t_start, t_end = await self._run_step(inputs)
+        finally:
+            del self._stepping[id(planned)]
         m.step_seconds.observe(t_end - t_start)
         m.batch_size.observe(len(inputs))
         m.ticks.labels("realtime" if realtime else "media").inc(len(inputs))
+        # Book-keeping for the whole batch first: nothing a transport does below may leave a session
+        # of this batch counted as in flight (it would never be stepped again).
+        for p in planned:
+            p.session.sched.in_flight -= 1
         for p, out in zip(planned, outs, strict=True):
             s = p.session
-            s.in_flight -= 1
             if p.deadline is not None:
                 s.last_lateness = max(0.0, t_start - p.deadline)
                 m.lateness_seconds.observe(s.last_lateness)
@@ -315,17 +366,51 @@ class Engine:
                     m.missed_deadlines.inc()
             if s.closed:
                 continue
-            t = p.tick * self.period
-            s.log.add(t, "user", out.user_text)
-            s.log.add(t, "assistant", out.text)
-            s.background.on_output(out, p.tick)
-            s.deliver(out, p.tick)
+            try:
+                t = p.tick * self.period
+                s.log.add(t, "user", out.user_text)
+                s.log.add(t, "assistant", out.text)
+                s.background.on_output(out, p.tick)
+                s.deliver(out, p.tick)
+            except Exception:  # one session's transport or worker must not stop the others' delivery
+                log.exception("session %s: delivering micro-turn %d failed", s.id, p.tick)
+                m.delivery_errors.inc()
             if p.ready_at is not None:
                 m.turnaround_seconds.observe(self.clock() - p.ready_at)
         if realtime:
             self._rt_wake.set()
         else:
             self._media_wake.set()
+
+    async def _run_step(self, inputs: list[tuple[SessionState, TickInput]]) -> tuple[list[TickOutput], float, float]:
+        """One batched step; if it fails, step each session alone so that only the failing ones get an error.
+
+        A model failure is usually one session's input or state; stepping the rest again alone keeps
+        them going (each session's output does not depend on its batch: a tested property). A step
+        that failed may have advanced some states before raising; the model contract says nothing
+        about that, so the retried sessions may skip a micro-turn of model state, never crash.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self._step, inputs)
+        except Exception as exc:
+            if len(inputs) == 1:
+                log.exception("model step failed")
+                self.metrics.step_failures.inc()
+                t = self.clock()
+                return [_failed(exc)], t, t
+            log.warning("model step failed for a batch of %d (%s); stepping each session alone", len(inputs), exc)
+        outs: list[TickOutput] = []
+        t_start = self.clock()
+        for one in inputs:
+            try:
+                out, _, _ = await loop.run_in_executor(self._executor, self._step, [one])
+                outs.extend(out)
+            except Exception as exc:
+                log.exception("model step failed for one session")
+                self.metrics.step_failures.inc()
+                outs.append(_failed(exc))
+        return outs, t_start, self.clock()
 
     def _step(self, inputs: list[tuple[SessionState, TickInput]]) -> tuple[list[TickOutput], float, float]:
         """Runs on the inference thread."""

@@ -48,6 +48,19 @@ class Metrics:
         self.sessions_refused = Counter(
             "duplex_sessions_refused", "Connections refused because the server was full", registry=r
         )
+        self.step_failures = Counter(
+            "duplex_step_failures", "Sessions whose model step raised (they got silence and model_error)", registry=r
+        )
+        self.hung_steps = Counter(
+            "duplex_hung_steps", "Model steps that ran past the watchdog limit (--step-watchdog-s)", registry=r
+        )
+        self.delivery_errors = Counter(
+            "duplex_delivery_errors", "Micro-turn outputs that could not be handed to their transport", registry=r
+        )
+        self.dropped_events = Counter(
+            "duplex_dropped_events", "Events not kept for a client, by reason (outbox_full, backlog_full, "
+            "inbox_full)", ["reason"], registry=r
+        )
         self.client_errors = Counter(
             "duplex_client_errors", "Error events sent to clients, by code", ["code"], registry=r
         )

@@ -59,6 +59,9 @@ def parse_client_text(text: str) -> dict[str, Any]:
         event = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProtocolError("invalid_json", f"message is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:  # "[" * 100000 is under the size limit but deeper than the parser goes
+        raise ProtocolError("invalid_json", "message is nested too deeply to be an event; send a flat JSON "
+                            "object with a 'type' field") from None
     if not isinstance(event, dict):
         raise ProtocolError("invalid_event", "an event must be a JSON object with a 'type' field")
     etype = event.get("type")

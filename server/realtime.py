@@ -1,32 +1,38 @@
 """One client connection speaking the Realtime event protocol, independent of its transport.
 
 The WebSocket endpoint and the WebRTC data channel both feed client messages in (`handle_text`,
-`handle_audio`) and drain server events from `outbox`. The connection is the session's
-`OutputSink`: the engine hands it each micro-turn's output, which it turns into events.
+`handle_audio_bytes`) and drain serialized server events from `outbox`. The connection is the
+session's `OutputSink`: the runtime binds it to a session (`bind`), and the engine hands it each
+micro-turn's output, which it turns into events. A transport with its own audio path (WebRTC) passes
+an `AudioOutput`; output audio then goes there instead of into events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from models.base import TickOutput
 from server import protocol as p
+from server._session_update import updated_settings
+from server.limits import MAX_ITEM_TEXT_CHARS
+from server.outbox import Close, Outbox
 from server.protocol import ProtocolError
 from server.runtime import Runtime
-from server.sessions import Pace, Session
+from server.sessions import Pace, Session, TextFull
 from streaming.pcm import PCMError, float32_to_pcm16, pcm16_to_float32
 from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE, TICK_SECONDS
 
 log = logging.getLogger(__name__)
 
-OUTBOX_LIMIT = 2000  # events queued for a client that does not read; past this it is disconnected
 OVERRUN_ERROR_INTERVAL = 1.0  # seconds between repeated input_overrun errors
 
 
@@ -41,31 +47,39 @@ BETA_NAMES = {
 
 
 class ConnState(Enum):
+    NEW = "new"  # not bound to a session yet
     OPEN = "open"  # session.created sent; client events accepted
     CLOSING = "closing"  # the server is ending the session; client events ignored
-    CLOSED = "closed"
 
 
-class Close:
-    """Outbox sentinel: the transport should close with this code and reason."""
+class AudioOutput(Protocol):
+    """A transport's own output audio path (WebRTC's paced RTP track)."""
 
-    def __init__(self, code: int, reason: str) -> None:
-        self.code = code
-        self.reason = reason
+    def push(self, audio: np.ndarray) -> None:
+        """One micro-turn of output, float32 at 24 kHz."""
+        ...
+
+    def clear(self) -> int:
+        """Drop what is queued (barge-in, cancel); returns the milliseconds dropped."""
+        ...
+
+
+Handler = Callable[[dict[str, Any], str | None], Awaitable[None] | None]
 
 
 class RealtimeConnection:
-    def __init__(self, runtime: Runtime, session: Session, resumed: bool = False, beta: bool = False) -> None:
+    def __init__(self, runtime: Runtime, beta: bool = False, audio_out: AudioOutput | None = None,
+                 media_ok: bool = True) -> None:
         self.runtime = runtime
         self.beta = beta  # emit the beta protocol's event names
-        self.session = session
-        self.state = ConnState.OPEN
-        self.outbox: asyncio.Queue[dict[str, Any] | Close] = asyncio.Queue()
-        self.in_format = p.AudioFormat()
-        self.out_format = p.AudioFormat()
+        self.audio_out = audio_out  # None: output audio goes out as response.output_audio.delta events
+        self.media_ok = media_ok  # the transport can serve pace 'media'
+        self._session: Session | None = None
+        self.state = ConnState.NEW
+        self.outbox = Outbox(runtime.config.max_outbox_bytes)
+        self.cut = asyncio.Event()  # set when the client is cut for not reading: the transport hangs up now
         self._in_resampler: StreamResampler | None = None
         self._out_resampler: StreamResampler | None = None
-        self.tick_stats = False  # send duplex.tick after every micro-turn (session.update duplex.tick_stats)
         self._response_id: str | None = None  # the assistant utterance in progress
         self._item_id: str | None = None
         self._transcript: list[str] = []
@@ -73,7 +87,38 @@ class RealtimeConnection:
         self._user_text: list[str] = []
         self._suppress_before = 0  # outputs of ticks before this were cancelled by response.cancel
         self._last_overrun_error = 0.0
-        self.resumed = resumed
+        self.resumed = False
+        # One table for every client event, whatever the transport.
+        self._handlers: dict[str, Handler] = {
+            "session.update": self._on_session_update,
+            "input_audio_buffer.append": self._on_append,
+            "input_audio_buffer.commit": self._on_commit,
+            "input_audio_buffer.clear": self._on_clear,
+            "conversation.item.create": self._on_item_create,
+            "response.create": self._on_response_create,
+            "response.cancel": self._on_response_cancel,
+            "output_audio_buffer.clear": self._on_output_clear,
+            "duplex.background.request": self._background_event,
+        }
+
+    @property
+    def session(self) -> Session:
+        assert self._session is not None, "connection not bound to a session yet"
+        return self._session
+
+    def bind(self, session: Session, resumed: bool) -> None:
+        """The runtime attached this connection to `session`: take its settings and greet the client."""
+        self._session, self.resumed = session, resumed
+        self.state = ConnState.OPEN
+        self._apply_formats()
+        self.hello()
+
+    def _apply_formats(self) -> None:
+        cfg = self.session.settings
+        self._in_resampler = (StreamResampler(cfg.in_format.rate, SAMPLE_RATE)
+                              if cfg.in_format.rate != SAMPLE_RATE else None)
+        self._out_resampler = (StreamResampler(SAMPLE_RATE, cfg.out_format.rate)
+                               if cfg.out_format.rate != SAMPLE_RATE else None)
 
     # -- session lifecycle events -------------------------------------------------------------
 
@@ -86,35 +131,52 @@ class RealtimeConnection:
 
     def describe(self) -> dict[str, Any]:
         s = self.session
+        cfg = s.settings
         return {
             "id": s.id, "object": "realtime.session", "type": "realtime", "model": self.runtime.model.name,
-            "instructions": s.instructions, "output_modalities": ["audio"], "tools": s.tools,
-            "audio": {"input": {"format": self.in_format.describe(), "turn_detection": None},
-                      "output": {"format": self.out_format.describe()}},
-            "pace": s.pace.value, "duplex": {"tick_stats": self.tick_stats, "tick_ms": int(TICK_SECONDS * 1000)},
+            "instructions": cfg.instructions, "output_modalities": ["audio"], "tools": cfg.tools,
+            "audio": {"input": {"format": cfg.in_format.describe(), "turn_detection": None},
+                      "output": {"format": cfg.out_format.describe()}},
+            "pace": cfg.pace.value, "duplex": {"tick_stats": cfg.tick_stats, "tick_ms": int(TICK_SECONDS * 1000)},
         }
 
     # -- OutputSink -------------------------------------------------------------------------------
 
     def emit(self, event: dict[str, Any]) -> None:
-        if self.state is not ConnState.OPEN and event.get("type") != "error":
-            return
-        if self.outbox.qsize() >= OUTBOX_LIMIT:
-            self.end(1008, "client is not reading its events")
+        if self.state is not ConnState.OPEN:
             return
         if self.beta and event["type"] in BETA_NAMES:
             event["type"] = BETA_NAMES[event["type"]]
-        self.outbox.put_nowait(event)
+        text = json.dumps(event, separators=(",", ":"))
+        if not self.outbox.fits(len(text)):
+            # The client does not read: cut it (its session stays resumable). `end` never emits
+            # through this path, so there is no recursion however full the outbox is.
+            self.runtime.metrics.dropped_events.labels("outbox_full").inc()
+            log.warning("session %s: client not reading (%d bytes queued); disconnecting it", self.session.id,
+                        self.outbox.bytes)
+            self._close(1008, f"client is not reading its events ({self.outbox.bytes} bytes queued, limit "
+                        f"{self.outbox.max_bytes}); read faster or resume the session")
+            self.cut.set()
+            return
+        self.outbox.put(text)
 
     def end(self, code: int, reason: str) -> None:
         if self.state is ConnState.OPEN:
-            self.emit({"type": "duplex.session.closing", "event_id": p.new_id("event"), "code": code,
-                       "reason": reason})
-            self.state = ConnState.CLOSING
-            self.outbox.put_nowait(Close(code, reason))
+            goodbye = {"type": "duplex.session.closing", "event_id": p.new_id("event"), "code": code, "reason": reason}
+            self.outbox.put(json.dumps(goodbye))  # past the bound on purpose: it is the last event
+            self._close(code, reason)
+
+    def _close(self, code: int, reason: str) -> None:
+        self.state = ConnState.CLOSING
+        self.outbox.put(Close(code, reason))
 
     def deliver(self, out: TickOutput, tick: int) -> None:
-        media = self.session.pace is Pace.MEDIA
+        if self.state is not ConnState.OPEN:
+            return
+        if self.audio_out is not None and any(ev.type == "yielded" for ev in out.events):
+            self.audio_out.clear()  # the model gave up the floor (barge-in): queued speech must not play on
+        s = self.session
+        media = s.settings.pace is Pace.MEDIA
         audio = out.audio
         if tick < self._suppress_before:
             audio = np.zeros_like(audio)  # cancelled: this tick was already in flight
@@ -134,14 +196,16 @@ class RealtimeConnection:
             self._model_event(ev.type, ev.data, tick)
         if not speaking and self._response_id is not None and not out.text:
             self._finish_response("completed")
-        if self.tick_stats:
+        if s.settings.tick_stats:
             self.emit({"type": "duplex.tick", "event_id": p.new_id("event"), "tick": tick,
-                       "buffered_ms": int(self.session.chunker.buffered / SAMPLE_RATE * 1000),
-                       "dropped_samples": self.session.chunker.dropped,
-                       "late_ms": round(self.session.last_lateness * 1000, 1)})
+                       "buffered_ms": int(s.inbox.chunker.buffered / SAMPLE_RATE * 1000),
+                       "dropped_samples": s.inbox.chunker.dropped, "late_ms": round(s.last_lateness * 1000, 1)})
 
     def send_audio(self, audio: np.ndarray, tick: int) -> None:
-        """One micro-turn of output audio (24 kHz float32). WebRTC overrides this to feed its track."""
+        """One micro-turn of output audio (24 kHz float32): to the transport's audio path, or as an event."""
+        if self.audio_out is not None:
+            self.audio_out.push(audio)
+            return
         self.emit({"type": "response.output_audio.delta", "event_id": p.new_id("event"),
                    "response_id": self._response_id, "item_id": self._item_id, "output_index": 0,
                    "content_index": 0, "delta": self._encode_out(audio), "tick": tick})
@@ -239,124 +303,102 @@ class RealtimeConnection:
         """float32 audio in the session's input rate -> engine (24 kHz)."""
         if self._in_resampler is not None:
             audio = self._in_resampler.process(audio)
-        engine = self.runtime.engine
-        assert engine is not None
-        if self.session.pace is Pace.MEDIA:
-            await engine.push_audio_media(self.session, audio)
+        engine, s = self.runtime.engine, self.session
+        if s.settings.pace is Pace.MEDIA:
+            await engine.push_audio_media(s, audio)
             return
-        if engine.push_audio(self.session, audio):
+        if engine.push_audio(s, audio):
             now = time.monotonic()
             if now - self._last_overrun_error > OVERRUN_ERROR_INTERVAL:
                 self._last_overrun_error = now
                 self.error(ProtocolError("input_overrun", "audio is arriving faster than real time; the oldest "
-                                         f"input was dropped ({self.session.chunker.dropped} samples so far). "
+                                         f"input was dropped ({s.inbox.chunker.dropped} samples so far). "
                                          "Send at real-time pace or use session.pace 'media'"))
 
     async def _dispatch(self, ev: dict[str, Any]) -> None:
-        etype, eid = ev["type"], ev.get("event_id")
+        handler = self._handlers.get(ev["type"])
+        if handler is None:  # parse_client_text only lets known types through; a table gap is our bug
+            raise ProtocolError("unknown_event_type", f"event type {ev['type']!r} is not handled here", "type",
+                                ev.get("event_id"))
+        result = handler(ev, ev.get("event_id"))
+        if result is not None:
+            await result
+
+    def _on_session_update(self, ev: dict[str, Any], eid: str | None) -> None:
         s = self.session
-        engine = self.runtime.engine
-        assert engine is not None
-        if etype == "session.update":
-            self._session_update(ev.get("session"), eid)
-        elif etype == "input_audio_buffer.append":
-            await self.handle_audio_bytes(p.decode_audio_b64(ev.get("audio"), eid), eid)
-        elif etype == "input_audio_buffer.commit":
-            # Full duplex has no turns to commit: input is stepped every micro-turn anyway.
-            self.emit({"type": "input_audio_buffer.committed", "event_id": p.new_id("event"),
-                       "item_id": p.new_id("item"), "previous_item_id": None})
-        elif etype == "input_audio_buffer.clear":
-            s.chunker.clear()
-            s.room.set()
-            self.emit({"type": "input_audio_buffer.cleared", "event_id": p.new_id("event")})
-        elif etype == "conversation.item.create":
-            item = ev.get("item")
-            if isinstance(item, dict) and item.get("type") == "function_call_output":
-                self._background_event(ev, eid)
-                return
-            is_message = isinstance(item, dict) and item.get("type", "message") == "message"
-            if is_message and isinstance(item, dict) and item.get("role", "user") != "user":
-                raise ProtocolError("unsupported_item", "only user messages and function_call_output items can be "
-                                    "created", "item.role", eid)
-            text = p.item_text(item, eid)
-            s.text_in.append(text)
-            s.log.add(s.tick * TICK_SECONDS, "user", text, kind="typed")
-            engine.nudge(s)
-            item_id = item.get("id") if isinstance(item, dict) and isinstance(item.get("id"), str) else p.new_id("item")
-            self.emit({"type": "conversation.item.added", "event_id": p.new_id("event"), "previous_item_id": None,
-                       "item": {"id": item_id, "type": "message", "role": "user",
-                                "content": [{"type": "input_text", "text": text}]}})
-        elif etype == "response.create":
-            # The model decides when to speak every micro-turn; a client request is only a hint.
-            engine.nudge(s)
-        elif etype == "response.cancel":
-            if self._response_id is None:
-                raise ProtocolError("response_cancel_not_active", "there is no active response to cancel",
-                                    None, eid)
-            s.cancel = True
-            self._suppress_before = s.tick  # ticks already in flight are silenced
-            engine.nudge(s)
-            self._finish_response("cancelled")
-        elif etype == "output_audio_buffer.clear":
-            self._suppress_before = s.tick
-        elif etype.startswith(p.EXT + "background."):
+        new = updated_settings(ev.get("session"), s.settings, s.inbox.audio_started, self.media_ok, eid)
+        pace_changed = new.pace is not s.settings.pace
+        s.settings = new
+        if pace_changed:
+            self.runtime.engine.add(s)
+        self._apply_formats()
+        self.emit({"type": "session.updated", "event_id": p.new_id("event"), "session": self.describe()})
+
+    async def _on_append(self, ev: dict[str, Any], eid: str | None) -> None:
+        await self.handle_audio_bytes(p.decode_audio_b64(ev.get("audio"), eid), eid)
+
+    def _on_commit(self, ev: dict[str, Any], eid: str | None) -> None:
+        # Full duplex has no turns to commit: input is stepped every micro-turn anyway.
+        self.emit({"type": "input_audio_buffer.committed", "event_id": p.new_id("event"),
+                   "item_id": p.new_id("item"), "previous_item_id": None})
+
+    def _on_clear(self, ev: dict[str, Any], eid: str | None) -> None:
+        box = self.session.inbox
+        box.chunker.clear()
+        box.room.set()
+        self.emit({"type": "input_audio_buffer.cleared", "event_id": p.new_id("event")})
+
+    def _on_item_create(self, ev: dict[str, Any], eid: str | None) -> None:
+        s = self.session
+        item = ev.get("item")
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
             self._background_event(ev, eid)
+            return
+        is_message = isinstance(item, dict) and item.get("type", "message") == "message"
+        if is_message and isinstance(item, dict) and item.get("role", "user") != "user":
+            raise ProtocolError("unsupported_item", "only user messages and function_call_output items can be "
+                                "created", "item.role", eid)
+        text = p.item_text(item, eid)
+        if len(text) > MAX_ITEM_TEXT_CHARS:
+            raise ProtocolError("item_too_large", f"the message has {len(text)} characters; the limit is "
+                                f"{MAX_ITEM_TEXT_CHARS}", "item.content", eid)
+        try:
+            s.inbox.add_text(text)
+        except TextFull as exc:
+            self.runtime.metrics.dropped_events.labels("inbox_full").inc()
+            raise ProtocolError("text_buffer_full", str(exc), "item.content", eid) from None
+        s.log.add(s.tick * TICK_SECONDS, "user", text, kind="typed")
+        self.runtime.engine.nudge(s)
+        given = item.get("id") if isinstance(item, dict) else None
+        item_id = given[:64] if isinstance(given, str) else p.new_id("item")
+        self.emit({"type": "conversation.item.added", "event_id": p.new_id("event"), "previous_item_id": None,
+                   "item": {"id": item_id, "type": "message", "role": "user",
+                            "content": [{"type": "input_text", "text": text}]}})
+
+    def _on_response_create(self, ev: dict[str, Any], eid: str | None) -> None:
+        # The model decides when to speak every micro-turn; a client request is only a hint.
+        self.runtime.engine.nudge(self.session)
+
+    def _on_response_cancel(self, ev: dict[str, Any], eid: str | None) -> None:
+        s = self.session
+        if self.audio_out is not None:
+            self.audio_out.clear()  # what is queued for the speaker stops now
+        if self._response_id is None:
+            raise ProtocolError("response_cancel_not_active", "there is no active response to cancel", None, eid)
+        s.inbox.cancel = True
+        self._suppress_before = s.tick  # ticks already in flight are silenced
+        self.runtime.engine.nudge(s)
+        self._finish_response("cancelled")
+
+    def _on_output_clear(self, ev: dict[str, Any], eid: str | None) -> None:
+        self._suppress_before = self.session.tick
+        if self.audio_out is not None:
+            dropped_ms = self.audio_out.clear()
+            self.emit({"type": "output_audio_buffer.cleared", "event_id": p.new_id("event"),
+                       "dropped_ms": dropped_ms})
 
     def _background_event(self, ev: dict[str, Any], eid: str | None) -> None:
         handler = getattr(self.session.background, "on_client_event", None)
         if handler is None or not handler(ev):
             raise ProtocolError("background_unavailable", "this server runs no background reasoner "
                                 "(start it with --background)", "type", eid)
-
-    def _session_update(self, cfg: Any, eid: str | None) -> None:
-        s = self.session
-        if not isinstance(cfg, dict):
-            raise ProtocolError("invalid_session", "'session' must be an object", "session", eid)
-        # Validate everything first so that a bad field changes nothing.
-        pace = s.pace
-        if "pace" in cfg:
-            try:
-                pace = Pace(cfg["pace"])
-            except ValueError:
-                raise ProtocolError("invalid_pace", f"session.pace must be 'realtime' or 'media', got {cfg['pace']!r}",
-                                    "session.pace", eid) from None
-            if pace is not s.pace and s.audio_started:
-                raise ProtocolError("pace_locked", "session.pace can only change before the first audio is sent",
-                                    "session.pace", eid)
-        audio: dict[str, Any] = cfg["audio"] if isinstance(cfg.get("audio"), dict) else {}
-        in_fmt, out_fmt = self.in_format, self.out_format
-        if "input_audio_format" in cfg:
-            in_fmt = p.parse_format(cfg["input_audio_format"], "session.input_audio_format", eid)
-        if isinstance(audio.get("input"), dict) and "format" in audio["input"]:
-            in_fmt = p.parse_format(audio["input"]["format"], "session.audio.input.format", eid)
-        if "output_audio_format" in cfg:
-            out_fmt = p.parse_format(cfg["output_audio_format"], "session.output_audio_format", eid)
-        if isinstance(audio.get("output"), dict) and "format" in audio["output"]:
-            out_fmt = p.parse_format(audio["output"]["format"], "session.audio.output.format", eid)
-        if in_fmt.rate != self.in_format.rate and s.audio_started:
-            raise ProtocolError("format_locked", "the input format can only change before the first audio",
-                                "session.audio.input.format", eid)
-        if "instructions" in cfg and not isinstance(cfg["instructions"], str):
-            raise ProtocolError("invalid_instructions", "session.instructions must be a string",
-                                "session.instructions", eid)
-        tools = cfg.get("tools", s.tools)
-        if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                                  for t in tools):
-            raise ProtocolError("invalid_tools", "session.tools must be a list of {type: 'function', name, "
-                                "description, parameters}", "session.tools", eid)
-        ext = cfg.get("duplex", {})
-        if not isinstance(ext, dict):
-            raise ProtocolError("invalid_session", "session.duplex must be an object", "session.duplex", eid)
-        # Apply.
-        if pace is not s.pace:
-            s.pace = pace
-            assert self.runtime.engine is not None
-            self.runtime.engine.add(s)
-        self.in_format, self.out_format = in_fmt, out_fmt
-        self._in_resampler = StreamResampler(in_fmt.rate, SAMPLE_RATE) if in_fmt.rate != SAMPLE_RATE else None
-        self._out_resampler = StreamResampler(SAMPLE_RATE, out_fmt.rate) if out_fmt.rate != SAMPLE_RATE else None
-        s.instructions = cfg.get("instructions", s.instructions)
-        s.tools = tools
-        if "tick_stats" in ext:
-            self.tick_stats = bool(ext["tick_stats"])
-        self.emit({"type": "session.updated", "event_id": p.new_id("event"), "session": self.describe()})

@@ -1,6 +1,10 @@
-"""Everything a running server holds: model, engine, session registry, metrics, background factory.
+"""Everything a running server holds, and the one owner of a session's life.
 
-Transports (WebSocket, WebRTC) get one `Runtime` and never touch the model directly.
+`Runtime.create` builds it whole (model, engine, registry, background reasoner) and starts it; there
+is no half-built state. Transports (WebSocket, WebRTC) only parse messages and move bytes: they ask
+the runtime to `attach` a sink (new session or resume), `detach` it when their connection ends, and
+the runtime (or the reaper, or a drain) `close`s sessions. The registry and the engine are called in
+one order, here, and nowhere else.
 """
 
 from __future__ import annotations
@@ -11,99 +15,190 @@ import logging
 import time
 from collections.abc import Callable
 
+from models.background import Reasoner
 from models.base import InteractionModel
 from models.registry import load_model
+from server import protocol as p
 from server.admission import HARD_CAP, budget, calibrate
 from server.auth import default_origins
+from server.background import make_background_factory
 from server.config import ServerConfig
 from server.engine import Engine
 from server.metrics import Metrics
-from server.sessions import BackgroundHook, NoBackground, Session, SessionRegistry
+from server.sessions import BackgroundHook, OutputSink, Pace, RegistryFull, Session, SessionRegistry
 
 log = logging.getLogger(__name__)
 
 BackgroundFactory = Callable[[Session], BackgroundHook]
+RETRY_AFTER_FULL = 5  # seconds a refused client is told to wait before trying again
+
+
+class Refused(Exception):
+    """`attach` cannot admit this client; each transport turns it into its own refusal."""
+
+    def __init__(self, code: str, message: str, http_status: int, ws_close: int,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.http_status, self.ws_close = code, message, http_status, ws_close
+        self.headers = headers
 
 
 class Runtime:
-    def __init__(self, config: ServerConfig, model: InteractionModel | None = None) -> None:
+    """Use `await Runtime.create(config)`; `__init__` only stores parts that are already built."""
+
+    def __init__(self, config: ServerConfig, metrics: Metrics, model: InteractionModel, engine: Engine,
+                 capacity: int, reasoner: Reasoner | None, background_factory: BackgroundFactory) -> None:
         self.config = config
-        self.metrics = Metrics()
-        self._model = model
-        self.engine: Engine | None = None
-        self.registry: SessionRegistry | None = None
-        self.background_factory: BackgroundFactory = lambda session: NoBackground()
+        self.metrics = metrics
+        self.model = model
+        self.engine = engine
+        self.reasoner = reasoner  # shared by every session's background worker; closed at stop
+        self.background_factory = background_factory
+        self.registry = SessionRegistry(capacity, engine.open_state, self._free, config.max_backlog_ticks,
+                                        config.resume_grace, config.idle_timeout)
         self.draining = False
         self.allowed_origins = default_origins(config.host, config.port) | set(config.allowed_origins)
-        self._reaper: asyncio.Task[None] | None = None
         self.started_at = time.time()
+        self._reaper: asyncio.Task[None] | None = None
 
-    @property
-    def model(self) -> InteractionModel:
-        assert self._model is not None, "runtime not started"
-        return self._model
-
-    async def start(self) -> None:
-        """Load the model on the inference thread, measure capacity, start the tick loops."""
-        cfg = self.config
-        if self._model is None:
+    @classmethod
+    async def create(cls, config: ServerConfig, model: InteractionModel | None = None) -> Runtime:
+        """Load the model on a worker thread, measure capacity, build the reasoner, start the loops."""
+        cfg = config
+        if model is None:
             log.info("loading model %s ...", cfg.model)
-            loop = asyncio.get_running_loop()
             # Loading imports torch and reads weights: keep it off the event loop.
-            self._model = await loop.run_in_executor(None, lambda: load_model(cfg.model, cfg.checkpoint, cfg.device))
-        engine = Engine(self.model, self.metrics, phase_groups=cfg.phase_groups or 1, guard=cfg.guard_ms / 1000,
-                        late_input=cfg.late_input_ms / 1000)
-        self.engine = engine
+            model = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: load_model(cfg.model, cfg.checkpoint, cfg.device))
+        metrics = Metrics()
+        engine = Engine(model, metrics, phase_groups=cfg.phase_groups or 1, guard=cfg.guard_ms / 1000,
+                        late_input=cfg.late_input_ms / 1000, hang_after=cfg.step_watchdog_s)
         groups, capacity = cfg.phase_groups, cfg.max_sessions
         if groups is None or capacity is None:
             cal = await calibrate(engine)
             groups = groups or cal.groups(budget(engine))
-            capacity = capacity or cal.capacity(budget(engine), groups, self.model.max_sessions or HARD_CAP)
+            capacity = capacity or cal.capacity(budget(engine), groups, model.max_sessions or HARD_CAP)
         engine.set_phase_groups(groups)
-        if self.model.max_sessions is not None:
-            capacity = min(capacity, self.model.max_sessions)
+        if model.max_sessions is not None:
+            capacity = min(capacity, model.max_sessions)
         log.info("model %s ready; admitting up to %d sessions; %d phase groups (%.1f ms apart)",
-                 self.model.name, capacity, groups, engine.grid * 1000)
-
-        async def close_session(session: Session) -> None:
-            await session.background.stop()
-            await engine.close_state(session)
-            self.metrics.sessions_live.set(len(self.registry or ()))
-
-        self.registry = SessionRegistry(capacity, engine.open_state, close_session, cfg.max_backlog_ticks,
-                                        cfg.resume_grace, cfg.idle_timeout)
-        from server.background import make_background_factory  # late: optional reasoner backends
-
-        self.background_factory = make_background_factory(self)
+                 model.name, capacity, groups, engine.grid * 1000)
+        reasoner, factory = make_background_factory(cfg)
+        runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
         await engine.start()
-        self._reaper = asyncio.create_task(self._reap_forever(), name="duplex-reaper")
+        runtime._reaper = asyncio.create_task(runtime._reap_forever(), name="duplex-reaper")
+        return runtime
 
-    async def open_session(self) -> Session:
-        assert self.registry is not None and self.engine is not None
-        session = await self.registry.open()
+    # -- a session's life ---------------------------------------------------------------------------
+
+    async def attach(self, sink: OutputSink, resume_token: str | None = None, client: str = "",
+                     media: bool = True) -> Session:
+        """Open a session for `sink`, or resume the detached one `resume_token` names; raises Refused.
+
+        On resume the token is rotated (the old one stops working; the new one is in the greeting),
+        the session keeps its settings, and what it produced while detached is replayed in order.
+        `media=False`: the transport cannot serve pace 'media' (WebRTC).
+        """
+        if self.draining:
+            raise Refused("server_shutting_down", "server is shutting down; reconnect later", 503, 1013)
+        if resume_token:
+            session = self.registry.resumable(resume_token)
+            if session is None:
+                raise Refused("invalid_resume_token", "resume token is unknown, expired or already in use; "
+                              "open a new session", 404, 1008)
+            if session.settings.pace is Pace.MEDIA and not media:
+                raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
+                              "endpoint serves; resume it there", 409, 1008)
+            # No await from resumable() to here: nobody else can take the session in between.
+            self.registry.retoken(session)
+            self.registry.reattach(session, sink)
+            sink.bind(session, resumed=True)
+            dropped = session.backlog.replay(sink)
+            if dropped:
+                self.metrics.dropped_events.labels("backlog_full").inc(dropped)
+                sink.emit(p.error_event("backlog_overflow", f"{dropped} outputs/events produced while you were "
+                                        "disconnected did not fit the resume backlog and were dropped; resume "
+                                        "sooner to get them all", kind="server_error"))
+            self.engine.resumed(session)
+            return session
+        cap = self.config.max_sessions_per_client
+        if cap and client and self.registry.count(client) >= cap:
+            raise Refused("too_many_sessions", f"this client already holds {cap} sessions (the limit per client); "
+                          "close one (or let it expire) before opening another", 429, 1013,
+                          {"Retry-After": str(RETRY_AFTER_FULL)})
+        try:
+            session = await self.registry.open(client)
+        except RegistryFull as exc:
+            self.metrics.sessions_refused.inc()
+            raise Refused("server_full", str(exc), 503, 1013, {"Retry-After": str(RETRY_AFTER_FULL)}) from None
+        if self.draining:  # the drain began while the model state was being opened
+            await self.registry.close(session)
+            raise Refused("server_shutting_down", "server is shutting down; reconnect later", 503, 1013)
         session.background = self.background_factory(session)
+        self.registry.reattach(session, sink)
+        sink.bind(session, resumed=False)
+        self.engine.add(session)
         self.metrics.sessions_live.set(len(self.registry))
         return session
+
+    async def detach(self, session: Session, normal: bool, sink: OutputSink | None = None,
+                     restore_token: str | None = None) -> None:
+        """The transport's connection ended. `normal` (the client said goodbye): close the session now;
+        otherwise keep it for the resume grace period. A no-op when `sink` no longer owns the session
+        (it was resumed elsewhere, or closed). `restore_token`: the connection never delivered the
+        rotated token, so the client's old one must keep working."""
+        if session.closed or (sink is not None and session.sink is not sink):
+            return
+        if normal:
+            await self.close(session)
+            return
+        self.registry.detach(session)
+        if restore_token:
+            self.registry.retoken(session, restore_token)
+
+    async def close(self, session: Session, reason: str = "", code: int = 1000) -> None:
+        """End a session for good: tell its client why (when `reason`), free its model state and slot."""
+        await self.registry.close(session, code, reason)
+
+    async def _free(self, session: Session) -> None:
+        """Registry closer: stop the background worker, drop the session from the engine, close its state."""
+        try:
+            await session.background.stop()
+        finally:
+            await self.engine.close_state(session)
+            self.metrics.sessions_live.set(len(self.registry))
+
+    # -- server life --------------------------------------------------------------------------------
+
+    def health(self) -> str | None:
+        """None when healthy; otherwise why not (the engine loop died, a step hangs)."""
+        return self.engine.health()
 
     async def drain(self, reason: str) -> None:
         """Stop admitting, tell every live session why, and close them all."""
         self.draining = True
-        if self.registry is None:
-            return
         for session in self.registry.sessions():
-            await self.registry.close(session, 1001, reason)
+            try:
+                await self.close(session, reason, 1001)
+            except Exception:  # one broken session must not keep the others open
+                log.exception("closing session %s during drain failed", session.id)
 
     async def stop(self) -> None:
+        """Drain, stop the reaper and the engine, close the reasoner and the model."""
         await self.drain("server shutting down")
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        if self.engine is not None:
-            await self.engine.stop()
+        shutdown = getattr(self.model, "shutdown", None)  # optional: models with threads or files to release
+        await self.engine.stop(shutdown if callable(shutdown) else None)
+        if self.reasoner is not None:
+            try:
+                await self.reasoner.aclose()
+            except Exception:
+                log.exception("closing the background reasoner failed")
 
     async def _reap_forever(self) -> None:
-        assert self.registry is not None
         while True:
             await asyncio.sleep(1.0)
             try:

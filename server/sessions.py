@@ -2,12 +2,19 @@
 
 A session outlives its connection: when a client drops, the session is detached and paused (not
 stepped, so its model state is exactly where the client left it) and can be resumed with its token
-within a grace period. After that its model state is freed.
+within a grace period. After that its model state is freed. `server/runtime.py` sequences these
+calls (attach / detach / close); transports never call the registry themselves.
+
+A `Session` is three parts with different owners:
+  - `settings`: what the client chose (formats, instructions, tools, stats); survives a resume;
+  - `inbox`: client input waiting for the next micro-turn (audio, typed text, video, cancel), bounded;
+  - `sched`: the engine's scheduling state (server/engine.py), private to it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
@@ -22,6 +29,8 @@ import numpy.typing as npt
 
 from models.base import BackgroundChunk, SessionState, TickOutput
 from server.conversation import ConversationLog
+from server.limits import BACKLOG_BYTES, BACKLOG_ITEMS, MAX_PENDING_TEXT_CHARS
+from server.protocol import AudioFormat
 from streaming.chunker import Chunker
 
 log = logging.getLogger(__name__)
@@ -34,6 +43,10 @@ class Pace(StrEnum):
 
 class OutputSink(Protocol):
     """The transport side of a session: receives each micro-turn's output on the event loop."""
+
+    def bind(self, session: Session, resumed: bool) -> None:
+        """The runtime attached `session` to this sink: greet the client (session.created...)."""
+        ...
 
     def deliver(self, out: TickOutput, tick: int) -> None: ...
 
@@ -69,54 +82,141 @@ class NoBackground:
         return None
 
 
-@dataclass(eq=False)  # identity semantics: sessions live in sets
-class Session:
-    id: str
-    resume_token: str
-    state: SessionState  # the model's per-session state (KV slot, VAD state...), opaque here
-    chunker: Chunker  # pending input audio, bounded
+@dataclass
+class SessionSettings:
+    """What the client chose with session.update. Belongs to the session, so it survives a resume."""
+
     pace: Pace = Pace.REALTIME
+    in_format: AudioFormat = field(default_factory=AudioFormat)  # client audio in (resampled to 24 kHz)
+    out_format: AudioFormat = field(default_factory=AudioFormat)  # audio the client gets back
     instructions: str = ""  # system instructions for the background reasoner
     tools: list[dict[str, Any]] = field(default_factory=list)  # client-declared tools (Realtime format)
-    config: dict[str, Any] = field(default_factory=dict)  # the rest of session.update, echoed back
-    text_in: list[str] = field(default_factory=list)  # typed text waiting for the next tick
-    video: npt.NDArray[np.uint8] | None = None  # newest frame since the last tick
+    tick_stats: bool = False  # send duplex.tick after every micro-turn
+
+
+class TextFull(Exception):
+    """Typed text waiting for the next micro-turn is over its bound."""
+
+
+@dataclass
+class Inbox:
+    """Client input waiting for the next micro-turn. Every part is bounded."""
+
+    chunker: Chunker = field(default_factory=Chunker)  # pending audio, bounded by max_backlog_ticks
+    text: list[str] = field(default_factory=list)  # typed text, at most MAX_PENDING_TEXT_CHARS in all
+    text_chars: int = 0
+    video: npt.NDArray[np.uint8] | None = None  # newest frame since the last tick (one, replaced)
     cancel: bool = False  # response.cancel waiting for the next tick
-    tick: int = 0  # micro-turns stepped so far (the session's own timeline)
-    audio_started: bool = False  # any audio received yet (pace is fixed after that)
+    audio_started: bool = False  # any audio received yet (pace and input format are fixed after that)
+    room: asyncio.Event = field(default_factory=asyncio.Event)  # media pace: audio buffer has room
+
+    def __post_init__(self) -> None:
+        self.room.set()  # empty: there is room
+
+    def add_text(self, text: str) -> None:
+        if self.text_chars + len(text) > MAX_PENDING_TEXT_CHARS:
+            raise TextFull(f"{self.text_chars} characters of typed text are already waiting for the next "
+                           f"micro-turn (limit {MAX_PENDING_TEXT_CHARS}); send less text at once")
+        self.text.append(text)
+        self.text_chars += len(text)
+
+    def pending(self) -> bool:
+        """Anything besides audio waiting (media pace steps for it even without a micro-turn of audio)."""
+        return bool(self.text) or self.cancel
+
+    def take_text(self) -> list[str]:
+        text, self.text, self.text_chars = self.text, [], 0
+        return text
+
+
+@dataclass
+class Schedule:
+    """The engine's per-session scheduling state (server/engine.py). Nothing else reads or writes it."""
+
     ticking: bool = False  # real-time: the clock runs for this session (from its first input on)
-    log: ConversationLog = field(default_factory=ConversationLog)
-    background: BackgroundHook = field(default_factory=NoBackground)
-    sink: OutputSink | None = None  # None while detached
-    detached_at: float | None = None  # monotonic time of the disconnect, None while attached
-    last_activity: float = field(default_factory=time.monotonic)
-    closed: bool = False
-    # Outputs produced while detached (a step was in flight at the disconnect); replayed on resume.
-    undelivered: deque[tuple[TickOutput, int]] = field(default_factory=lambda: deque(maxlen=50))
-    # -- engine bookkeeping (server/engine.py), not for transports --
     slot: int = 0  # phase slot within the micro-turn (real-time pace)
     period_index: int = 0  # global micro-turn index of the next deadline
     ready_at: float = 0.0  # monotonic time the newest whole micro-turn of input completed
     catch_up: bool = False  # step once extra as soon as possible (a surplus persisted)
     surplus_streak: int = 0
     in_flight: int = 0  # steps submitted and not yet delivered
+
+
+class Backlog:
+    """What a detached session produced (outputs of steps in flight, background answers, tool calls),
+    kept in order for its resume. Bounded in items and bytes; what falls off is counted and reported."""
+
+    def __init__(self, max_items: int = BACKLOG_ITEMS, max_bytes: int = BACKLOG_BYTES) -> None:
+        self.max_items, self.max_bytes = max_items, max_bytes
+        self._items: deque[tuple[int, TickOutput | dict[str, Any], int]] = deque()  # (bytes, item, tick)
+        self.bytes = 0
+        self.dropped = 0  # items dropped since the last replay
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add_output(self, out: TickOutput, tick: int) -> None:
+        self._add(int(out.audio.nbytes) + 2 * len(out.text) + 2 * len(out.user_text) + 64, out, tick)
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        self._add(len(json.dumps(event, separators=(",", ":"))), event, -1)
+
+    def _add(self, size: int, item: TickOutput | dict[str, Any], tick: int) -> None:
+        self._items.append((size, item, tick))
+        self.bytes += size
+        while len(self._items) > self.max_items or self.bytes > self.max_bytes:
+            old, _, _ = self._items.popleft()
+            self.bytes -= old
+            self.dropped += 1
+
+    def replay(self, sink: OutputSink) -> int:
+        """Hand everything to `sink` in order; returns how many items had been dropped (then resets it)."""
+        while self._items:
+            _, item, tick = self._items.popleft()
+            if isinstance(item, TickOutput):
+                sink.deliver(item, tick)
+            else:
+                sink.emit(item)
+        self.bytes = 0
+        dropped, self.dropped = self.dropped, 0
+        return dropped
+
+
+@dataclass(eq=False)  # identity semantics: sessions live in sets
+class Session:
+    id: str
+    resume_token: str
+    state: SessionState  # the model's per-session state (KV slot, VAD state...), opaque here
+    settings: SessionSettings = field(default_factory=SessionSettings)
+    inbox: Inbox = field(default_factory=Inbox)
+    sched: Schedule = field(default_factory=Schedule)  # engine-private
+    client: str = ""  # who opened it (API key or address), for the per-client session cap
+    tick: int = 0  # micro-turns stepped so far (the session's own timeline)
     last_lateness: float = 0.0  # seconds the last real-time step started after its deadline (duplex.tick)
-    room: asyncio.Event = field(default_factory=asyncio.Event)  # media pace: input buffer has room
+    log: ConversationLog = field(default_factory=ConversationLog)
+    background: BackgroundHook = field(default_factory=NoBackground)
+    sink: OutputSink | None = None  # None while detached
+    detached_at: float | None = None  # monotonic time of the disconnect, None while attached
+    last_activity: float = field(default_factory=time.monotonic)
+    closed: bool = False
+    backlog: Backlog = field(default_factory=Backlog)  # produced while detached; replayed on resume
 
     @property
     def attached(self) -> bool:
         return self.sink is not None
 
     def emit(self, event: dict[str, Any]) -> None:
-        """Send an event to the client if one is attached (dropped while detached)."""
+        """Send an event to the client; while detached it waits in the backlog for the resume."""
         if self.sink is not None:
             self.sink.emit(event)
+        elif not self.closed:
+            self.backlog.add_event(event)
 
     def deliver(self, out: TickOutput, tick: int) -> None:
         if self.sink is not None:
             self.sink.deliver(out, tick)
-        else:
-            self.undelivered.append((out, tick))
+        elif not self.closed:
+            self.backlog.add_output(out, tick)
 
 
 class RegistryFull(Exception):
@@ -146,7 +246,11 @@ class SessionRegistry:
     def sessions(self) -> list[Session]:
         return list(self._by_id.values())
 
-    async def open(self) -> Session:
+    def count(self, client: str) -> int:
+        """Sessions (attached or awaiting resume) opened by `client`."""
+        return sum(1 for s in self._by_id.values() if s.client == client)
+
+    async def open(self, client: str = "") -> Session:
         if len(self._by_id) + self._opening >= self.capacity:
             raise RegistryFull(f"server full: {len(self._by_id)} of {self.capacity} sessions in use; try again later")
         self._opening += 1
@@ -156,8 +260,7 @@ class SessionRegistry:
         finally:
             self._opening -= 1
         session = Session(id=sid, resume_token=secrets.token_urlsafe(24), state=state,
-                          chunker=Chunker(max_backlog_ticks=self.max_backlog_ticks))
-        session.room.set()
+                          inbox=Inbox(Chunker(max_backlog_ticks=self.max_backlog_ticks)), client=client)
         self._by_id[sid] = session
         self._by_token[session.resume_token] = session
         return session
@@ -177,26 +280,31 @@ class SessionRegistry:
             return None
         return session
 
-    def resume(self, token: str, sink: OutputSink) -> Session | None:
-        """Reattach a detached session by its token (see `resumable`); replays undelivered outputs."""
-        session = self.resumable(token)
-        if session is None:
-            return None
+    def retoken(self, session: Session, token: str | None = None) -> str:
+        """Give `session` a new resume token (a fresh one unless `token`); the old one stops working."""
+        self._by_token.pop(session.resume_token, None)
+        session.resume_token = token or secrets.token_urlsafe(24)
+        self._by_token[session.resume_token] = session
+        return session.resume_token
+
+    def reattach(self, session: Session, sink: OutputSink) -> None:
         session.sink = sink
         session.detached_at = None
         session.last_activity = time.monotonic()
-        while session.undelivered:
-            sink.deliver(*session.undelivered.popleft())
-        return session
 
     async def close(self, session: Session, code: int = 1000, reason: str = "") -> None:
         if session.closed:
             return
         session.closed = True
-        if reason and session.sink is not None:
-            session.sink.end(code, reason)
+        # Unregister first, so that whatever happens below the slot and the token are freed.
         self._by_id.pop(session.id, None)
         self._by_token.pop(session.resume_token, None)
+        sink, session.sink = session.sink, None
+        try:
+            if reason and sink is not None:
+                sink.end(code, reason)
+        except Exception:  # a broken transport must not keep the model state alive
+            log.exception("session %s: telling the client why it closes failed", session.id)
         await self._close(session)
 
     async def reap(self, now: float) -> list[Session]:

@@ -1,18 +1,24 @@
 """Tools the background reasoner may call: built-ins that need no network, and client-declared ones.
 
-Built-ins run here, in microseconds (bounded inputs), so they run inline on the event loop. Client
-tools are declared with `session.update` in the Realtime format and executed by the client
+Built-ins are bounded before they compute: every operator and function checks the size of its
+arguments and of its result, so no call can run long (the worst case measured is well under a
+millisecond). They still run off the event loop, on a small thread pool with a timeout, as a second
+line of defence. A thread cannot be killed, and a single big-integer operation holds the GIL for its
+whole duration, so the timeout alone would not protect the event loop: the bounds are what do.
+Client tools are declared with `session.update` in the Realtime format and executed by the client
 (server/background.py sends the call and waits for its `function_call_output`).
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import datetime as dt
 import json
 import math
 import operator
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +27,12 @@ from models.background import ToolSpec
 MAX_EXPRESSION_CHARS = 300
 MAX_NODES = 200
 MAX_RESULT_DIGITS = 400  # integers beyond this many digits are refused (2**10**9 must not eat the CPU)
+MAX_INT_BITS = int(MAX_RESULT_DIGITS * 3.33)
+MAX_FUNC_ARGS = 32  # min/max over at most this many values
+MAX_ROUND_DIGITS = MAX_RESULT_DIGITS  # round(x, n): |n| beyond this would build 10**|n|
+TOOL_TIMEOUT = 2.0  # s a built-in may take off the loop before it is reported as failed
+MAX_TOOL_OUTPUT_CHARS = 8000  # a built-in's result text
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="duplex-tools")
 
 
 class ToolError(Exception):
@@ -40,10 +52,23 @@ _BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
 }
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCS: dict[str, Callable[..., Any]] = {
-    "sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max, "exp": math.exp,
-    "log": math.log, "log10": math.log10, "sin": math.sin, "cos": math.cos, "tan": math.tan,
-    "floor": math.floor, "ceil": math.ceil,
+
+
+def _round(x: Any, ndigits: Any = None) -> Any:
+    if ndigits is None:
+        return round(x)
+    if not isinstance(ndigits, int) or abs(ndigits) > MAX_ROUND_DIGITS:
+        # round(1, -10**399) would compute 10**(10**399): refuse before Python tries.
+        raise ToolError(f"round's digits must be a whole number between -{MAX_ROUND_DIGITS} and {MAX_ROUND_DIGITS}")
+    return round(x, ndigits)
+
+
+# name -> (function, fewest arguments, most arguments)
+_FUNCS: dict[str, tuple[Callable[..., Any], int, int]] = {
+    "sqrt": (math.sqrt, 1, 1), "abs": (abs, 1, 1), "round": (_round, 1, 2), "min": (min, 1, MAX_FUNC_ARGS),
+    "max": (max, 1, MAX_FUNC_ARGS), "exp": (math.exp, 1, 1), "log": (math.log, 1, 2), "log10": (math.log10, 1, 1),
+    "sin": (math.sin, 1, 1), "cos": (math.cos, 1, 1), "tan": (math.tan, 1, 1), "floor": (math.floor, 1, 1),
+    "ceil": (math.ceil, 1, 1),
 }
 _CONSTS = {"pi": math.pi, "e": math.e}
 
@@ -60,20 +85,22 @@ def calculate(expression: str) -> int | float:
         tree = ast.parse(expression.replace("^", "**"), mode="eval")
     except SyntaxError as exc:
         raise ToolError(f"not an arithmetic expression: {exc.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, nesting beyond the parser
+        raise ToolError(f"not an arithmetic expression: {type(exc).__name__}") from None
     if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
         raise ToolError(f"expression has more than {MAX_NODES} parts; split it up")
     try:
         value = _eval(tree.body)
     except ZeroDivisionError:
         raise ToolError("division by zero") from None
-    except (OverflowError, ValueError, TypeError) as exc:
+    except (OverflowError, ValueError, TypeError, RecursionError) as exc:
         raise ToolError(f"cannot compute that: {exc}") from None
     return value
 
 
 def _eval(node: ast.expr) -> Any:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return _bounded(node.value, node)
     if isinstance(node, ast.Name) and node.id in _CONSTS:
         return _CONSTS[node.id]
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
@@ -85,14 +112,25 @@ def _eval(node: ast.expr) -> Any:
         result = _BINOPS[type(node.op)](left, right)
         if isinstance(result, complex):
             raise ToolError(f"{ast.unparse(node)} has no real value")
-        if isinstance(result, int) and result.bit_length() > MAX_RESULT_DIGITS * 3.33:
-            raise ToolError(f"result has more than {MAX_RESULT_DIGITS} digits")
-        return result
+        return _bounded(result, node)
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
             and not node.keywords):
-        return _FUNCS[node.func.id](*(_eval(a) for a in node.args))
+        fn, fewest, most = _FUNCS[node.func.id]
+        if not fewest <= len(node.args) <= most:
+            span = f"{fewest} to {most}" if most > fewest else f"{fewest}"
+            raise ToolError(f"cannot compute {node.func.id}: it takes {span} argument(s), got {len(node.args)}")
+        return _bounded(fn(*(_eval(a) for a in node.args)), node)
     raise ToolError(f"unsupported element {ast.unparse(node)!r}: only numbers, + - * / // % ** and "
                     f"{', '.join(sorted(_FUNCS))} are allowed")
+
+
+def _bounded(value: Any, node: ast.expr) -> Any:
+    """Every intermediate value is a real number of bounded size, so the next operation stays cheap."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ToolError(f"{ast.unparse(node)} is not a number")
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ToolError(f"{ast.unparse(node)[:60]} has more than {MAX_RESULT_DIGITS} digits")
+    return value
 
 
 def _check_power(base: Any, exponent: Any) -> None:
@@ -154,8 +192,22 @@ def run_builtin(name: str, arguments: str) -> ToolResult:
         raise ToolError(f"unknown built-in tool {name!r}")
     except json.JSONDecodeError as exc:
         return error_result(name, f"arguments are not valid JSON ({exc.msg})")
+    except RecursionError:
+        return error_result(name, "arguments are nested too deeply")
     except ToolError as exc:
         return error_result(name, str(exc))
+
+
+async def run_builtin_async(name: str, arguments: str, timeout: float = TOOL_TIMEOUT) -> ToolResult:
+    """`run_builtin` off the event loop, with a timeout; its result text is bounded too."""
+    loop = asyncio.get_running_loop()
+    try:
+        result = await asyncio.wait_for(loop.run_in_executor(_POOL, run_builtin, name, arguments), timeout)
+    except TimeoutError:
+        return error_result(name, f"took longer than {timeout:g} s and was abandoned")
+    if len(result.output) > MAX_TOOL_OUTPUT_CHARS:
+        return error_result(name, f"result is over {MAX_TOOL_OUTPUT_CHARS} characters")
+    return result
 
 
 def error_result(name: str, message: str) -> ToolResult:

@@ -4,12 +4,14 @@ Like the OpenAI Realtime WebRTC mode:
 
     POST /v1/realtime/calls                 body: the SDP offer (application/sdp)
         201 Created, body: the SDP answer, Location: /v1/realtime/calls/{call_id}
-        ?resume_token=T resumes a detached session (WebSocket or WebRTC) instead of opening one
+        header X-Duplex-Resume-Token: T (or ?resume_token=T) resumes a detached session (WebSocket
+        or WebRTC) instead of opening one; the greeting carries a new token (tokens rotate)
     POST /v1/realtime/calls/{call_id}/hangup   ends the call and closes its session now
     GET  /v1/realtime/calls/ice                the ICE servers (STUN/TURN) browsers should use
 
 Refusals carry a JSON body `{"error": {"type", "code", "message"}}`: 503 `server_full` (with
-Retry-After) or `server_shutting_down`, 400 `invalid_sdp`, 404 `invalid_resume_token`, 415
+Retry-After) or `server_shutting_down`, 429 `too_many_sessions`, 400 `invalid_sdp` / `too_many_media`,
+413 `offer_too_large`, 404 `invalid_resume_token`, 409 `pace_unsupported`, 415
 `unsupported_media_type`, 403 `origin_not_allowed`; the API key is checked by the middleware (401).
 The call itself (tracks, data channel, liveness) lives in server/_rtc_call.py.
 """
@@ -19,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
@@ -28,15 +28,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from server._rtc_call import RtcCall
-from server.auth import origin_ok
+from server.auth import RESUME_HEADER, client_id, origin_ok
+from server.limits import MAX_OFFER_BYTES, MAX_OFFER_MLINES
 from server.protocol import ProtocolError
-from server.runtime import Runtime
-from server.sessions import Pace, RegistryFull, Session
+from server.runtime import Refused, Runtime
 
 log = logging.getLogger(__name__)
 
-MAX_OFFER_BYTES = 64 * 1024  # real offers are a few kB; anything far larger is not an SDP offer
-RETRY_AFTER_FULL = 5  # seconds a refused client is told to wait before trying again
 
 
 def parse_ice_server(url: str) -> RTCIceServer:
@@ -72,38 +70,26 @@ class Calls:
         self.ice_servers = ice_servers
         self.by_session: dict[str, RtcCall] = {}
 
-    async def open(self, offer: str, resume_token: str | None) -> tuple[RtcCall, str]:
-        """Admit (or resume) a session, answer the offer, attach the session. Raises _Refused."""
+    async def open(self, offer: str, resume_token: str | None, client: str) -> tuple[RtcCall, str]:
+        """Attach (new or resumed) a session to a new call and answer the offer. Raises _Refused."""
         runtime = self.runtime
-        registry, engine = runtime.registry, runtime.engine
-        assert registry is not None and engine is not None
-        if runtime.draining:
-            raise _Refused(503, "server_shutting_down", "server is shutting down; reconnect later")
-        resumed: Session | None = None
-        if resume_token:
-            resumed = registry.resumable(resume_token)
-            if resumed is None:
-                raise _Refused(404, "invalid_resume_token",
-                               "resume token is unknown, expired or already in use; open a new session")
-            if resumed.pace is Pace.MEDIA:
-                raise _Refused(409, "pace_unsupported", "this session runs in pace 'media', which only the "
-                               "WebSocket endpoint serves; resume it there")
-            session = resumed
-        else:
-            try:
-                session = await runtime.open_session()
-            except RegistryFull as exc:
-                runtime.metrics.sessions_refused.inc()
-                raise _Refused(503, "server_full", str(exc), {"Retry-After": str(RETRY_AFTER_FULL)}) from None
         pc = RTCPeerConnection(RTCConfiguration(iceServers=self.ice_servers))
-        call = RtcCall(runtime, pc, session, resumed=resumed is not None, on_end=self._forget)
+        call = RtcCall(runtime, pc, resume_token=resume_token, on_end=self._forget)
+        try:
+            session = await runtime.attach(call.conn, resume_token, client, media=False)
+        except Refused as exc:
+            with contextlib.suppress(Exception):
+                await pc.close()
+            raise _Refused(exc.http_status, exc.code, exc.message, exc.headers) from None
         try:
             answer = await call.answer(offer)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 await pc.close()
-            if resumed is None:
-                await registry.close(session)  # never attached: free its model state at once
+            if resume_token:  # the client never saw the rotated token: give it back its old one
+                await runtime.detach(session, normal=False, sink=call.conn, restore_token=resume_token)
+            else:
+                await runtime.close(session)  # never connected: free its model state at once
             if isinstance(exc, ProtocolError):
                 raise _Refused(400, exc.code, exc.message) from None
             if isinstance(exc, ValueError | AssertionError):  # aiortc's complaints about a malformed offer
@@ -111,32 +97,20 @@ class Calls:
                 raise _Refused(400, "invalid_sdp", f"the SDP offer could not be used: {what}; send the offer "
                                "exactly as RTCPeerConnection.createOffer() produced it") from None
             raise
-        if resumed is not None and (resumed.closed or resumed.attached):  # lost a race during negotiation
-            await call.finish("session taken while negotiating")
-            raise _Refused(404, "invalid_resume_token", "the session was resumed or closed meanwhile; "
-                           "open a new session")
-        call.conn.hello()
-        if resumed is not None:
-            registry.resume(resume_token or "", call.conn)
-            engine.resumed(session)
-        else:
-            session.sink = call.conn
-            engine.add(session)
         call.start()
         self.by_session[session.id] = call
         return call, answer
 
     def _forget(self, call: RtcCall) -> None:
-        if self.by_session.get(call.session.id) is call:
-            del self.by_session[call.session.id]
+        sid = call.session_id
+        if sid is not None and self.by_session.get(sid) is call:
+            del self.by_session[sid]
 
     async def hangup(self, call_id: str) -> bool:
         call = self.by_session.get(call_id)
         if call is None:
             return False
-        registry = self.runtime.registry
-        assert registry is not None
-        await registry.close(call.session, 1000, "hung up by the client")
+        await self.runtime.close(call.session, "hung up by the client")
         await call.finish("hung up by the client")
         return True
 
@@ -155,13 +129,40 @@ class _Refused(Exception):
         self.status, self.code, self.message, self.headers = status, code, message, headers
 
 
-def register_webrtc(app: FastAPI, runtime: Runtime) -> None:
-    # A bad ICE URL stops the server at start-up rather than failing every call later.
-    calls = Calls(runtime, ice_config(runtime.config.ice_servers))
-    app.state.webrtc_calls = calls
+async def _read_offer(request: Request) -> str | JSONResponse:
+    """The offer body, read only up to MAX_OFFER_BYTES (a huge body is refused before it is all in memory)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_OFFER_BYTES:
+        return _error(413, "offer_too_large", f"the offer is {declared} bytes, over {MAX_OFFER_BYTES}; "
+                      "send a plain SDP offer")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_OFFER_BYTES:
+            return _error(413, "offer_too_large", f"the offer is over {MAX_OFFER_BYTES} bytes; send a plain "
+                          "SDP offer")
+    offer = body.decode("utf-8", errors="replace")
+    if not offer.lstrip().startswith("v=0"):
+        return _error(400, "invalid_sdp", "the body is not an SDP offer (it must start with 'v=0'); send "
+                      "RTCPeerConnection.createOffer().sdp as the body")
+    mlines = sum(1 for line in offer.splitlines() if line.startswith("m="))
+    if mlines > MAX_OFFER_MLINES:
+        return _error(400, "too_many_media", f"the offer has {mlines} media sections; at most {MAX_OFFER_MLINES} "
+                      "are served (one audio, one video, the data channel)")
+    return offer
+
+
+def _resume_token(request: Request) -> str | None:
+    return request.headers.get(RESUME_HEADER) or request.query_params.get("resume_token")
+
+
+def register_routes(app: FastAPI) -> None:
+    """The WebRTC routes; they use the `Calls` the app's lifespan puts in `app.state.webrtc_calls`."""
 
     @app.post("/v1/realtime/calls", status_code=201, response_model=None)
     async def create_call(request: Request) -> Response:
+        calls: Calls = request.app.state.webrtc_calls
+        runtime = calls.runtime
         origin = request.headers.get("origin")
         if not origin_ok(origin, runtime.allowed_origins):
             return _error(403, "origin_not_allowed", f"origin {origin!r} is not allowed; start the server "
@@ -170,16 +171,11 @@ def register_webrtc(app: FastAPI, runtime: Runtime) -> None:
         if ctype not in ("application/sdp", "text/plain"):
             return _error(415, "unsupported_media_type", f"expected the SDP offer as 'application/sdp', got "
                           f"{ctype or 'no content type'!r}")
-        body = await request.body()
-        if len(body) > MAX_OFFER_BYTES:
-            return _error(413, "offer_too_large", f"the offer is {len(body)} bytes, over {MAX_OFFER_BYTES}; "
-                          "send a plain SDP offer")
-        offer = body.decode("utf-8", errors="replace")
-        if not offer.lstrip().startswith("v=0"):
-            return _error(400, "invalid_sdp", "the body is not an SDP offer (it must start with 'v=0'); send "
-                          "RTCPeerConnection.createOffer().sdp as the body")
+        offer = await _read_offer(request)
+        if isinstance(offer, JSONResponse):
+            return offer
         try:
-            call, answer = await calls.open(offer, request.query_params.get("resume_token"))
+            call, answer = await calls.open(offer, _resume_token(request), client_id(request.scope))
         except _Refused as exc:
             runtime.metrics.client_errors.labels(exc.code).inc()
             return _error(exc.status, exc.code, exc.message, exc.headers)
@@ -187,25 +183,14 @@ def register_webrtc(app: FastAPI, runtime: Runtime) -> None:
                         headers={"Location": f"/v1/realtime/calls/{call.session.id}"})
 
     @app.post("/v1/realtime/calls/{call_id}/hangup", response_model=None)
-    async def hangup(call_id: str) -> JSONResponse:
-        if not await calls.hangup(call_id):
+    async def hangup(call_id: str, request: Request) -> JSONResponse:
+        if not await request.app.state.webrtc_calls.hangup(call_id):
             return _error(404, "unknown_call", f"no live call {call_id!r}; it has ended or never existed")
         return JSONResponse({"id": call_id, "status": "closed"})
 
     @app.get("/v1/realtime/calls/ice")
-    async def ice() -> dict[str, Any]:
+    async def ice(request: Request) -> dict[str, Any]:
+        calls: Calls = request.app.state.webrtc_calls
         servers = [{"urls": s.urls, **({"username": s.username, "credential": s.credential}
                                        if s.username else {})} for s in calls.ice_servers]
         return {"ice_servers": servers}
-
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a: FastAPI) -> AsyncIterator[Any]:
-        async with inner(a) as state:
-            try:
-                yield state
-            finally:
-                await calls.close_all()
-
-    app.router.lifespan_context = lifespan

@@ -1,4 +1,9 @@
-"""WebSocket endpoint `/v1/realtime`: authentication, admission, then a reader and a writer task."""
+"""WebSocket endpoint `/v1/realtime`: authentication, then `Runtime.attach`, then a reader and a writer task.
+
+The resume token comes in the `X-Duplex-Resume-Token` header or (browsers) the subprotocol
+`duplex-resume-token.TOKEN`; `?resume_token=` still works for older clients and is redacted from the
+access log (server/cli.py).
+"""
 
 from __future__ import annotations
 
@@ -11,14 +16,21 @@ from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from server import protocol as p
-from server.auth import KEY_SUBPROTOCOL_PREFIXES, key_ok, origin_ok
-from server.realtime import Close, RealtimeConnection
-from server.runtime import Runtime
-from server.sessions import RegistryFull
+from server.auth import (
+    KEY_SUBPROTOCOL_PREFIXES,
+    RESUME_HEADER,
+    RESUME_SUBPROTOCOL_PREFIX,
+    client_id,
+    key_ok,
+    origin_ok,
+)
+from server.outbox import Close
+from server.realtime import RealtimeConnection
+from server.runtime import Refused, Runtime
+from server.sessions import Session
 
 log = logging.getLogger(__name__)
 
-CLOSE_TRY_AGAIN_LATER = 1013
 CLOSE_POLICY = 1008
 NORMAL_CLOSURE = 1000  # a client closing with this ends its session; any other close keeps it resumable
 
@@ -35,13 +47,21 @@ async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
 
 def _pick_subprotocol(offered: list[str]) -> str | None:
     """Answer with a non-secret protocol the client offered ('realtime' first), never the key one."""
-    plain = [proto for proto in offered if not proto.startswith(KEY_SUBPROTOCOL_PREFIXES)]
+    plain = [proto for proto in offered if not proto.startswith((*KEY_SUBPROTOCOL_PREFIXES, RESUME_SUBPROTOCOL_PREFIX))]
     return "realtime" if "realtime" in plain else (plain[0] if plain else None)
 
 
 def _wants_beta(ws: WebSocket, offered: list[str]) -> bool:
     """Clients of the Realtime beta say so with a header, or (browsers) a subprotocol."""
     return "realtime=v1" in ws.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in offered
+
+
+def _resume_token(ws: WebSocket, offered: list[str]) -> str | None:
+    """The token from a header or subprotocol (kept out of access logs), or, for older clients, the query."""
+    for proto in offered:
+        if proto.startswith(RESUME_SUBPROTOCOL_PREFIX):
+            return proto[len(RESUME_SUBPROTOCOL_PREFIX):]
+    return ws.headers.get(RESUME_HEADER) or ws.query_params.get("resume_token")
 
 
 async def realtime_endpoint(ws: WebSocket) -> None:
@@ -58,35 +78,14 @@ async def realtime_endpoint(ws: WebSocket) -> None:
                     "or the subprotocol 'duplex-api-key.<key>'")
         return
     await ws.accept(subprotocol=_pick_subprotocol(offered))
-    if runtime.draining:
-        await _refuse(ws, CLOSE_TRY_AGAIN_LATER, "server_shutting_down", "server is shutting down; reconnect later")
+    conn = RealtimeConnection(runtime, beta=_wants_beta(ws, offered))
+    try:
+        session = await runtime.attach(conn, _resume_token(ws, offered), client_id(ws.scope))
+    except Refused as exc:
+        runtime.metrics.client_errors.labels(exc.code).inc()
+        await _refuse(ws, exc.ws_close, exc.code, exc.message)
         return
-    registry, engine = runtime.registry, runtime.engine
-    assert registry is not None and engine is not None
-    token = ws.query_params.get("resume_token")
-    conn: RealtimeConnection
-    if token:
-        resumed = registry.resumable(token)
-        if resumed is None:
-            await _refuse(ws, CLOSE_POLICY, "invalid_resume_token",
-                          "resume token is unknown, expired or already in use; open a new session")
-            return
-        conn = RealtimeConnection(runtime, resumed, resumed=True, beta=_wants_beta(ws, offered))
-        conn.hello()
-        registry.resume(token, conn)
-        engine.resumed(resumed)
-    else:
-        try:
-            session = await runtime.open_session()
-        except RegistryFull as exc:
-            runtime.metrics.sessions_refused.inc()
-            await _refuse(ws, CLOSE_TRY_AGAIN_LATER, "server_full", str(exc))
-            return
-        conn = RealtimeConnection(runtime, session, beta=_wants_beta(ws, offered))
-        session.sink = conn
-        conn.hello()
-        engine.add(session)
-    await _serve(ws, conn, runtime)
+    await _serve(ws, conn, session, runtime)
 
 
 async def _refuse(ws: WebSocket, code: int, err: str, message: str) -> None:
@@ -95,28 +94,28 @@ async def _refuse(ws: WebSocket, code: int, err: str, message: str) -> None:
         await ws.close(code, message[:120])
 
 
-async def _serve(ws: WebSocket, conn: RealtimeConnection, runtime: Runtime) -> None:
-    writer = asyncio.create_task(_write(ws, conn), name=f"ws-writer-{conn.session.id}")
-    reader = asyncio.create_task(_read(ws, conn), name=f"ws-reader-{conn.session.id}")
-    done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
-    for task in (reader, writer):
+async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runtime: Runtime) -> None:
+    writer = asyncio.create_task(_write(ws, conn), name=f"ws-writer-{session.id}")
+    reader = asyncio.create_task(_read(ws, conn), name=f"ws-reader-{session.id}")
+    # A client cut for not reading: its writer may be stuck in a send that never completes, so the
+    # cut itself ends the connection.
+    cut = asyncio.create_task(conn.cut.wait(), name=f"ws-cut-{session.id}")
+    done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (reader, writer, cut):
         if task not in done:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
             await task
-    session = conn.session
-    if not session.closed and session.sink is conn:
-        assert runtime.registry is not None
-        code = reader.result() if reader.done() and not reader.cancelled() and reader.exception() is None else None
-        if code == NORMAL_CLOSURE:
-            # The client said goodbye: free its model state (and its admission slot) now.
-            await runtime.registry.close(session)
-        else:
-            # The connection dropped (or the client asked to come back): keep the session for the grace period.
-            runtime.registry.detach(session)
+    code = reader.result() if reader.done() and not reader.cancelled() and reader.exception() is None else None
+    if code is None and reader.done() and not reader.cancelled() and reader.exception() is not None:
+        log.error("session %s: reader failed", session.id, exc_info=reader.exception())
+    # The client said goodbye (1000): free its model state and slot now. Any other end (a drop, the
+    # server cutting a client that does not read) keeps it resumable for the grace period.
+    await runtime.detach(session, normal=code == NORMAL_CLOSURE, sink=conn)
     with contextlib.suppress(Exception):
         if ws.application_state is not WebSocketState.DISCONNECTED:
-            await ws.close()
+            # Bounded: a client that does not read may never take the close frame either.
+            await asyncio.wait_for(ws.close(CLOSE_POLICY if conn.cut.is_set() else 1000), 1.0)
 
 
 async def _read(ws: WebSocket, conn: RealtimeConnection) -> int:
@@ -137,4 +136,4 @@ async def _write(ws: WebSocket, conn: RealtimeConnection) -> None:
         if isinstance(item, Close):
             await ws.close(item.code, item.reason[:120])
             return
-        await ws.send_text(json.dumps(item, separators=(",", ":")))
+        await ws.send_text(item)

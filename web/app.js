@@ -136,8 +136,10 @@ async function connect(resumeToken = null) {
     c.dc.onclose = () => { if (!c.closing && call === c) note("event channel closed"); };
     await c.pc.setLocalDescription(await c.pc.createOffer());
     await waitForGathering(c.pc);
-    const url = "/v1/realtime/calls" + (resumeToken ? `?resume_token=${encodeURIComponent(resumeToken)}` : "");
-    const res = await api(url, { method: "POST", body: c.pc.localDescription.sdp, headers: { "Content-Type": "application/sdp" } });
+    // The resume token rides in a header, never the URL, so access logs don't record it.
+    const headers = { "Content-Type": "application/sdp" };
+    if (resumeToken) headers["X-Duplex-Resume-Token"] = resumeToken;
+    const res = await api("/v1/realtime/calls", { method: "POST", body: c.pc.localDescription.sdp, headers });
     c.callId = (res.headers.get("Location") || "").split("/").pop();
     const answer = await res.text();
     if (call !== c) return;

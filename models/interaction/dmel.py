@@ -53,7 +53,10 @@ class DMelFrontend:
         """audio [B, CONTEXT + 4800] float32 -> levels [B, 20, n_mels] int64 in [0, levels)."""
         assert audio.shape[1] == CONTEXT + FRAMES_PER_TURN * HOP, f"want [B, {CONTEXT + 4800}], got {audio.shape}"
         frames = audio.unfold(1, WIN, HOP) * self.window  # [B, 20, WIN]
-        mag = torch.fft.rfft(frames, dim=-1).abs()  # [B, 20, WIN//2+1]
+        # |X| from mul/add/sqrt (not complex abs): same bits in vectorised and scalar code, so a row's
+        # levels cannot depend on where the batch size puts the kernel's scalar tail.
+        re, im = torch.view_as_real(torch.fft.rfft(frames, dim=-1)).unbind(-1)
+        mag = torch.sqrt(re * re + im * im)  # [B, 20, WIN//2+1]
         logmel = torch.log(tile_matmul(mag, self.fb_t, det) + math.exp(LOG_LO))  # [B, 20, mels]
         q = (logmel.clamp(LOG_LO, LOG_HI) - LOG_LO) * (self.levels / (LOG_HI - LOG_LO))
         return q.floor().long().clamp(0, self.levels - 1)

@@ -6,16 +6,19 @@ session holds `sink + ring` micro-turns:
 * sliding layers: sink = 0, ring = window_turns. Micro-turn n lives at ring index n % ring and
   overwrites micro-turn n - ring, so a session runs for hours in fixed memory.
 * global layers: the first `sink_turns` micro-turns stay forever (the attention sink, as in
-  StreamingLLM), later ones go round a ring of global_turns - sink_turns. Until the cap is reached a
-  global layer sees the whole conversation; after it, the sink plus the most recent micro-turns.
-  Nothing is ever reset silently and memory never grows.
+  StreamingLLM), later ones go round a ring of global_turns - sink_turns (micro-turn n >= sink at
+  sink + (n - sink) % ring). Until the cap is reached a global layer sees the whole conversation;
+  after it, the sink plus the most recent micro-turns. Nothing is ever reset silently and memory
+  never grows.
 
 While micro-turn n is processed its own keys are already stored, so a query sees: every held
 micro-turn before n fully, and its own micro-turn causally. Keys are stored after RoPE with their
 absolute positions, so evicting old ones changes nothing about the ones kept.
 
-Attention always runs over all `(sink + ring) * T` stored keys with a mask, so one micro-turn costs the
-same for a fresh session and for a ten-minute-old one.
+Both layouts fill a store from index 0 up: while micro-turn n is processed the held micro-turns are
+exactly store indices 0 .. written(n) - 1, written(n) = min(n + 1, sink + ring). Attention reads only
+that prefix (a view of the pool, no copy), so a micro-turn's cost grows with age until the store is
+full (20 s for `tiny`'s global layer) and is flat from then on.
 """
 
 from collections.abc import Sequence
@@ -40,16 +43,32 @@ class Geometry:
 
     def store_index(self, n: Tensor) -> Tensor:
         """Micro-turn n [B] -> where it is stored [B]."""
-        return torch.where(n < self.sink, n, self.sink + torch.remainder(n, self.ring))
+        return torch.where(n < self.sink, n, self.sink + torch.remainder(n - self.sink, self.ring))
+
+    def store_index_of(self, n: int) -> int:
+        """The same for one micro-turn, in plain integers (no tensor ops on the hot path)."""
+        return n if n < self.sink else self.sink + (n - self.sink) % self.ring
+
+    def written(self, n: int) -> int:
+        """While micro-turn n is processed, store indices 0 .. written(n) - 1 hold micro-turns (see module doc)."""
+        return min(n + 1, self.turns)
 
     def held_turns(self, n: Tensor) -> Tensor:
         """While micro-turn n [B] is processed: which micro-turn each store index holds [B, turns], -1 = none."""
         j = torch.arange(self.sink, device=n.device)
         sink = torch.where(j[None] <= n[:, None], j[None], -1)  # [B, sink]
         p = torch.arange(self.ring, device=n.device)
-        m = n[:, None] - torch.remainder(n[:, None] - p[None], self.ring)  # newest m <= n with m % ring == p
+        # newest m <= n stored at ring index p, i.e. with (m - sink) % ring == p
+        m = n[:, None] - torch.remainder(n[:, None] - self.sink - p[None], self.ring)
         ring = torch.where(m >= self.sink, m, -1)  # [B, ring]
         return torch.cat([sink, ring], dim=1)
+
+    def prefix_mask(self, n: int, device: torch.device) -> Tensor:
+        """Mask [T, written(n)*T] over the written prefix: all of it, except the current micro-turn causally."""
+        t, c = self.tokens, self.store_index_of(n)
+        m = torch.ones(t, self.written(n) * t, dtype=torch.bool, device=device)
+        m[:, c * t : (c + 1) * t] = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        return m
 
     def mask(self, n: Tensor) -> Tensor:
         """Attention mask [B, T, turns*T] for micro-turn n [B]: held turns fully, the current one causally."""
@@ -91,6 +110,7 @@ class KVPool:
         # The last k-1 normalised inputs of each layer's causal conv: [slots, layers, k-1, D]
         self.conv = torch.zeros(n_slots, cfg.n_layers, cfg.conv_kernel - 1, cfg.dim, device=device, dtype=dtype)
         self._free = list(range(n_slots - 1, -1, -1))
+        self.n_reserved = 0  # slots taken for good as scratch (see reserve)
 
     @staticmethod
     def session_bytes(cfg: InteractionConfig, dtype: torch.dtype) -> int:
@@ -101,7 +121,7 @@ class KVPool:
 
     @property
     def in_use(self) -> int:
-        return self.n_slots - len(self._free)
+        return self.n_slots - self.n_reserved - len(self._free)
 
     def alloc(self) -> int:
         if not self._free:
@@ -115,6 +135,16 @@ class KVPool:
         self.conv[slot].zero_()
         return slot
 
+    def reserve(self) -> int:
+        """Take the highest free slot for good, as scratch space no session owns (the padding rows of
+        a CUDA-graph bucket write there)."""
+        if not self._free:
+            raise PoolFullError("no KV slot left to reserve as scratch; give the model a larger KV budget")
+        slot = max(self._free)
+        self._free.remove(slot)
+        self.n_reserved += 1
+        return slot
+
     def release(self, slot: int) -> None:
         if slot in self._free or not 0 <= slot < self.n_slots:
             raise ValueError(f"KV slot {slot} is not allocated; was the session closed twice?")
@@ -126,65 +156,89 @@ class StreamCache:
 
     batchable = True  # B sessions' keys may be stacked for one batched attention call
 
-    def __init__(self, pool: KVPool, slots: Sequence[int], turns: Tensor) -> None:
+    def __init__(self, pool: KVPool, slots: Sequence[int] | Tensor, turns: Tensor) -> None:
+        """slots may be a device tensor: then nothing here synchronises with the host until the per-tile
+        path asks for plain integers (the stacked path never does, so a CUDA graph can capture it)."""
         self.pool = pool
-        self.slots = list(slots)
-        self.slot_t = torch.tensor(self.slots, device=turns.device)
+        self.slot_t = slots if isinstance(slots, Tensor) else torch.tensor(list(slots), device=turns.device)
         self.turns = turns
-        self._masks: dict[Geometry, Tensor] = {}
+        self._ints: tuple[list[int], list[int]] | None = None
+        self._masks: dict[tuple[Geometry, int, int], Tensor] = {}  # shared by sessions and layers alike
+
+    def _slots_turns(self) -> tuple[list[int], list[int]]:
+        if self._ints is None:
+            self._ints = [int(s) for s in self.slot_t.tolist()], [int(n) for n in self.turns.tolist()]
+        return self._ints
 
     def conv_prev(self, layer: int, h: Tensor) -> Tensor:
         k1 = self.pool.conv.shape[2]
         prev = self.pool.conv[self.slot_t, layer]  # [B, k-1, D] (a copy)
-        self.pool.conv[self.slot_t, layer] = torch.cat([prev, h], dim=1)[:, -k1:]
+        self.pool.conv[self.slot_t, layer] = torch.cat([prev, h[:, -k1:]], dim=1)[:, -k1:]
         return prev
 
-    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, TileKeys]:
+    def _store(self, layer: int, k: Tensor, v: Tensor) -> Geometry:
         g = self.pool.geoms[layer]
         idx = g.store_index(self.turns)
+        self.pool.k[layer][self.slot_t, idx] = k
+        self.pool.v[layer][self.slot_t, idx] = v
+        return g
+
+    def _mask(self, g: Geometry, n: int) -> Tensor:
+        key = (g, g.written(n), g.store_index_of(n))  # the mask depends on nothing else
+        if key not in self._masks:
+            self._masks[key] = g.prefix_mask(n, self.turns.device)
+        return self._masks[key]
+
+    def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, TileKeys]:
+        g = self._store(layer, k, v)
         kp, vp = self.pool.k[layer], self.pool.v[layer]
-        kp[self.slot_t, idx] = k
-        vp[self.slot_t, idx] = v
-        if g not in self._masks:
-            self._masks[g] = g.mask(self.turns)
-        # Views of each slot's memory, [turns*T, Hkv, hd]: attention reads the pool in place.
-        ks = [kp[s].view(-1, *kp.shape[3:]) for s in self.slots]
-        vs = [vp[s].view(-1, *vp.shape[3:]) for s in self.slots]
-        return ks, vs, self._masks[g]
+        # Views of each slot's written prefix, [written*T, Hkv, hd]: attention reads the pool in place.
+        slots, turns = self._slots_turns()
+        ws = [g.written(n) for n in turns]
+        ks = [kp[s, :w].view(-1, *kp.shape[3:]) for s, w in zip(slots, ws, strict=True)]
+        vs = [vp[s, :w].view(-1, *vp.shape[3:]) for s, w in zip(slots, ws, strict=True)]
+        return ks, vs, [self._mask(g, n) for n in turns]
+
+    def exchange_stacked(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Like exchange, for one batched attention call: every slot's whole store stacked (a copy),
+        [B, S*T, Hkv, hd] twice, and masks [B, T, S*T] that hide what was not written yet."""
+        g = self._store(layer, k, v)
+        kb = self.pool.k[layer][self.slot_t].flatten(1, 2)
+        vb = self.pool.v[layer][self.slot_t].flatten(1, 2)
+        return kb, vb, g.mask(self.turns)
 
 
 class _Gathered:
     """Lazily gathered per-micro-turn keys of a whole sequence (materialising all at once is N x K)."""
 
-    def __init__(self, flat: Tensor, idx: Tensor, valid: Tensor) -> None:
-        self.flat, self.idx, self.valid = flat, idx, valid  # [N*T, Hkv, hd], [N, K], [N, K]
+    def __init__(self, flat: Tensor, idx: Tensor, written: list[int]) -> None:
+        self.flat, self.idx, self.written = flat, idx, written  # [N*T, Hkv, hd], [N, K], [N] (in tokens)
 
     def __len__(self) -> int:
         return int(self.idx.shape[0])
 
-    def __getitem__(self, i: int) -> Tensor:  # -> [K, Hkv, hd], zeros where nothing is held
-        return self.flat[self.idx[i]] * self.valid[i, :, None, None].to(self.flat.dtype)
+    def __getitem__(self, i: int) -> Tensor:  # -> [written*T, Hkv, hd], in store order
+        return self.flat[self.idx[i, : self.written[i]]]
 
 
 class _LazyMask:
     """Per-micro-turn masks of a whole sequence, built on demand ([N, T, K] at once is gigabytes)."""
 
-    def __init__(self, geom: Geometry, turns: Tensor) -> None:
-        self.geom, self.turns = geom, turns
+    def __init__(self, geom: Geometry, n_turns: int, device: torch.device) -> None:
+        self.geom, self.n_turns, self.device = geom, n_turns, device
 
     def __len__(self) -> int:
-        return len(self.turns)
+        return self.n_turns
 
-    def __getitem__(self, i: int) -> Tensor:  # -> [T, K]
-        return self.geom.mask(self.turns[i : i + 1])[0]
+    def __getitem__(self, i: int) -> Tensor:  # -> [T, written*T]
+        return self.geom.prefix_mask(i, self.device)
 
 
 class SequenceCache:
     """Teacher forcing: micro-turns 0..N-1 of one session as N tiles, no pool.
 
     It rebuilds, from positions alone, exactly what the pool would hold at every micro-turn (same key
-    order, zeros where nothing is held yet), so streaming and this must agree bit for bit in
-    deterministic mode.
+    order, the same written prefix), so streaming and this must agree bit for bit in deterministic mode.
     """
 
     batchable = False  # N micro-turns' keys stacked would be N x the whole store: always per tile
@@ -203,9 +257,12 @@ class SequenceCache:
         held = g.held_turns(self.turns)  # [N, S]
         t = torch.arange(g.tokens, device=k.device)
         index = (held.clamp(min=0)[:, :, None] * g.tokens + t).reshape(len(held), -1)  # [N, S*T]
-        valid = (held >= 0)[:, :, None].expand(-1, -1, g.tokens).reshape(len(held), -1)
+        written = [g.written(n) * g.tokens for n in range(len(held))]
         kf, vf = k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:])
-        return _Gathered(kf, index, valid), _Gathered(vf, index, valid), _LazyMask(g, self.turns)
+        return _Gathered(kf, index, written), _Gathered(vf, index, written), _LazyMask(g, len(held), k.device)
+
+    def exchange_stacked(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        raise NotImplementedError("a teacher-forced sequence attends per tile (batchable is False)")
 
 
 def flat_mask(cfg: InteractionConfig, n_turns: int, layer: int, device: torch.device) -> Tensor:

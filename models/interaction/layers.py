@@ -1,32 +1,42 @@
 """Transformer pieces: tile-wise linear, RMSNorm, RoPE, causal depthwise conv, SwiGLU, GQA attention block.
 
-A *tile* is one session's micro-turn: [T, D] with T = tokens_per_turn. In deterministic mode every
-matrix product runs once per tile with the same shape, so a tile's result cannot depend on how many
-other tiles (sessions in the batch, micro-turns in a teacher-forced sequence) are computed with it:
-same shape -> same kernel -> same reduction order. Everything else here is elementwise or reduces
-within one row, which does not depend on the row count.
+A *tile* is one session's micro-turn: [T, D] with T = tokens_per_turn. In deterministic mode a
+tile's result must not depend on how many other tiles (sessions in the batch, micro-turns in a
+teacher-forced sequence) are computed with it. Matrix products get that from rowblock.py (one product
+over all rows in fixed 16-row blocks, verified on this machine); attention runs per tile over that
+tile's own keys; everything else is elementwise or reduces within one row, which does not depend on
+the row count.
 """
 
+import contextlib
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.interaction.config import InteractionConfig
+from models.interaction.rowblock import det_linear, linear
 
 
 def tile_matmul(x: Tensor, w: Tensor, det: bool) -> Tensor:
-    """x [B, ..., K] @ w [K, N] -> [B, ..., N]; in deterministic mode one product per leading index."""
+    """x [B, ..., K] @ w [K, N] -> [B, ..., N]; batch-invariant (row-blocked) in deterministic mode."""
     if not det:
         return x @ w
-    return torch.stack([x[b] @ w for b in range(x.shape[0])])
+    return det_linear(x, w.T)
 
 
 class Lin(nn.Module):
-    """Linear layer that honours the model's deterministic (batch-invariant) mode."""
+    """Linear layer that honours the model's deterministic (batch-invariant) mode.
+
+    `serve_weight`, when set (runtime.py does, for serving only), is a copy of the weight in another
+    dtype (bf16) that the product runs in; inputs are cast to it and the result back. It is not a
+    parameter: checkpoints, training and `weight` itself are untouched.
+    """
 
     det: bool = False
+    serve_weight: Tensor | None = None
 
     def __init__(self, d_in: int, d_out: int, bias: bool = False) -> None:
         super().__init__()
@@ -34,9 +44,11 @@ class Lin(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:  # [B, ..., d_in] -> [B, ..., d_out]
-        if not self.det:
-            return F.linear(x, self.weight, self.bias)
-        return torch.stack([F.linear(x[b], self.weight, self.bias) for b in range(x.shape[0])])
+        w = self.serve_weight
+        if w is None or torch.is_grad_enabled():
+            return linear(x, self.weight, self.bias, self.det)
+        b = self.bias.to(w.dtype) if self.bias is not None else None
+        return linear(x.to(w.dtype), w, b, self.det).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -104,8 +116,14 @@ class TileCache(Protocol):
         ...
 
     def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, TileKeys]:
-        """Store this tile's k, v [B, T, Hkv, hd]; return per tile: keys and values [K, Hkv, hd]
-        (this tile included) and the mask [T, K] (True = may attend)."""
+        """Store this tile's k, v [B, T, Hkv, hd]; return per tile: the keys and values written so far
+        [K, Hkv, hd] (this tile included; K grows with age up to the store size) and the mask [T, K]
+        (True = may attend)."""
+        ...
+
+    def exchange_stacked(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Like exchange, stacked for one batched call (only when `batchable`): keys and values
+        [B, S, Hkv, hd] over the whole store, masks [B, T, S]."""
         ...
 
 
@@ -125,8 +143,9 @@ class Block(nn.Module):
         self.w1 = Lin(cfg.dim, cfg.ffn_hidden)
         self.w3 = Lin(cfg.dim, cfg.ffn_hidden)
         self.w2 = Lin(cfg.ffn_hidden, cfg.dim)
-        # Batched attention gathers every session's keys into one tensor (worth it on a GPU); the
-        # per-tile loop attends straight on the pool's memory (no copy, better on a CPU).
+        # Batched attention gathers every session's whole store into one tensor (worth it on a GPU,
+        # and the only way into a CUDA graph); the per-tile loop attends straight on the pool's
+        # memory, written keys only (no copy, better on a CPU).
         self.batched_attention = False
 
     def _qkv(self, hn: Tensor, prev: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -144,18 +163,35 @@ class Block(nn.Module):
     def _attend_one(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """One tile: q [T, H, hd], k/v [K, Hkv, hd], mask [T, K] -> [T, H, hd].
 
-        GQA without copying K/V: the query heads sharing a K/V head are folded into the query
-        length, [Hkv, rep*T, hd] against [Hkv, K, hd].
+        K is only what this tile's session has written (see kv.py), read in place from the pool; the
+        grouped query heads share their K/V head inside the kernel (enable_gqa), so nothing is copied.
         """
-        t, rep = q.shape[0], self.n_heads // self.n_kv
-        qg = q.permute(1, 0, 2).reshape(self.n_kv, rep * t, self.hd)
         o = F.scaled_dot_product_attention(
-            qg[None],
+            q.transpose(0, 1)[None],
             k.transpose(0, 1)[None],
             v.transpose(0, 1)[None],
-            attn_mask=mask.repeat(rep, 1)[None, None],
-        )  # [1, Hkv, rep*T, hd]
-        return o[0].reshape(self.n_heads, t, self.hd).permute(1, 0, 2)
+            attn_mask=mask[None, None],
+            enable_gqa=True,
+        )  # [1, H, T, hd]
+        return o[0].transpose(0, 1)
+
+    def _attend_stacked(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """All tiles in one call (GPU): q [B, T, H, hd], k/v [B, S, Hkv, hd], mask [B, T, S] -> [B, T, H, hd].
+
+        Fixed shapes, no host sync (CUDA-graph capturable). The query heads sharing a K/V head are
+        folded into the query length, as in _attend_one, so every backend can run it without copying
+        K/V per head. In deterministic mode the memory-efficient kernel is required: it walks each
+        query row's keys in one order whatever the batch (no split over keys chosen by batch size).
+        """
+        b, t, _, _ = q.shape
+        rep = self.n_heads // self.n_kv
+        qg = q.reshape(b, t, self.n_kv, rep, self.hd).permute(0, 2, 3, 1, 4).reshape(b, self.n_kv, rep * t, self.hd)
+        det_gpu = self.wq.det and q.is_cuda
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]) if det_gpu else contextlib.nullcontext():
+            o = F.scaled_dot_product_attention(
+                qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask.repeat(1, rep, 1)[:, None]
+            )  # [B, Hkv, rep*T, hd]
+        return o.reshape(b, self.n_kv, rep, t, self.hd).permute(0, 3, 1, 2, 4).reshape(b, t, self.n_heads, self.hd)
 
     def forward_tiles(self, x: Tensor, pos_cs: tuple[Tensor, Tensor], cache: TileCache) -> Tensor:
         """x [B, T, D] one micro-turn per row (sessions, or micro-turns of one sequence) -> [B, T, D]."""
@@ -163,19 +199,11 @@ class Block(nn.Module):
         hn = self.attn_norm(x)  # [B, T, D]
         prev = cache.conv_prev(self.index, hn)  # [B, k-1, D]
         q, k, v = self._qkv(hn, prev, *pos_cs)
-        ks, vs, mask = cache.exchange(self.index, k, v)
-        if self.batched_attention and cache.batchable and b > 1:
-            kb = torch.stack([ks[i] for i in range(b)])  # [B, K, Hkv, hd] (a copy)
-            vb = torch.stack([vs[i] for i in range(b)])
-            mb = torch.stack([mask[i] for i in range(b)])  # [B, T, K]
-            o = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                kb.transpose(1, 2),
-                vb.transpose(1, 2),
-                attn_mask=mb[:, None],
-                enable_gqa=True,
-            ).transpose(1, 2)  # [B, T, H, hd]
+        if self.batched_attention and cache.batchable:
+            kb, vb, mb = cache.exchange_stacked(self.index, k, v)  # [B, S, Hkv, hd] x2 (a copy), [B, T, S]
+            o = self._attend_stacked(q, kb, vb, mb)
         else:
+            ks, vs, mask = cache.exchange(self.index, k, v)
             o = torch.stack([self._attend_one(q[i], ks[i], vs[i], mask[i]) for i in range(b)])
         x = x + self.wo(o.reshape(b, t, -1))
         return self._ffn(x)

@@ -9,6 +9,7 @@ thread that calls `step`.
 import codecs
 import hashlib
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,13 +19,18 @@ from torch import Tensor
 from models.base import BackgroundChunk, Event, TickInput, TickOutput
 from models.interaction import dmel, vocoder
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
+from models.interaction.cuda_graphs import BucketedStep
 from models.interaction.flow import turn_noise
 from models.interaction.kv import KVPool
+from models.interaction.layers import Lin
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
 from models.interaction.video import PATCH, frame_patches
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT = 16_384  # bytes of typed/background text waiting for slots; beyond it new text is dropped
+# DUPLEX_NATIVE_MATMUL: what the transformer blocks' products run in (bench/precision.py measures the cost in quality)
+MATMUL_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+GRAPH_MODES = ("off", "eager", "cuda")
 SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = range(len(ACTIONS))
 
 
@@ -41,7 +47,7 @@ class NativeSession:
     self_tail: Tensor  # [CONTEXT] same for the model's own audio
     self_dmel: Tensor  # [20, bins] dMel of what the model said last micro-turn (fed back)
     voc_mag: Tensor  # [3, BINS] Griffin-Lim context magnitudes
-    voc_phase: Tensor  # [3, BINS] Griffin-Lim context phases
+    voc_phase: Tensor  # [3, BINS, 2] Griffin-Lim context phases as unit phasors (re, im)
     turn: int = 0  # index of the next micro-turn (= micro-turns stepped so far)
     own_text: list[int] = field(default_factory=list)  # bytes written last micro-turn (fed back)
     typed: bytearray = field(default_factory=bytearray)  # typed text waiting for slots
@@ -79,7 +85,14 @@ def _background_bytes(chunk: BackgroundChunk) -> bytes:
 
 class NativeModel:
     def __init__(
-        self, net: InteractionTransformer, name: str, n_slots: int, device: torch.device, deterministic: bool
+        self,
+        net: InteractionTransformer,
+        name: str,
+        n_slots: int,
+        device: torch.device,
+        deterministic: bool,
+        matmul: str | None = None,
+        graphs: str | None = None,
     ) -> None:
         self.net = net.eval()
         self.cfg = net.cfg
@@ -87,18 +100,60 @@ class NativeModel:
         self.device = device
         self.dtype = next(net.parameters()).dtype
         self.pool = KVPool(self.cfg, n_slots, device, self.dtype)
-        self.max_sessions: int | None = n_slots
+        # DUPLEX_NATIVE_GRAPHS: "cuda" (default on a GPU) replays the transformer step from CUDA graphs
+        # per batch-size bucket; "eager" runs the same bucketed step without graphs (checks it on a CPU);
+        # "off" (default on a CPU) steps exactly the sessions given.
+        mode = graphs or os.environ.get("DUPLEX_NATIVE_GRAPHS") or ("cuda" if device.type == "cuda" else "off")
+        if mode not in GRAPH_MODES or (mode == "cuda" and device.type != "cuda"):
+            raise ValueError(f"DUPLEX_NATIVE_GRAPHS={mode!r}: use one of {', '.join(GRAPH_MODES)} ('cuda' needs a GPU)")
+        self.graphs: BucketedStep | None = None
+        if mode != "off":
+            if n_slots < 2:
+                raise ValueError("bucketed steps need a KV pool of at least 2 slots (one is scratch)")
+            top = min(n_slots - 1, int(os.environ.get("DUPLEX_GRAPH_MAX_BATCH", "64")))
+            self.graphs = BucketedStep(net, self.pool, top, capture=mode == "cuda")
+        self.max_sessions: int | None = n_slots - self.pool.n_reserved
         self.frontend = dmel.DMelFrontend(self.cfg.dmel_bins, self.cfg.dmel_levels, device)
         self.vocoder = vocoder.GriffinLim(self.cfg.mel_bins, self.cfg.griffin_lim_iters, device)
         self.deterministic = deterministic
         self.set_deterministic(deterministic)
+        self.matmul = matmul or os.environ.get("DUPLEX_NATIVE_MATMUL", "fp32")
+        self.set_matmul(self.matmul)
+
+    def set_matmul(self, name: str) -> None:
+        """Run the transformer blocks' products in fp32 or bf16 (from serving copies of their weights;
+        the parameters, checkpoints and everything outside the blocks stay as they are)."""
+        if name not in MATMUL_DTYPES:
+            raise ValueError(f"DUPLEX_NATIVE_MATMUL={name!r} is not one of {', '.join(MATMUL_DTYPES)}")
+        dtype = MATMUL_DTYPES[name]
+        for blk in self.net.blocks:
+            for m in blk.modules():
+                if isinstance(m, Lin):
+                    same = dtype is None or dtype == m.weight.dtype
+                    m.serve_weight = None if same else m.weight.detach().to(dtype)
+        if getattr(self, "graphs", None) is not None:
+            self.graphs.reset()  # type: ignore[union-attr]  # captured graphs read the old weights
+        self.matmul = name
 
     def set_deterministic(self, on: bool) -> None:
         """Batch-invariant mode on/off; between steps only (both modes use the same KV layout)."""
         self.net.set_deterministic(on)
-        # Batched attention stacks sessions into one kernel call whose shape depends on the batch.
-        self.net.set_batched_attention(self.device.type == "cuda" and not on)
+        # On a GPU attention runs stacked over whole stores (fixed shapes, one call, graph-capturable;
+        # batch-invariant through the kernel it is given in deterministic mode: layers.py). On a CPU
+        # it runs per session over written keys only, unless the bucketed step is on.
+        self.net.set_batched_attention(self.device.type == "cuda" or self.graphs is not None)
+        if self.device.type == "cuda" and on:
+            # Split-K reductions in reduced precision are chosen by problem size: not batch-invariant.
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        if self.graphs is not None:
+            self.graphs.reset()  # captured kernels belong to the old mode
         self.deterministic = on
+
+    @property
+    def steady_age(self) -> int:
+        """Micro-turns after which a session's step cost stops growing: every layer's store is full
+        (attention reads only written keys). Admission calibrates at this age."""
+        return max(g.turns for g in self.pool.geoms)
 
     @property
     def session_bytes(self) -> int:
@@ -196,7 +251,11 @@ class NativeModel:
         # 1. inputs -> one batched transformer pass over the sessions' persistent KV
         feats = self._features(batch)
         turns = torch.tensor([s.turn for s in states], device=self.device)
-        heads = self.net.forward_step(feats, self.pool, [s.slot for s in states], turns)
+        slots = [s.slot for s in states]
+        if self.graphs is not None:
+            heads = self.graphs(feats, slots, turns)
+        else:
+            heads = self.net.forward_step(feats, self.pool, slots, turns)
         # 2. decisions (greedy) and audio for every row
         control = heads.control.float()
         actions = control[:, : len(ACTIONS)].argmax(-1).tolist()
@@ -261,9 +320,9 @@ class NativeModel:
         """Age a fresh session to `turns` micro-turns without stepping them (for benchmarks only).
 
         Every store index the pool would hold at that age is filled with seeded random keys and
-        values, the conv state likewise, and the micro-turn counter is set. Because attention runs
-        over the full fixed-size store with a mask, the cost of the next micro-turn is that of a
-        session that really talked for `turns` micro-turns; its outputs are of course not.
+        values, the conv state likewise, and the micro-turn counter is set. Attention reads exactly
+        the store indices a session of that age has written, so the cost of the next micro-turn is
+        that of a session that really talked for `turns` micro-turns; its outputs are of course not.
         """
         if state.turn != 0:
             raise ValueError("fast_forward ages fresh sessions only; open a new session")

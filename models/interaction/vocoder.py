@@ -8,7 +8,6 @@ sound better; this one needs nothing but the mel.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from models.interaction.config import FRAMES_PER_TURN
@@ -25,46 +24,82 @@ MEL_MEAN, MEL_STD = -4.0, 2.0
 LOG_MAX = 4.0  # clamp so an untrained head cannot blow the output up
 
 
+def unit_phasors(spec: Tensor) -> Tensor:
+    """Complex [...] -> unit phasors as real [..., 2] (re, im), 0 where spec is 0.
+
+    Written with mul, add, sqrt and div only: those round the same in vectorised and scalar code, so
+    a row's bits do not depend on whether it lands in a kernel's scalar tail (which moves with the
+    batch size when a row is not a whole number of vectors, e.g. 20 x 481 bins). torch.sgn / abs on
+    complex numbers do not promise that.
+    """
+    x = torch.view_as_real(spec)
+    re, im = x.unbind(-1)
+    norm = torch.sqrt(re * re + im * im).clamp(min=1e-30)
+    return x / norm[..., None]
+
+
 class GriffinLim:
+    """Streaming Griffin-Lim. Phases are carried as unit phasors (re, im), not angles: an iteration
+    then needs no atan2/cos/sin, and the overlap-add is four shifted adds (N_FFT = 4 * HOP) instead of
+    a general fold. Same algorithm as angle-based Griffin-Lim up to rounding.
+    """
+
     def __init__(self, n_mels: int, iters: int, device: torch.device) -> None:
+        assert N_FFT % HOP == 0, "the overlap-add below cuts frames into whole hops"
         self.iters = iters
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)  # [N_FFT]
         fb = mel_filterbank(n_mels, N_FFT, RATE, RATE / 2)  # [mels, BINS]
         self.inv_t = torch.linalg.pinv(fb.double()).float().T.contiguous().to(device)  # [mels, BINS]
         self.frames = CONTEXT + FRAMES_PER_TURN
         self.length = (self.frames - 1) * HOP + N_FFT
-        ones = self.window.pow(2)[None, :, None].expand(1, N_FFT, self.frames)
-        self.wss = self._fold(ones).clamp(min=1e-3)  # [1, L]: window-square sum for OLA normalisation
+        ones = self.window.pow(2)[None, None].expand(1, self.frames, N_FFT)
+        self.inv_wss = 1.0 / self._overlap_add(ones).clamp(min=1e-3)  # [1, L]: window-square sum, inverted
         self.start = CONTEXT * HOP + (N_FFT - HOP) // 2  # first sample owned by the first new frame
 
     def initial_state(self, device: torch.device) -> tuple[Tensor, Tensor]:
-        z = torch.zeros(CONTEXT, BINS, device=device)
-        return z, z.clone()  # magnitude, phase of the context frames
+        """Magnitudes [CONTEXT, BINS] and unit phasors [CONTEXT, BINS, 2] (re, im) of the context frames."""
+        mag = torch.zeros(CONTEXT, BINS, device=device)
+        phase = torch.zeros(CONTEXT, BINS, 2, device=device)
+        phase[..., 0] = 1.0  # phase 0
+        return mag, phase
 
-    def _fold(self, cols: Tensor) -> Tensor:  # [B, N_FFT, F] -> [B, L] overlap-added
-        out = F.fold(cols, output_size=(1, self.length), kernel_size=(1, N_FFT), stride=(1, HOP))
-        return out.reshape(cols.shape[0], self.length)
+    def _overlap_add(self, frames: Tensor, out: Tensor | None = None, first: int = 0) -> Tensor:
+        """Add frames [B, f, N_FFT] whose first one is frame `first` into out [B, L] (zeros if None)."""
+        b, f = frames.shape[:2]
+        k = N_FFT // HOP
+        parts = frames.reshape(b, f, k, HOP)
+        hops = frames.new_zeros(b, self.frames + k - 1, HOP) if out is None else out.reshape(b, -1, HOP)
+        for j in range(k):  # hop j of frame i lands on output hop i + j
+            hops[:, first + j : first + j + f] += parts[:, :, j]
+        return hops.reshape(b, self.length)
 
-    def _istft(self, mag: Tensor, phase: Tensor) -> Tensor:  # [B, F, BINS] -> [B, L]
-        frames = torch.fft.irfft(torch.polar(mag, phase), n=N_FFT, dim=-1) * self.window  # [B, F, N_FFT]
-        return self._fold(frames.transpose(1, 2)) / self.wss
+    def _frames(self, mag: Tensor, phasors: Tensor) -> Tensor:
+        """mag [B, f, BINS], phasors [B, f, BINS, 2] -> windowed frames [B, f, N_FFT]."""
+        spec = torch.view_as_complex((mag[..., None] * phasors).contiguous())
+        return torch.fft.irfft(spec, n=N_FFT, dim=-1) * self.window
 
-    def _phase(self, y: Tensor) -> Tensor:  # [B, L] -> phase [B, F, BINS]
-        return torch.angle(torch.fft.rfft(y.unfold(1, N_FFT, HOP) * self.window, dim=-1))
+    def _phasors(self, y: Tensor) -> Tensor:  # [B, L] -> unit phasors of the new frames [B, 20, BINS, 2]
+        frames = y.unfold(1, N_FFT, HOP)[:, CONTEXT:] * self.window  # [B, 20, N_FFT]
+        return unit_phasors(torch.fft.rfft(frames, dim=-1))
 
     def __call__(
         self, logmel_norm: Tensor, ctx_mag: Tensor, ctx_phase: Tensor, det: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """logmel_norm [B, 20, mels]; ctx_mag, ctx_phase [B, CONTEXT, BINS]
+        """logmel_norm [B, 20, mels]; ctx_mag [B, CONTEXT, BINS], ctx_phase [B, CONTEXT, BINS, 2] unit phasors
         -> audio [B, 4800] float32 in [-1, 1], new ctx_mag, new ctx_phase."""
         b = logmel_norm.shape[0]
         logmel = (MEL_MEAN + MEL_STD * logmel_norm.float()).clamp(max=LOG_MAX)
         new_mag = tile_matmul(torch.exp(logmel), self.inv_t, det).clamp(min=0.0)  # [B, 20, BINS]
-        mag = torch.cat([ctx_mag, new_mag], dim=1)  # [B, F, BINS]
-        phase = torch.cat([ctx_phase, torch.zeros_like(new_mag)], dim=1)
+        # The context frames are held fixed (they anchor the phase): their overlap-added signal is
+        # computed once, and each iteration only transforms the 20 new frames.
+        ctx = self._overlap_add(self._frames(ctx_mag, ctx_phase))  # [B, L]
+        est = torch.zeros(*new_mag.shape, 2, device=new_mag.device)
+        est[..., 0] = 1.0  # new frames start at phase 0
         for _ in range(self.iters):
-            est = self._phase(self._istft(mag, phase))
-            phase = torch.cat([ctx_phase, est[:, CONTEXT:]], dim=1)  # context phases stay anchored
-        y = self._istft(mag, phase)[:, self.start : self.start + FRAMES_PER_TURN * HOP]
+            y = self._overlap_add(self._frames(new_mag, est), ctx.clone(), CONTEXT) * self.inv_wss
+            est = self._phasors(y)  # [B, 20, BINS, 2]
+        y = self._overlap_add(self._frames(new_mag, est), ctx, CONTEXT) * self.inv_wss
+        y = y[:, self.start : self.start + FRAMES_PER_TURN * HOP]
         assert y.shape == (b, FRAMES_PER_TURN * HOP), y.shape
-        return y.clamp(-1.0, 1.0), mag[:, -CONTEXT:].contiguous(), phase[:, -CONTEXT:].contiguous()
+        # The next micro-turn's context: the last frames' magnitudes and their final phasors.
+        return y.clamp(-1.0, 1.0), new_mag[:, -CONTEXT:].contiguous(), est[:, -CONTEXT:].contiguous()

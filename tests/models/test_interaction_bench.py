@@ -30,3 +30,7 @@ def test_engine_bench_on_native_tiny_ages_and_baseline(
     # Re-prefilling 41 micro-turns must cost clearly more than re-prefilling one.
     assert base[40] > 5 * base[0], base
     assert "deterministic/1" in report["age_cost_ratio"]
+    # FLOPs are counted per point: the older session attends to more written keys.
+    flops = {p["age"]: p["gflop"] for p in report["points"]}
+    assert 0 < flops[0] < flops[40], flops
+    assert all(p["cpu_ms"] > 0 and p["gflops"] > 0 for p in report["points"])

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from server.tools import ToolError, calculate, client_tools_to_chat, run_builtin
+from server.tools import ToolError, calculate, client_tools_to_chat, run_builtin, run_builtin_async
 
 
 @pytest.mark.parametrize(("expr", "value"), [("17 * 23 + 1", 392), ("2 ** 10", 1024), ("7 // 2", 3), ("7 % 4", 3),
@@ -54,3 +54,12 @@ def test_client_tools_convert_from_realtime_to_chat_format() -> None:
                                    "parameters": {"type": "object"}}, {"type": "other", "name": "skip"}])
     assert tools == [{"type": "function", "function": {"name": "f", "description": "d",
                                                        "parameters": {"type": "object"}}}]
+
+
+async def test_builtins_run_off_the_event_loop_with_bounded_output() -> None:
+    ok = await run_builtin_async("calculate", '{"expression": "2 ** 10"}')
+    assert ok.ok and json.loads(ok.output) == {"result": 1024}
+    bomb = await run_builtin_async("calculate", '{"expression": "round(1, -10**399)"}')
+    assert not bomb.ok and "round's digits" in bomb.output
+    deep = await run_builtin_async("calculate", "[" * 100_000)
+    assert not deep.ok and "nested too deeply" in deep.output

@@ -19,7 +19,6 @@ from server.background import BackgroundSettings, BackgroundWorker, Policy
 from server.engine import Engine
 from server.metrics import Metrics
 from server.sessions import Pace, Session
-from streaming.chunker import Chunker
 from streaming.types import TICK_SAMPLES
 from tests.server._background_stub import ScriptedOpenAI
 
@@ -29,6 +28,9 @@ class EventSink:
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
+
+    def bind(self, session: Session, resumed: bool) -> None:
+        pass
 
     def deliver(self, out: TickOutput, tick: int) -> None:
         pass
@@ -52,7 +54,7 @@ def stub() -> Iterator[ScriptedOpenAI]:
 
 def make_worker(stub: ScriptedOpenAI, read_timeout: float = 5.0,
                 **settings: Any) -> tuple[BackgroundWorker, EventSink, OpenAIReasoner]:
-    session = Session(id="sess_test", resume_token="tok", state=None, chunker=Chunker())
+    session = Session(id="sess_test", resume_token="tok", state=None)
     sink = EventSink()
     session.sink = sink
     reasoner = OpenAIReasoner(OpenAIConfig(base_url=stub.base_url, model="scripted",
@@ -89,7 +91,7 @@ def text_of(chunks: list[BackgroundChunk], request_id: str) -> str:
 async def test_answer_streams_to_drain_and_client(stub: ScriptedOpenAI) -> None:
     worker, sink, reasoner = make_worker(stub)
     worker.session.log.add(0.4, "user", "hello there")
-    worker.session.instructions = "Be terse."
+    worker.session.settings.instructions = "Be terse."
     rid = worker.request("what is up", source="client")
     assert rid is not None
     chunks = await drain_until_done(worker, rid)
@@ -256,7 +258,7 @@ async def test_a_failing_tool_returns_an_error_result_and_the_answer_goes_on(stu
 
 async def test_client_tool_that_never_answers_times_out_into_an_error_result(stub: ScriptedOpenAI) -> None:
     worker, sink, reasoner = make_worker(stub, tool_timeout=0.3)
-    worker.session.tools = [{"type": "function", "name": "open_door", "parameters": {"type": "object"}}]
+    worker.session.settings.tools = [{"type": "function", "name": "open_door", "parameters": {"type": "object"}}]
     rid = worker.request('[tool:open_door:{"door": 1}] open it', source="client")
     assert rid is not None
     chunks = await drain_until_done(worker, rid)
@@ -309,14 +311,14 @@ async def test_engine_feeds_only_live_chunks_into_the_models_tick_input(stub: Sc
     worker, sink, reasoner = make_worker(stub)
     session = worker.session
     session.state = await engine.open_state(session.id)
-    session.pace = Pace.MEDIA
+    session.settings.pace = Pace.MEDIA
     engine.add(session)
     tick = np.zeros(TICK_SAMPLES, dtype=np.float32)
 
     async def step_until(pred: Callable[[], bool]) -> None:
         for _ in range(300):  # bounded: 300 micro-turns
             await engine.push_audio_media(session, tick)
-            await until(lambda: session.in_flight == 0 and session.chunker.ready() == 0)
+            await until(lambda: session.sched.in_flight == 0 and session.inbox.chunker.ready() == 0)
             if pred():
                 return
             await asyncio.sleep(0.01)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.server._background_stub import ScriptedOpenAI
-from tests.wsclient import recv_until, send, start_session
+from tests.wsclient import TICK, collect_audio, pcm16, random_pcm, recv_until, send, start_session
 
 
 @pytest.fixture
@@ -88,3 +88,25 @@ async def test_server_without_reasoner_says_how_to_get_one(duplex_server) -> Non
     await ws.close()
     assert err["error"]["code"] == "background_unavailable" and "--background" in err["error"]["message"]
     assert err["error"]["event_id"] == "q9"
+
+
+async def test_calculator_bomb_is_refused_and_no_session_stalls(duplex_server, stub: ScriptedOpenAI) -> None:
+    """Issue 12, fault 4: round(1, -10**399) passed every guard and froze the event loop computing
+    10**(10**399). Now every function's arguments are bounded, and built-ins run off the loop."""
+    server = duplex_server("--model", "echo", "--background", "openai", "--background-url", stub.base_url,
+                           "--background-model", "scripted")
+    ws, _ = await start_session(server.ws_url, pace="media")
+    other, _ = await start_session(server.ws_url, pace="media")
+    bomb = json.dumps({"expression": "round(1, -10**399)"})
+    await send(ws, {"type": "duplex.background.request", "query": f"[tool:calculate:{bomb}] compute it"})
+    tool, _ = await recv_until(ws, "duplex.background.tool", timeout=10)
+    assert tool["name"] == "calculate" and not tool["ok"]
+    assert "round's digits" in json.loads(tool["output"])["error"]
+    done, _ = await recv_until(ws, "duplex.background.done", timeout=10)
+    assert done["status"] == "completed" and "round's digits" in done["text"]
+    # The other session was never frozen: its echo comes straight back.
+    chunk = pcm16(random_pcm(TICK, seed=2))
+    await other.send(chunk + chunk)
+    assert (await collect_audio(other, 2, timeout=5))[1] == chunk
+    await ws.close()
+    await other.close()

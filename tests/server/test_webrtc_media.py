@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import json
 import time
 
 import av
@@ -13,13 +14,11 @@ from aiortc import MediaStreamTrack, VideoStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from models.base import Event, TickOutput
-from server._rtc_call import RtcConnection
 from server._rtc_tracks import VIDEO_MIN_INTERVAL, PacedAudioTrack, read_audio, read_video
 from server.config import ServerConfig
+from server.realtime import RealtimeConnection
 from server.runtime import Runtime
-from server.sessions import Session
 from streaming.avframes import FrameToMono, mono_to_frame
-from streaming.chunker import Chunker
 from streaming.video import MAX_SIDE, downscale, fit_size
 
 
@@ -93,6 +92,31 @@ async def test_video_keeps_only_the_newest_small_frame() -> None:
     assert reds == sorted(reds) and reds[-1] >= 4 * 24, f"frames must be the newest ones, in order: {reds}"
 
 
+class HugeTrack(VideoStreamTrack):
+    """A peer sending frames far over the size cap (issue 12, fault 7)."""
+
+    def __init__(self, frames: int) -> None:
+        super().__init__()
+        self.left = frames
+
+    async def recv(self) -> av.VideoFrame:
+        if self.left == 0:
+            raise MediaStreamError
+        self.left -= 1
+        pts, time_base = await self.next_timestamp()
+        frame = av.VideoFrame(4096, 2304, "yuv420p")
+        frame.pts, frame.time_base = pts, time_base
+        return frame
+
+
+async def test_video_frames_over_the_size_cap_are_dropped_unconverted() -> None:
+    stored: list[np.ndarray] = []
+    seen: list[int] = []
+    await read_video(HugeTrack(frames=4), stored.append, lambda: seen.append(1))
+    await asyncio.sleep(0.1)
+    assert len(seen) == 4 and stored == [], "oversized frames count as life but are never converted"
+
+
 def test_downscale_keeps_aspect_and_colour() -> None:
     assert fit_size(1280, 720) == (320, 180)
     assert fit_size(480, 640) == (240, 320)
@@ -128,17 +152,23 @@ def test_frame_conversions_round_trip() -> None:
     assert np.allclose(back, audio, atol=1 / 32768)
 
 
-def test_the_model_yielding_drops_queued_speech_at_once() -> None:
+async def test_the_model_yielding_drops_queued_speech_at_once() -> None:
     """Barge-in: the model gives up the floor; what it had queued for the speaker must not play on."""
     track = PacedAudioTrack()
-    session = Session(id="sess_test", resume_token="t", state=object(), chunker=Chunker())
-    conn = RtcConnection(Runtime(ServerConfig(model="echo")), session, track)
-    conn.deliver(TickOutput(np.full(4800, 0.3, np.float32), text="I was saying"), tick=0)
-    conn.deliver(TickOutput(np.full(4800, 0.3, np.float32)), tick=1)
-    assert track.pacer.queued > 18_000, "two micro-turns of speech are queued (48 kHz)"
-    conn.deliver(TickOutput(np.zeros(4800, np.float32), events=[Event("yielded")]), tick=2)
-    assert track.pacer.queued == 0
-    events = []
-    while not conn.outbox.empty():
-        events.append(conn.outbox.get_nowait())
-    assert [e["type"] for e in events if isinstance(e, dict)][-1] == "response.done", "the response ends too"
+    runtime = await Runtime.create(ServerConfig(model="echo", max_sessions=2, phase_groups=1, background="none"))
+    try:
+        conn = RealtimeConnection(runtime, audio_out=track, media_ok=False)  # as a WebRTC call composes it
+        await runtime.attach(conn)
+        conn.deliver(TickOutput(np.full(4800, 0.3, np.float32), text="I was saying"), tick=0)
+        conn.deliver(TickOutput(np.full(4800, 0.3, np.float32)), tick=1)
+        assert track.pacer.queued > 18_000, "two micro-turns of speech are queued (48 kHz)"
+        conn.deliver(TickOutput(np.zeros(4800, np.float32), events=[Event("yielded")]), tick=2)
+        assert track.pacer.queued == 0
+        events = []
+        while len(conn.outbox):
+            item = conn.outbox.get_nowait()
+            if isinstance(item, str):
+                events.append(json.loads(item))
+        assert [e["type"] for e in events][-1] == "response.done", "the response ends too"
+    finally:
+        await runtime.stop()

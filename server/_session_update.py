@@ -1,0 +1,77 @@
+"""`session.update`: validate a client's settings against the session's and return the new ones.
+
+Everything is checked before anything changes, so a bad field changes nothing. Sizes are bounded
+(server/limits.py): the settings are echoed in session.updated and kept for the session's life.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from server import protocol as p
+from server.limits import MAX_INSTRUCTIONS_CHARS, MAX_TOOLS, MAX_TOOLS_JSON_BYTES
+from server.protocol import ProtocolError
+from server.sessions import Pace, SessionSettings
+
+
+def updated_settings(cfg: Any, current: SessionSettings, audio_started: bool, media_ok: bool,
+                     eid: str | None) -> SessionSettings:
+    """The settings after applying `cfg` (the event's `session` object); ProtocolError if any field is bad."""
+    if not isinstance(cfg, dict):
+        raise ProtocolError("invalid_session", "'session' must be an object", "session", eid)
+    pace = current.pace
+    if "pace" in cfg:
+        try:
+            pace = Pace(cfg["pace"])
+        except ValueError:
+            raise ProtocolError("invalid_pace", f"session.pace must be 'realtime' or 'media', got {cfg['pace']!r}",
+                                "session.pace", eid) from None
+        if pace is Pace.MEDIA and not media_ok:
+            raise ProtocolError("pace_unsupported", "a WebRTC call always runs in real time; use the WebSocket "
+                                "endpoint /v1/realtime for pace 'media'", "session.pace", eid)
+        if pace is not current.pace and audio_started:
+            raise ProtocolError("pace_locked", "session.pace can only change before the first audio is sent",
+                                "session.pace", eid)
+    audio: dict[str, Any] = cfg["audio"] if isinstance(cfg.get("audio"), dict) else {}
+    in_fmt, out_fmt = current.in_format, current.out_format
+    if "input_audio_format" in cfg:
+        in_fmt = p.parse_format(cfg["input_audio_format"], "session.input_audio_format", eid)
+    if isinstance(audio.get("input"), dict) and "format" in audio["input"]:
+        in_fmt = p.parse_format(audio["input"]["format"], "session.audio.input.format", eid)
+    if "output_audio_format" in cfg:
+        out_fmt = p.parse_format(cfg["output_audio_format"], "session.output_audio_format", eid)
+    if isinstance(audio.get("output"), dict) and "format" in audio["output"]:
+        out_fmt = p.parse_format(audio["output"]["format"], "session.audio.output.format", eid)
+    if in_fmt.rate != current.in_format.rate and audio_started:
+        raise ProtocolError("format_locked", "the input format can only change before the first audio",
+                            "session.audio.input.format", eid)
+    instructions = cfg.get("instructions", current.instructions)
+    if not isinstance(instructions, str):
+        raise ProtocolError("invalid_instructions", "session.instructions must be a string",
+                            "session.instructions", eid)
+    if len(instructions) > MAX_INSTRUCTIONS_CHARS:
+        raise ProtocolError("instructions_too_long", f"session.instructions has {len(instructions)} characters; "
+                            f"the limit is {MAX_INSTRUCTIONS_CHARS}", "session.instructions", eid)
+    tools = cfg.get("tools", current.tools)
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                              for t in tools):
+        raise ProtocolError("invalid_tools", "session.tools must be a list of {type: 'function', name, "
+                            "description, parameters}", "session.tools", eid)
+    if len(tools) > MAX_TOOLS:
+        raise ProtocolError("too_many_tools", f"session.tools has {len(tools)} tools; the limit is {MAX_TOOLS}",
+                            "session.tools", eid)
+    try:
+        size = len(json.dumps(tools, separators=(",", ":")))
+    except (RecursionError, ValueError):
+        size = MAX_TOOLS_JSON_BYTES + 1  # nested too deeply to even measure
+    if size > MAX_TOOLS_JSON_BYTES:
+        raise ProtocolError("tools_too_large", f"session.tools is {size} bytes as JSON; the limit is "
+                            f"{MAX_TOOLS_JSON_BYTES}", "session.tools", eid)
+    ext = cfg.get("duplex", {})
+    if not isinstance(ext, dict):
+        raise ProtocolError("invalid_session", "session.duplex must be an object", "session.duplex", eid)
+    tick_stats = bool(ext["tick_stats"]) if "tick_stats" in ext else current.tick_stats
+    return dataclasses.replace(current, pace=pace, in_format=in_fmt, out_format=out_fmt, instructions=instructions,
+                               tools=tools, tick_stats=tick_stats)

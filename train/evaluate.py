@@ -62,6 +62,8 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
     net.eval()
     na = len(ACTIONS)
     conf = np.zeros((na, na), dtype=np.int64)
+    onsets = [0, 0]  # [taken on the labelled micro-turn, labelled onsets]
+    starts = [0, 0]  # [spoke although the label stays silent (not continuing speech), such micro-turns]
     gl = vocoder.GriffinLim(net.cfg.mel_bins, net.cfg.griffin_lim_iters, torch.device("cpu"))
     errs = {"model": [0, 0], "target": [0, 0]}
     samples: list[dict[str, str]] = []
@@ -72,6 +74,15 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         out = net.forward_batched(b.feats, b.n_turns)
         pred = out.control[:, :na].argmax(-1)
         np.add.at(conf, (b.control.numpy(), pred.numpy()), 1)
+        lab, pr = b.control.numpy(), pred.numpy()
+        speak, silent = ACTIONS.index("speak"), ACTIONS.index("silent")
+        was_quiet = np.concatenate([[True], lab[:-1] != speak])  # the row before is not (labelled) speech
+        onset = (lab == speak) & was_quiet
+        onsets[0] += int(np.sum(onset & (pr == speak)))
+        onsets[1] += int(np.sum(onset))
+        quiet = (lab == silent) & was_quiet
+        starts[0] += int(np.sum(quiet & (pr == speak)))
+        starts[1] += int(np.sum(quiet))
         if voice:
             for seg in meta[e]["assistant"]:
                 turns = [t for t in range(seg["start"], seg["start"] + seg["turns"]) if bool(b.mel_mask[t])]
@@ -98,6 +109,11 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         "confusion": {"rows_label_cols_predicted": list(ACTIONS), "counts": conf.tolist()},
         "recall": recall,
         "precision": precision,
+        # Taking the floor on exactly the labelled micro-turn (teacher-forced, so only the onset row is a
+        # real decision: on later rows the model hears itself speaking), and speaking where it should not.
+        "onset_recall": round(onsets[0] / max(onsets[1], 1), 3),
+        "onsets": onsets[1],
+        "false_start_rate": round(starts[0] / max(starts[1], 1), 4),
     }
     if voice:
         result["voice_wer"] = round(errs["model"][0] / max(errs["model"][1], 1), 3)

@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a client connection whose data stays unacknowledged this long (gone, or never "
                        "reading) is dropped by the kernel (TCP_USER_TIMEOUT); its session stays resumable")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub.add_parser("train", help="train the native interaction model (duplex train --help)")
     return parser
 
 
@@ -200,6 +201,11 @@ def serve(config: ServerConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # handed over whole, imported lazily: the server never imports train/
+        from train.cli import main as train_main
+
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(config_from_args(args))

@@ -17,10 +17,23 @@ FORMAT = "duplex-native-1"
 INIT_SEED = 1234
 
 
-def save_checkpoint(net: InteractionTransformer, path: str | Path, preset_name: str) -> None:
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in net.state_dict().items()}
-    meta = {"format": FORMAT, "preset": preset_name, "config": json.dumps(net.cfg.to_dict())}
+def save_checkpoint(
+    net: InteractionTransformer,
+    path: str | Path,
+    preset_name: str,
+    dtype: torch.dtype | None = None,
+    extra: dict[str, str] | None = None,
+) -> None:
+    """Weights (optionally cast, e.g. fp16 to halve the file) and the config; `extra` goes into the
+    metadata too (the trainer records its command, data seed and commit there)."""
+    tensors = {k: v.detach().to("cpu", dtype=dtype or v.dtype).contiguous() for k, v in net.state_dict().items()}
+    meta = {**(extra or {}), "format": FORMAT, "preset": preset_name, "config": json.dumps(net.cfg.to_dict())}
     save_file(tensors, str(path), metadata=meta)
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
 
 
 def read_config(path: str | Path) -> tuple[str, InteractionConfig]:
@@ -34,14 +47,30 @@ def read_config(path: str | Path) -> tuple[str, InteractionConfig]:
     return meta["preset"], InteractionConfig.from_dict(json.loads(meta["config"]))
 
 
+WEIGHTS = Path(__file__).parent / "weights"  # shipped checkpoints: native-<preset>.safetensors
+RANDOM = "random"  # --checkpoint random: seeded random weights even where a trained checkpoint ships
+
+
+def shipped_checkpoint(preset_name: str) -> Path | None:
+    path = WEIGHTS / f"native-{preset_name}.safetensors"
+    return path if path.is_file() else None
+
+
 def build(preset_name: str, checkpoint: str | None) -> InteractionTransformer:
-    """The network for `native:<preset>`: from a checkpoint, or seeded random weights with a warning."""
+    """The network for `native:<preset>`: from a checkpoint; without one, the shipped trained weights
+    of that preset (models/interaction/weights/); without those (or with "random"), seeded random
+    weights with a warning."""
     if checkpoint is None:
+        shipped = shipped_checkpoint(preset_name)
+        if shipped is not None:
+            log.info("native:%s: loading the shipped checkpoint %s", preset_name, shipped)
+            return build(preset_name, str(shipped))
+    if checkpoint is None or checkpoint == RANDOM:
         net = InteractionTransformer(preset(preset_name))
         init_weights(net, INIT_SEED)
         msg = (
-            f"native:{preset_name} has RANDOM weights (seed {INIT_SEED}, no --checkpoint): it stays mostly silent "
-            "and says nothing meaningful. Pass --checkpoint FILE.safetensors with trained weights."
+            f"native:{preset_name} has RANDOM weights (seed {INIT_SEED}, no trained checkpoint): it stays mostly "
+            "silent and says nothing meaningful. Pass --checkpoint FILE.safetensors with trained weights."
         )
         warnings.warn(msg, stacklevel=2)
         log.warning(msg)

@@ -94,6 +94,10 @@ def causal_dwconv(h: Tensor, prev: Tensor, w: Tensor) -> Tensor:
     return out
 
 
+class FlatAttend(Protocol):
+    def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
+
+
 class TileKeys(Protocol):
     """Per-tile keys or values: a list of pool views, or a lazy gather over a whole sequence."""
 
@@ -204,17 +208,12 @@ class Block(nn.Module):
         x = x + self.wo(o.reshape(b, t, -1))
         return self._ffn(x)
 
-    def forward_flat(self, x: Tensor, pos_cs: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
-        """Reference path: the whole sequence as one row, x [1, L, D], mask [L, L]; no cache at all."""
-        _, length, dim = x.shape
-        prev = torch.zeros(1, self.conv.shape[0] - 1, dim, dtype=x.dtype, device=x.device)
+    def forward_flat(self, x: Tensor, pos_cs: tuple[Tensor, Tensor], attend: "FlatAttend") -> Tensor:
+        """Flat path: whole sequences as rows, x [B, L, D]; no cache. attend(layer, q, k, v) applies
+        the streaming visibility rule over the whole sequence (models/interaction/flat.py)."""
+        b, length, dim = x.shape
+        prev = torch.zeros(b, self.conv.shape[0] - 1, dim, dtype=x.dtype, device=x.device)
         q, k, v = self._qkv(self.attn_norm(x), prev, *pos_cs)
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=mask[None, None],
-            enable_gqa=True,
-        ).transpose(1, 2)  # [1, L, H, hd]
-        x = x + self.wo(o.reshape(1, length, -1))
+        o = attend(self.index, q, k, v)  # [B, L, H, hd]
+        x = x + self.wo(o.reshape(b, length, -1))
         return self._ffn(x)

@@ -6,7 +6,9 @@ It knows nothing about sessions, sockets or clocks. Three ways to run the same w
 * `forward_sequence(feats)`: micro-turns 0..N-1 of one session, teacher-forced, no pool (the
   baseline a server without persistent sessions pays every micro-turn, and the bit-exact check);
 * `forward_reference(feats)`: the same sequence as one flat pass with a full [NT, NT] mask (an
-  independent statement of the attention pattern, checked to a tolerance).
+  independent statement of the attention pattern, checked to a tolerance);
+* `forward_batched(feats, n_turns)`: B whole sequences at once, [B, N*T] tokens, the same mask run
+  blockwise (flat.py): the training path.
 """
 
 from collections.abc import Sequence
@@ -17,8 +19,9 @@ from torch import Tensor, nn
 
 from models.interaction.config import ACTIONS, BYTE_VOCAB, FRAMES_PER_TURN, InteractionConfig
 from models.interaction.dmel import DMelEmbed
+from models.interaction.flat import FlatAttention
 from models.interaction.flow import FlowHead
-from models.interaction.kv import KVPool, SequenceCache, StreamCache, flat_mask
+from models.interaction.kv import KVPool, SequenceCache, StreamCache
 from models.interaction.layers import Block, Lin, RMSNorm, TileCache, rope_tables
 from models.interaction.video import HMLP, PATCH
 
@@ -91,8 +94,11 @@ class InteractionTransformer(nn.Module):
         assert f.user_dmel.shape == (b, FRAMES_PER_TURN, cfg.dmel_bins), f.user_dmel.shape
         assert f.video.shape == (b, cfg.video_grid**2, PATCH, PATCH, 3), f.video.shape
         dtype = self.slot.dtype
-        vid = self.video(f.video.to(dtype))  # [B, P, D]
-        vid = torch.where(f.video_present[:, None, None], vid, self.video_absent.to(dtype))
+        if bool(f.video_present.any()):
+            vid = self.video(f.video.to(dtype))  # [B, P, D]
+            vid = torch.where(f.video_present[:, None, None], vid, self.video_absent.to(dtype))
+        else:  # no frame in any row: the same values without running the hMLP (most audio-only steps)
+            vid = self.video_absent.to(dtype).expand(b, cfg.video_grid**2, cfg.dim)
         n_out = cfg.tokens_per_turn - cfg.slots["control"][0]
         parts = [
             self.dmel(f.user_dmel),
@@ -148,16 +154,28 @@ class InteractionTransformer(nn.Module):
         return self.heads(self._run_tiles(x, turns, SequenceCache(self.cfg, n, x.device)))
 
     def forward_reference(self, f: TurnFeatures) -> HeadOutputs:
-        """The same sequence as one row of N*T tokens with explicit masks (no tiles, no cache)."""
+        """The same sequence as one row of N*T tokens with explicit full masks (no tiles, no cache)."""
+        return self.forward_batched(f, f.user_dmel.shape[0], mode="masked")
+
+    def forward_batched(self, f: TurnFeatures, n_turns: int, mode: str = "auto") -> HeadOutputs:
+        """B whole sequences, rows of f episode-major ([B*N] micro-turns) -> head outputs for [B*N] rows.
+
+        Every micro-turn of every sequence in one pass, exactly the streaming visibility; mode picks
+        how the attention is run (flat.FlatAttention; "masked" = one full mask per layer).
+        """
         x = self.embed(f)
-        n, t, d = x.shape
-        turns = torch.arange(n, device=x.device)
-        cos, sin = self._positions(turns)  # [N, T, 1, hd/2]
-        cs = (cos.reshape(1, n * t, 1, -1), sin.reshape(1, n * t, 1, -1))
-        h = x.reshape(1, n * t, d)
-        for i, blk in enumerate(self.blocks):
-            h = blk.forward_flat(h, cs, flat_mask(self.cfg, n, i, x.device))  # type: ignore[operator]
-        return self.heads(self.norm(h).reshape(n, t, d))
+        bn, t, d = x.shape
+        if bn % n_turns:
+            raise ValueError(f"{bn} rows are not whole sequences of {n_turns} micro-turns")
+        b = bn // n_turns
+        turns = torch.arange(n_turns, device=x.device)
+        cos, sin = self._positions(turns)  # [N, T, 1, hd/2]: the same for every sequence
+        cs = (cos.reshape(1, n_turns * t, 1, -1), sin.reshape(1, n_turns * t, 1, -1))
+        attend = FlatAttention(self.cfg, n_turns, x.device, mode)
+        h = x.reshape(b, n_turns * t, d)
+        for blk in self.blocks:
+            h = blk.forward_flat(h, cs, attend)  # type: ignore[operator]
+        return self.heads(self.norm(h).reshape(bn, t, d))
 
 
 def init_weights(model: InteractionTransformer, seed: int) -> None:

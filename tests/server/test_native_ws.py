@@ -51,7 +51,9 @@ async def test_native_tiny_checkpoint_gets_200ms_audio_deltas(duplex_server, tmp
 
 
 async def test_native_tiny_random_init_warns_and_streams(duplex_server) -> None:
-    server = duplex_server("--model", "native:tiny", "--max-sessions", "2", "--background", "none", env=ENV)
+    server = duplex_server(
+        "--model", "native:tiny", "--checkpoint", "random", "--max-sessions", "2", "--background", "none", env=ENV
+    )
     out = await _talk(server.ws_url)
     assert sorted(out) == list(range(N_TICKS))
     assert all(len(d) == TICK * 2 for d in out.values())

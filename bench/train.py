@@ -1,0 +1,138 @@
+"""Training-step throughput of the native model on this machine, against its measured matmul peak.
+
+    python -m bench.train --json                       # tiny, 1 episode of 50 micro-turns, bf16 and fp32
+    python -m bench.train --turns 100 --batch 2 --precision bf16
+
+Reports, per precision: tokens/s of one optimiser step (forward_batched + losses + backward + AdamW),
+its FLOPs (counted by torch.utils.flop_counter: matmuls and attention, forward and backward), the
+achieved GFLOP/s, and that as a fraction of this machine's measured fp32 (and bf16) matmul peak
+(best of a few 2048^3 products on the same threads). Also the speedup of the batched training path
+over the per-micro-turn loop (forward_sequence, which runs the model tile by tile like streaming).
+Numbers on a shared machine are noisy: compare runs made in the same conditions.
+"""
+
+import argparse
+import json
+import time
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from models.interaction.config import FRAMES_PER_TURN, NO_BYTE, preset
+from models.interaction.model import TurnFeatures
+from models.interaction.video import PATCH
+from train.client import AdamParams, TrainingClient
+from train.losses import Batch
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:
+    """Best GFLOP/s of an n^3 matmul in `dtype` on the current threads."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def synthetic_batch(preset_name: str, batch: int, turns: int, seed: int = 0) -> Batch:
+    """Random inputs and labels of the real shapes (throughput does not depend on their values)."""
+    cfg = preset(preset_name)
+    g = torch.Generator().manual_seed(seed)
+    rows = batch * turns
+
+    def ints(hi: int, *shape: int) -> torch.Tensor:
+        return torch.randint(0, hi, shape, generator=g)
+
+    feats = TurnFeatures(
+        user_dmel=ints(cfg.dmel_levels, rows, FRAMES_PER_TURN, cfg.dmel_bins),
+        self_dmel=ints(cfg.dmel_levels, rows, FRAMES_PER_TURN, cfg.dmel_bins),
+        video=torch.zeros(rows, cfg.video_grid**2, PATCH, PATCH, 3),
+        video_present=torch.zeros(rows, dtype=torch.bool),
+        typed=torch.full((rows, cfg.typed_tokens), NO_BYTE),
+        background=torch.full((rows, cfg.background_tokens), NO_BYTE),
+        own_text=ints(257, rows, cfg.text_tokens),
+    )
+    return Batch(
+        feats=feats, n_turns=turns, control=ints(5, rows), user_speaking=ints(2, rows).float(),
+        text=ints(257, rows, cfg.text_tokens), transcript=ints(257, rows, cfg.transcript_tokens),
+        mel=torch.randn(rows, FRAMES_PER_TURN, cfg.mel_bins, generator=g), mel_mask=ints(2, rows).bool(),
+    )
+
+
+def step_figures(preset_name: str, batch: Batch, precision: str, steps: int) -> dict[str, Any]:
+    tc = TrainingClient(preset_name, precision=precision)
+    adam = AdamParams()
+    with FlopCounterMode(display=False) as fc:
+        tc.forward_backward(batch)
+    tc.optim_step(adam)  # that was the warm-up step too
+    flops = fc.get_total_flops()
+    times = []
+    for i in range(steps):
+        t = time.perf_counter()
+        fb = tc.forward_backward(batch)
+        tc.optim_step(adam)
+        times.append(time.perf_counter() - t)
+        print(f"  {precision} step {i + 1}/{steps}: {times[-1]:.2f} s, loss {fb.loss:.3f}", flush=True)
+    best = min(times)
+    tokens = batch.rows * tc.net.cfg.tokens_per_turn
+    return {"tokens_per_step": tokens, "step_s": round(best, 3), "tokens_per_s": round(tokens / best, 1),
+            "gflop_per_step": round(flops / 1e9, 2), "gflops": round(flops / best / 1e9, 2)}
+
+
+def loop_speedup(preset_name: str, turns: int) -> dict[str, float]:
+    """fp32 forward+backward of one episode: batched path vs the per-micro-turn (tile) loop."""
+    tc = TrainingClient(preset_name, precision="fp32")
+    b = synthetic_batch(preset_name, 1, turns, seed=1)
+    out: dict[str, float] = {}
+    for name, fn in (("batched_s", lambda: tc.net.forward_batched(b.feats, turns)),
+                     ("per_turn_loop_s", lambda: tc.net.forward_sequence(b.feats))):
+        t = time.perf_counter()
+        h = fn()
+        (h.control.float().square().mean() + h.audio_cond.float().square().mean()).backward()
+        out[name] = round(time.perf_counter() - t, 3)
+        tc.net.zero_grad(set_to_none=True)
+        print(f"  {name}: {out[name]:.2f} s", flush=True)
+    out["speedup"] = round(out["per_turn_loop_s"] / out["batched_s"], 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--turns", type=int, default=50, help="micro-turns per episode")
+    ap.add_argument("--batch", type=int, default=1, help="episodes per step")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per precision (best is reported)")
+    ap.add_argument("--precision", default="bf16,fp32", help="comma-separated: bf16, fp32")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all this process may use)")
+    ap.add_argument("--loop-turns", type=int, default=24, help="episode length of the loop comparison (0 = skip)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    print(f"measuring matmul peaks on {torch.get_num_threads()} threads", flush=True)
+    peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
+    result: dict[str, Any] = {"preset": a.preset, "threads": torch.get_num_threads(), "turns": a.turns,
+                              "batch": a.batch, "fp32_matmul_peak_gflops": round(peak32, 1),
+                              "bf16_matmul_peak_gflops": round(peak16, 1)}
+    batch = synthetic_batch(a.preset, a.batch, a.turns)
+    for prec in a.precision.split(","):
+        r = step_figures(a.preset, batch, prec, a.steps)
+        r["fraction_of_fp32_peak"] = round(r["gflops"] / peak32, 3)
+        r["fraction_of_bf16_peak"] = round(r["gflops"] / peak16, 3)
+        result[prec] = r
+    if a.loop_turns:
+        result["batched_vs_loop"] = loop_speedup(a.preset, a.loop_turns)
+    if a.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

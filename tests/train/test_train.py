@@ -1,0 +1,208 @@
+"""Training end to end on a tiny episode set: data, loss, resume, LoRA, sample == server."""
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench.fdbench import _texts as bench_texts
+from models.base import TickInput
+from models.interaction.config import ACTIONS
+from streaming.pcm import float32_to_pcm16
+from tests.models.test_interaction_core import small_cfg
+from tests.wsclient import b64, collect_audio, send, start_session
+from train import _texts as train_texts
+from train.cli import evaluate
+from train.client import AdamParams, TrainingClient
+from train.data import EpisodeData
+from train.episodes import Speaker, make_episode
+from train.features import build_cache
+from train.lora import LoRALin, apply_lora, merge_lora
+from train.losses import Batch
+
+TURNS = 24
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    old = os.environ.get("DUPLEX_TTS_DETERMINISTIC")
+    os.environ["DUPLEX_TTS_DETERMINISTIC"] = "1"
+    path = tmp_path_factory.mktemp("episodes")
+    build_cache(path, small_cfg(), seed=7, episodes=4, turns=TURNS, shard=2, log=lambda m: None)
+    yield path
+    if old is None:
+        os.environ.pop("DUPLEX_TTS_DETERMINISTIC", None)
+    else:
+        os.environ["DUPLEX_TTS_DETERMINISTIC"] = old
+
+
+def client(**kw: object) -> TrainingClient:
+    return TrainingClient("tiny", config=small_cfg(), precision="fp32", seed=3, **kw)  # type: ignore[arg-type]
+
+
+def test_texts_disjoint_from_benchmark() -> None:
+    """No sentence is shared; one- and two-word backchannels ("Yeah.", "Okay.") are common words both
+    sides must use, so they are left out of the comparison."""
+
+    def sentences(module: object) -> set[str]:
+        lists = [v for k, v in vars(module).items() if k.isupper() and isinstance(v, list)]
+        return {s for v in lists for s in v if len(s.split()) >= 3}
+
+    bench, ours = sentences(bench_texts), sentences(train_texts)
+    assert len(ours) > 90
+    assert not bench & ours, f"training texts overlap the benchmark's: {sorted(bench & ours)[:5]}"
+    assert len(train_texts.phrase_set()) >= 20
+
+
+def test_episodes_are_seeded_and_labelled(cache: Path) -> None:
+    spk = Speaker()
+    a, b = make_episode(11, 60, spk), make_episode(11, 60, spk)
+    assert np.array_equal(a.user, b.user) and a.scenes == b.scenes
+    assert not np.array_equal(a.user, make_episode(12, 60, spk).user)
+    data = EpisodeData(cache, small_cfg())
+    assert data.arrays["user_dmel"].shape == (4, TURNS, 20, 80)
+    control = data.arrays["control"]
+    assert {ACTIONS.index("speak"), ACTIONS.index("silent")} <= set(np.unique(control).tolist())
+    # the mel target is judged only where the assistant emits audio, and there it is not silence
+    mask = data.arrays["mel_mask"].astype(bool)
+    assert mask.any() and data.arrays["mel"][mask].mean() > data.arrays["mel"][~mask].mean() + 1.0
+
+
+def test_loss_falls_on_tiny_episode_set(cache: Path) -> None:
+    tc = client()
+    data = EpisodeData(cache, small_cfg())
+    before = evaluate(tc, data, 2)
+    for _ in range(10):
+        tc.forward_backward(data.next_batch(2))
+        tc.optim_step(AdamParams(lr=3e-3))
+    after = evaluate(tc, data, 2)
+    assert after["loss"] < 0.8 * before["loss"], (before, after)
+    assert after["control"] < before["control"], (before, after)
+
+
+def test_save_load_resumes_bit_exactly(cache: Path, tmp_path: Path) -> None:
+    torch.use_deterministic_algorithms(True)
+    try:
+        a, data = client(), EpisodeData(cache, small_cfg(), seed=5)
+        for _ in range(2):
+            a.forward_backward(data.next_batch(1))
+            a.optim_step(AdamParams())
+        a.save_state(tmp_path / "s.pt", {"data_position": data.pos.as_dict()})
+        for _ in range(2):
+            a.forward_backward(data.next_batch(1))
+            a.optim_step(AdamParams())
+        b, data_b = client(), EpisodeData(cache, small_cfg(), seed=5)
+        extra = b.load_state(tmp_path / "s.pt")
+        data_b.pos = type(data_b.pos)(**extra["data_position"])
+        for _ in range(2):
+            b.forward_backward(data_b.next_batch(1))
+            b.optim_step(AdamParams())
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert b.step == a.step == 4
+    for (name, pa), pb in zip(a.net.state_dict().items(), b.net.state_dict().values(), strict=True):
+        assert torch.equal(pa, pb), f"{name} differs after resume"
+
+
+def test_lora_on_every_linear_layer(cache: Path) -> None:
+    tc = client(lora_rank=4)
+    wrapped = [m for m in tc.net.modules() if isinstance(m, LoRALin)]
+    names = {n.rsplit(".", 1)[-1] for n, m in tc.net.named_modules() if isinstance(m, LoRALin)}
+    assert {"wq", "wk", "wv", "wo", "w1", "w2", "w3", "control_head"} <= names  # attention, MLP, heads
+    base = {n: p.detach().clone() for n, p in tc.net.named_parameters() if "lora_" not in n}
+    data = EpisodeData(cache, small_cfg())
+    for _ in range(2):
+        tc.forward_backward(data.next_batch(1))
+        tc.optim_step(AdamParams(lr=1e-2))
+    for n, p in tc.net.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, base[n]), f"{n} is frozen under LoRA but changed"
+    assert any(float(m.lora_b.abs().sum()) > 0 for m in wrapped)
+    # merged weights serve the same function as the adapters
+    b = data.batch([0])
+    with torch.no_grad():
+        tc.net.eval()
+        wrapped_out = tc.forward(b).control
+        merged = tc.serving_net()
+        assert not any(isinstance(m, LoRALin) for m in merged.modules())
+        torch.testing.assert_close(merged.forward_batched(b.feats, b.n_turns).control, wrapped_out,
+                                   rtol=1e-4, atol=1e-4)
+    assert merge_lora(torch.nn.Sequential()) == 0
+    with pytest.raises(ValueError, match="rank"):
+        apply_lora(torch.nn.Linear(2, 2), 0)
+
+
+async def test_sample_equals_server(duplex_server, tmp_path: Path) -> None:
+    """What `sample` streams equals what the real server streams for the same inputs and weights."""
+    tc = client()
+    bias = tc.net.control_head.bias
+    with torch.no_grad():
+        bias.zero_()  # type: ignore[union-attr]
+        bias[ACTIONS.index("speak")] = 5.0  # type: ignore[index]  # speak: the audio must be compared
+    ckpt = tmp_path / "small.safetensors"
+    tc.export(ckpt, {"command": "test"})
+    server = duplex_server("--model", "native:tiny", "--checkpoint", str(ckpt), "--max-sessions", "2",
+                           "--background", "none", env={"DUPLEX_TORCH_THREADS": "1", "DUPLEX_KV_BUDGET_MB": "64"})
+    rng = np.random.default_rng(0)
+    n = 5
+    audio = (rng.standard_normal(n * 4800) * 0.1).astype(np.float32)
+    ws, resume = await start_session(server.ws_url, pace="media")
+    for k in range(n):
+        chunk = float32_to_pcm16(audio[k * 4800 : (k + 1) * 4800])
+        await send(ws, {"type": "input_audio_buffer.append", "audio": b64(chunk)})
+    served = await collect_audio(ws, n, timeout=90)
+    await ws.close()
+    # The server hears PCM16: feed sample the same quantised samples.
+    from streaming.pcm import pcm16_to_float32
+
+    ticks = [TickInput(pcm16_to_float32(float32_to_pcm16(audio[k * 4800 : (k + 1) * 4800])), 4800) for k in range(n)]
+    torch.set_num_threads(1)
+    sampler = TrainingClient("tiny", checkpoint=str(ckpt), precision="fp32")
+    outs = sampler.sample(ticks, session_id=resume["session_id"])
+    assert any(o.audio.any() for o in outs), "the speaking model must produce audio"
+    for k in range(n):
+        assert float32_to_pcm16(outs[k].audio) == served[k], f"micro-turn {k} differs from the server's"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a CPU-only machine gives")
+def test_cuda_requested_without_gpu_says_what_to_do() -> None:
+    with pytest.raises(RuntimeError, match="use --device cpu"):
+        TrainingClient("tiny", config=small_cfg(), device="cuda")
+
+
+def test_policy_gradient_raises_rewarded_actions(cache: Path) -> None:
+    """One REINFORCE step: a rewarded action becomes more likely, a punished one less."""
+    from train.losses import policy_gradient_loss
+
+    data = EpisodeData(cache, small_cfg())
+    for sign in (1.0, -1.0):
+        tc = client()
+        b = data.batch([0])
+        b.control = torch.full((b.rows,), ACTIONS.index("backchannel"))
+        b.advantage = torch.full((b.rows,), sign)
+
+        def logp(tc: TrainingClient = tc, b: Batch = b) -> float:
+            with torch.no_grad():
+                lp = torch.log_softmax(tc.forward(b).control[:, : len(ACTIONS)].float(), -1)
+            return float(lp.gather(1, b.control[:, None]).mean())
+
+        before = logp()
+        tc.forward_backward(b, policy_gradient_loss)
+        tc.optim_step(AdamParams(lr=1e-3))
+        assert (logp() - before) * sign > 0
+
+
+def test_rl_step_rolls_out_through_the_server_step(tmp_path: Path) -> None:
+    """rl_step: a rollout through NativeModel.step, its features replayed by the batched path."""
+    from train.rl import rl_step, timing_reward
+
+    os.environ["DUPLEX_TTS_DETERMINISTIC"] = "1"
+    build_cache(tmp_path, small_cfg(), seed=9, episodes=1, turns=12, shard=1, keep_audio=True, log=lambda m: None)
+    tc = client()
+    data = EpisodeData(tmp_path, small_cfg())
+    m = rl_step(tc, data, 0, AdamParams(lr=1e-3))
+    assert -1.0 <= m["reward"] <= 2.0 and tc.step == 1
+    assert timing_reward(torch.tensor([0, 1, 3]), torch.tensor([0, 0, 3])).tolist() == [1.0, -1.0, 2.0]

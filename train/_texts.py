@@ -1,0 +1,145 @@
+"""Text bank for the training episodes: disjoint from bench/fdbench/_texts.py (a test checks it).
+
+The assistant speaks only a closed set of phrases (REPLIES, BACKCHANNELS, FOUND): a ~10 M parameter
+model trained for an hour on two CPU cores can learn to say a few dozen phrases in Piper joe's voice,
+not open text. The user side is varied: the model must learn *when* to speak, from words and silence.
+"""
+
+# What the assistant says when it takes the floor (the closed phrase set; the voice is judged on it).
+REPLIES = [
+    "Sure, I can help with that.",
+    "Okay, let me think about it.",
+    "Yes, that sounds like a good plan.",
+    "I am not completely sure.",
+    "Thank you for telling me.",
+    "Good morning, how are you?",
+    "That is a great question.",
+    "No problem at all.",
+    "I think you should try it.",
+    "That makes a lot of sense.",
+    "Could you say that again?",
+    "I would start with the basics.",
+    "It depends on the weather.",
+    "Please give me one moment.",
+    "That sounds wonderful.",
+    "I agree with you.",
+    "Let me explain it step by step.",
+    "You are very welcome.",
+    "Maybe later this afternoon.",
+    "I really like that idea.",
+]
+# Short acknowledgements while the user holds the floor.
+BACKCHANNELS = ["Mm-hm.", "Yeah.", "Right.", "Okay.", "I see."]
+# Said before reading out a background result.
+FOUND = "Here is what I found."
+
+# User: questions and requests that hand the floor over.
+QUESTIONS = [
+    "Can you help me plan a picnic?",
+    "What do you think about painting the kitchen yellow?",
+    "Should I take the bus or ride my bike today?",
+    "Is it a good idea to plant roses in the spring?",
+    "How do I make my coffee taste less bitter?",
+    "Could you give me a tip for sleeping better?",
+    "What would you bring on a camping trip?",
+    "Do you like the sound of rain on the roof?",
+    "Would you recommend learning the guitar or the drums?",
+    "Can you remind me why we water plants in the evening?",
+    "Is a walk after dinner good for you?",
+    "What is a nice present for my brother?",
+    "How should I start writing a short story?",
+    "Do you know a simple recipe for pancakes?",
+    "Could you tell me how to fold a paper boat?",
+    "Which colour should I pick for the new sofa?",
+]
+LEADS = [
+    "Hi there.",
+    "Hello, good evening.",
+    "I have been wondering about something.",
+    "Okay, next thing.",
+    "Listen to this.",
+    "So here is my situation.",
+    "",
+    "",
+]
+# User: unfinished clauses (ends on a word that promises more) and their continuations.
+HEADS = [
+    "Yesterday my neighbour and I decided to",
+    "The problem with my old laptop is that",
+    "I called my mother this morning because",
+    "If the train is late again then",
+    "What bothers me about the new office is",
+    "We were going to paint the fence but",
+    "After the meeting I realised that",
+    "My plan for the holidays is to",
+    "The funny thing about my dog is that",
+    "I would love to visit the mountains and",
+]
+TAILS = [
+    "clean out the whole garage together.",
+    "the battery dies after an hour.",
+    "she forgot her keys at my place.",
+    "I will just walk to work instead.",
+    "there are no windows at all.",
+    "it started raining all afternoon.",
+    "nobody had read the report.",
+    "stay at home and read a lot.",
+    "he is afraid of small birds.",
+    "maybe swim in a cold lake.",
+]
+# User: a longer telling, sentence by sentence (the assistant backchannels at the breaks).
+STORY = [
+    "My cousin bought an old sailing boat last month.",
+    "It needed a lot of work on the engine.",
+    "We spent three weekends sanding the deck.",
+    "Then we painted it bright blue and white.",
+    "The first trip out was a little scary.",
+    "The wind picked up and the sail tore.",
+    "Luckily a fisherman towed us back to shore.",
+    "Now we laugh about it every time we meet.",
+    "Next summer we want to sail to the island.",
+    "I am already looking forward to it.",
+]
+# User: barge-ins while the assistant talks.
+BARGE_INS = [
+    "Sorry, one more thing.",
+    "Wait, let me stop you there.",
+    "Hold on a second please.",
+    "No no, that is not what I meant.",
+    "Excuse me, can I ask something else?",
+]
+# User: backchannels while the assistant talks (the assistant keeps going).
+USER_BACKCHANNELS = ["Mm-hm.", "Yeah.", "Uh-huh.", "Right.", "Okay."]
+# Background talk not addressed to the assistant (another room, a radio): quieter.
+OVERHEARD = [
+    "The next stop is the central station.",
+    "Did anyone see where I put the scissors?",
+    "The weather tonight will be cold and clear.",
+    "We need more milk and some bread.",
+    "The match starts at eight on channel four.",
+]
+# Requests that need the background reasoner (delegate), and the results it sends back.
+LOOKUPS = [
+    "Can you look up the opening hours of the library?",
+    "Please find out when the next ferry leaves.",
+    "Could you check the price of a train ticket to the coast?",
+    "Look up how tall the town hall tower is.",
+]
+RESULTS = [
+    "The library opens at nine.",
+    "The next ferry leaves at noon.",
+    "A return ticket costs twelve euros.",
+    "The tower is forty metres tall.",
+]
+# Typed messages (arrive as text, not audio).
+TYPED = [
+    "hello, are you there?",
+    "can you help me with a question?",
+    "what should I do this weekend?",
+    "thanks for the help earlier",
+]
+
+
+def phrase_set() -> list[str]:
+    """Every phrase the assistant can say: the closed set the voice is evaluated on."""
+    return [*REPLIES, *BACKCHANNELS, FOUND, *RESULTS]

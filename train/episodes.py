@@ -1,0 +1,316 @@
+"""Seeded synthetic full-duplex episodes: two channels (user mic, assistant) and per-micro-turn labels.
+
+An episode is a chain of scenes on one timeline of exactly `turns` micro-turns (200 ms each):
+
+    qa          the user asks, yields; the assistant replies a moment later
+    pause       an unfinished clause, 1.2-3 s of silence, its end; the assistant waits, then replies
+    barge_in    the assistant gives a long answer; the user talks over it; it stops within a micro-turn
+    user_bc     the user says "mm-hm" while the assistant talks; it keeps talking
+    overheard   quieter speech not addressed to the assistant (another voice); it keeps its course
+    story       a long user turn; the assistant backchannels in the breaks, replies at the end
+    typed       a typed message instead of speech; the assistant replies
+    delegate    a look-up request: delegate, wait for the background result, say it
+    quiet       silence and noise only
+
+The assistant always speaks in Piper joe's voice (its target mel), placed on whole micro-turns
+because that is how the model emits audio. The user side varies: Piper joe and espeak-ng voices, with
+rate, pitch, gain and noise jitter. Everything is drawn from one `random.Random(seed)`.
+"""
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from models.interaction.config import ACTIONS
+from train import _texts as tx
+
+RATE = 24_000
+TURN = 4_800  # samples per micro-turn
+LEVEL_RMS = 0.08  # speech level before the per-speaker gain
+SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = (ACTIONS.index(a) for a in ACTIONS)
+USER_VOICES = (
+    "piper:joe",
+    "espeak:en-us",
+    "espeak:en-gb",
+    "espeak:en-gb-scotland",
+    "espeak:en-029",
+    "espeak:en-us+f3",
+    "espeak:en-us+m3",
+    "espeak:en-gb+f2",
+)
+ASSISTANT_VOICE = "piper:joe"
+Audio = npt.NDArray[np.float32]
+
+
+class Speaker:
+    """TTS with a per-process cache: episodes reuse phrases, and the assistant's are always the same."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str, float, float], Audio] = {}
+
+    def say(self, text: str, voice: str, rate: float = 1.0, pitch: float = 1.0) -> Audio:
+        key = (text, voice, rate, pitch)
+        if key not in self._cache:
+            from models.speech.tts import synthesize
+            from streaming.resample import resample
+
+            audio, sr = synthesize(text, voice=voice, rate=rate, pitch=pitch)
+            audio = _trim(resample(np.asarray(audio, dtype=np.float32), int(sr), RATE))
+            rms = float(np.sqrt(np.mean(audio**2))) if len(audio) else 0.0
+            if rms > 0:
+                audio = audio * np.float32(LEVEL_RMS / rms)
+            self._cache[key] = np.clip(audio, -0.99, 0.99).astype(np.float32)
+        return self._cache[key]
+
+
+def _trim(audio: Audio) -> Audio:
+    """Drop leading/trailing samples under 2 % of the peak (keep 20 ms): onsets then mean speech."""
+    loud = np.flatnonzero(np.abs(audio) > 0.02 * float(np.max(np.abs(audio), initial=0.0)))
+    if len(loud) == 0:
+        return audio
+    pad = RATE // 50
+    return audio[max(0, loud[0] - pad) : loud[-1] + pad + 1]
+
+
+@dataclass
+class Segment:
+    """One assistant utterance, placed on micro-turn boundaries."""
+
+    start: int  # first micro-turn
+    audio: Audio  # assistant speech (24 kHz), cut short if it was interrupted
+    text: str
+    kind: int  # SPEAK or BACKCHANNEL
+
+    @property
+    def turns(self) -> int:
+        return -(-len(self.audio) // TURN)
+
+
+@dataclass
+class Episode:
+    seed: int
+    turns: int
+    user: Audio  # [turns * TURN] the mic: the user's speech, overheard speech, noise
+    assistant: list[Segment] = field(default_factory=list)
+    control: npt.NDArray[np.int8] = field(init=False)  # [turns] action labels (ACTIONS order)
+    user_speaking: npt.NDArray[np.uint8] = field(init=False)  # [turns]
+    user_text: list[tuple[int, int, str]] = field(default_factory=list)  # (first turn, last turn, text)
+    typed: list[tuple[int, str]] = field(default_factory=list)  # (turn it arrives, text)
+    background: list[tuple[int, str]] = field(default_factory=list)  # (turn it arrives, result text)
+    scenes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.control = np.full(self.turns, SILENT, dtype=np.int8)
+        self.user_speaking = np.zeros(self.turns, dtype=np.uint8)
+
+
+class _Builder:
+    """Lays scenes out left to right; `t` is the cursor in samples on the user timeline."""
+
+    def __init__(self, seed: int, turns: int, speaker: Speaker) -> None:
+        self.rng = random.Random(seed)
+        self.spk = speaker
+        self.ep = Episode(seed, turns, np.zeros(turns * TURN, dtype=np.float32))
+        self.t = 0
+        r = self.rng
+        self.voice = (r.choice(USER_VOICES), round(r.uniform(0.85, 1.2), 2), round(r.uniform(0.85, 1.2), 2))
+        self.gain = r.uniform(0.5, 1.3)
+        others = [v for v in USER_VOICES if v.startswith("espeak") and v != self.voice[0]]
+        self.other_voice = r.choice(others)
+
+    @property
+    def end(self) -> int:
+        return self.ep.turns * TURN
+
+    def full(self) -> bool:
+        return self.t >= self.end - 2 * RATE  # < 2 s left: stop adding scenes
+
+    def turn_of(self, sample: int) -> int:
+        return min(sample // TURN, self.ep.turns - 1)
+
+    def gap(self, lo: float, hi: float) -> None:
+        self.t += int(self.rng.uniform(lo, hi) * RATE)
+
+    def user_says(self, text: str, at: int | None = None, gain: float = 1.0, addressed: bool = True) -> int:
+        """Mix the user's (or, addressed=False, someone else's) speech in at `at` (default: cursor);
+        returns the sample where it ends. Marks user-speaking on turns it covers by >= 25 %."""
+        voice, rate, pitch = self.voice if addressed else (self.other_voice, 1.0, 1.0)
+        audio = self.spk.say(text, voice, rate, pitch) * np.float32(gain * (self.gain if addressed else 1.0))
+        start = self.t if at is None else at
+        stop = min(start + len(audio), self.end)
+        if stop <= start:
+            return start
+        self.ep.user[start:stop] += audio[: stop - start]
+        if addressed:
+            first, last = self.turn_of(start), self.turn_of(stop - 1)
+            for n in range(first, last + 1):
+                covered = min(stop, (n + 1) * TURN) - max(start, n * TURN)
+                if covered >= TURN // 4:
+                    self.ep.user_speaking[n] = 1
+            self.ep.user_text.append((first, last, text))
+        return stop
+
+    def assistant_says(self, turn: int, text: str, kind: int = SPEAK) -> Segment | None:
+        if turn >= self.ep.turns:
+            return None
+        audio = self.spk.say(text, ASSISTANT_VOICE)
+        seg = Segment(turn, audio[: (self.ep.turns - turn) * TURN], text, kind)
+        self.ep.assistant.append(seg)
+        self.ep.control[turn : turn + seg.turns] = kind
+        return seg
+
+    def cut(self, seg: Segment, turn: int) -> None:
+        """The user barged in at `turn`: the assistant yields there and says nothing more."""
+        keep = max(turn - seg.start, 0)
+        self.ep.control[seg.start + keep : seg.start + seg.turns] = SILENT
+        seg.audio = seg.audio[: keep * TURN]
+        self.ep.control[turn] = YIELD
+
+    def reply_after(self, user_end: int, text: str | None = None) -> int:
+        """The assistant takes the floor 1-2 micro-turns after the user's speech ends; returns the
+        sample where its reply ends (the cursor moves past it)."""
+        turn = self.turn_of(user_end) + self.rng.choice((1, 1, 2))
+        seg = self.assistant_says(turn, text or self.rng.choice(tx.REPLIES))
+        self.t = (turn + (seg.turns if seg else 0)) * TURN
+        return self.t
+
+    def long_reply(self) -> str:
+        return " ".join(self.rng.sample(tx.REPLIES, self.rng.choice((2, 3))))
+
+
+def _question(b: _Builder) -> str:
+    return (b.rng.choice(tx.LEADS) + " " + b.rng.choice(tx.QUESTIONS)).strip()
+
+
+def scene_qa(b: _Builder) -> None:
+    b.reply_after(b.user_says(_question(b)))
+
+
+def scene_pause(b: _Builder) -> None:
+    end = b.user_says(b.rng.choice(tx.HEADS))
+    b.t = end + int(b.rng.uniform(1.2, 3.0) * RATE)  # labels stay silent through the pause
+    b.reply_after(b.user_says(b.rng.choice(tx.TAILS)))
+
+
+def scene_barge_in(b: _Builder) -> None:
+    end = b.user_says(_question(b))
+    turn = b.turn_of(end) + 1
+    seg = b.assistant_says(turn, b.long_reply())
+    if seg is None:
+        return
+    into = b.rng.randint(3, max(3, min(seg.turns - 2, 12)))  # micro-turns of its answer before the barge-in
+    onset = (turn + into) * TURN + b.rng.randint(0, TURN - 1)
+    if onset >= b.end - TURN:
+        b.t = b.end
+        return
+    stop = b.user_says(b.rng.choice(tx.BARGE_INS), at=onset)
+    # It may stop in the micro-turn the barge-in starts in, if the user was heard for >= 50 ms there.
+    yield_turn = onset // TURN + (1 if onset % TURN > TURN - RATE // 20 else 0)
+    b.cut(seg, min(yield_turn, b.ep.turns - 1))
+    b.t = stop
+    b.reply_after(stop)
+
+
+def scene_user_backchannel(b: _Builder) -> None:
+    end = b.user_says(_question(b))
+    turn = b.turn_of(end) + 1
+    seg = b.assistant_says(turn, b.long_reply())
+    if seg is None:
+        return
+    at = (turn + b.rng.randint(2, max(2, seg.turns - 3))) * TURN + b.rng.randint(0, TURN - 1)
+    if at < b.end:
+        b.user_says(b.rng.choice(tx.USER_BACKCHANNELS), at=at, gain=b.rng.uniform(0.6, 1.0))
+    b.t = (turn + seg.turns) * TURN
+
+
+def scene_overheard(b: _Builder) -> None:
+    gain = b.rng.uniform(0.15, 0.35)
+    if b.rng.random() < 0.5:  # while the assistant talks
+        end = b.user_says(_question(b))
+        turn = b.turn_of(end) + 1
+        seg = b.assistant_says(turn, b.long_reply())
+        if seg is None:
+            return
+        at = (turn + 1) * TURN + b.rng.randint(0, 2 * TURN)
+        if at < b.end:
+            b.user_says(b.rng.choice(tx.OVERHEARD), at=at, gain=gain, addressed=False)
+        b.t = (turn + seg.turns) * TURN
+    else:  # while nobody talks to it
+        b.t = b.user_says(b.rng.choice(tx.OVERHEARD), gain=gain, addressed=False)
+
+
+def scene_story(b: _Builder) -> None:
+    start = b.rng.randrange(len(tx.STORY))
+    n = b.rng.choice((2, 3, 4))
+    for i in range(n):
+        end = b.user_says(tx.STORY[(start + i) % len(tx.STORY)])
+        if i == n - 1 or end >= b.end - TURN:
+            b.reply_after(end)
+            return
+        brk = int(b.rng.uniform(0.5, 1.0) * RATE)
+        if b.rng.random() < 0.7:  # a backchannel in this break, starting right after the sentence
+            b.assistant_says(b.turn_of(end) + 1, b.rng.choice(tx.BACKCHANNELS), BACKCHANNEL)
+            seg = b.ep.assistant[-1] if b.ep.assistant else None
+            if seg is not None:
+                brk = max(brk, (seg.start + seg.turns) * TURN - end)
+        b.t = end + brk
+
+
+def scene_typed(b: _Builder) -> None:
+    text = b.rng.choice(tx.TYPED)
+    turn = b.turn_of(b.t)
+    b.ep.typed.append((turn, text))
+    last = turn + -(-(len(text.encode()) + 1) // 4)  # 4 typed bytes per micro-turn, newline included
+    b.reply_after(last * TURN)
+
+
+def scene_delegate(b: _Builder) -> None:
+    i = b.rng.randrange(len(tx.LOOKUPS))
+    end = b.user_says(tx.LOOKUPS[i])
+    turn = b.turn_of(end) + 1
+    if turn >= b.ep.turns:
+        b.t = b.end
+        return
+    b.ep.control[turn] = DELEGATE
+    arrive = turn + b.rng.randint(5, 12)  # the reasoner answers 1-2.4 s later
+    result = tx.RESULTS[i]
+    b.ep.background.append((arrive, result))
+    done = arrive + -(-(len(result.encode()) + 1) // 8)  # 8 background bytes per micro-turn
+    b.reply_after(done * TURN, f"{tx.FOUND} {result}")
+
+
+def scene_quiet(b: _Builder) -> None:
+    b.gap(1.0, 3.0)
+
+
+SCENES = {
+    "qa": (scene_qa, 3),
+    "pause": (scene_pause, 3),
+    "barge_in": (scene_barge_in, 3),
+    "user_bc": (scene_user_backchannel, 2),
+    "overheard": (scene_overheard, 2),
+    "story": (scene_story, 2),
+    "typed": (scene_typed, 1),
+    "delegate": (scene_delegate, 1),
+    "quiet": (scene_quiet, 1),
+}
+
+
+def make_episode(seed: int, turns: int, speaker: Speaker) -> Episode:
+    """One episode of exactly `turns` micro-turns from `seed` (same seed -> same episode)."""
+    b = _Builder(seed, turns, speaker)
+    names = list(SCENES)
+    weights = [SCENES[n][1] for n in names]
+    b.gap(0.2, 1.0)
+    while not b.full():
+        name = b.rng.choices(names, weights)[0]
+        b.ep.scenes.append(name)
+        SCENES[name][0](b)
+        b.gap(0.4, 1.5)
+    # Noise on the mic: a floor everywhere, louder in some episodes.
+    level = b.rng.choice((0.0005, 0.002, 0.005, 0.015))
+    noise = np.random.default_rng(seed).standard_normal(len(b.ep.user)).astype(np.float32) * np.float32(level)
+    b.ep.user = np.clip(b.ep.user + noise, -1.0, 1.0)
+    return b.ep

@@ -1,0 +1,143 @@
+"""Held-out evaluation of a native checkpoint: control confusion matrix and the voice's word error.
+
+    python -m train.evaluate --checkpoint models/interaction/weights/native-tiny.safetensors \
+        --heldout data/heldout --episodes 12 --json
+
+Both are teacher-forced on held-out synthetic episodes (the inputs the episode says, not what the
+model did earlier), so they measure the heads, not the closed loop (bench.fdbench measures that):
+
+* control: per micro-turn argmax of the control head against the label, a confusion matrix
+  (rows = label, columns = predicted, ACTIONS order) and per-class recall;
+* voice: for every assistant utterance of the closed phrase set in those episodes, the flow head
+  samples mel on the utterance's micro-turns, the streaming Griffin-Lim vocoder makes audio, and
+  pocketsphinx transcribes it; word error rate against the phrase. The same pipeline on the target
+  mel (Piper joe -> mel -> Griffin-Lim) is reported beside it: the floor the vocoder and ASR set.
+"""
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.interaction import vocoder
+from models.interaction.checkpoint import build
+from models.interaction.config import ACTIONS
+from models.interaction.flow import turn_noise
+from models.interaction.model import InteractionTransformer
+from models.speech.asr import transcribe_words
+from train.data import EpisodeData
+
+
+def word_errors(ref: str, hyp: str) -> tuple[int, int]:
+    """(edit distance in words, reference words) after lower-casing and dropping punctuation."""
+    r = re.sub(r"[^a-z' ]", " ", ref.lower()).split()
+    h = re.sub(r"[^a-z' ]", " ", hyp.lower()).split()
+    d = list(range(len(h) + 1))
+    for i, rw in enumerate(r, 1):
+        prev, d[0] = d[0], i
+        for j, hw in enumerate(h, 1):
+            cur = min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
+            prev, d[j] = d[j], cur
+    return d[len(h)], len(r)
+
+
+def _vocode(gl: vocoder.GriffinLim, mel: torch.Tensor) -> np.ndarray:
+    """mel [K, 20, mels] (normalised) -> audio [K * 4800] through the streaming vocoder."""
+    mag, phase = gl.initial_state(torch.device("cpu"))
+    out = []
+    for k in range(mel.shape[0]):
+        y, m3, p3 = gl(mel[k : k + 1], mag[None], phase[None], True)
+        mag, phase = m3[0], p3[0]
+        out.append(y[0])
+    return torch.cat(out).numpy()
+
+
+@torch.no_grad()
+def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voice: bool = True) -> dict[str, Any]:
+    net.eval()
+    na = len(ACTIONS)
+    conf = np.zeros((na, na), dtype=np.int64)
+    onsets = [0, 0]  # [taken on the labelled micro-turn, labelled onsets]
+    starts = [0, 0]  # [spoke although the label stays silent (not continuing speech), such micro-turns]
+    gl = vocoder.GriffinLim(net.cfg.mel_bins, net.cfg.griffin_lim_iters, torch.device("cpu"))
+    errs = {"model": [0, 0], "target": [0, 0]}
+    samples: list[dict[str, str]] = []
+    meta = json.loads(str(data.arrays["meta"]))
+    t0 = time.monotonic()
+    for e in range(min(episodes, data.episodes)):
+        b = data.batch([e])
+        out = net.forward_batched(b.feats, b.n_turns)
+        pred = out.control[:, :na].argmax(-1)
+        np.add.at(conf, (b.control.numpy(), pred.numpy()), 1)
+        lab, pr = b.control.numpy(), pred.numpy()
+        speak, silent = ACTIONS.index("speak"), ACTIONS.index("silent")
+        was_quiet = np.concatenate([[True], lab[:-1] != speak])  # the row before is not (labelled) speech
+        onset = (lab == speak) & was_quiet
+        onsets[0] += int(np.sum(onset & (pr == speak)))
+        onsets[1] += int(np.sum(onset))
+        quiet = (lab == silent) & was_quiet
+        starts[0] += int(np.sum(quiet & (pr == speak)))
+        starts[1] += int(np.sum(quiet))
+        if voice:
+            for seg in meta[e]["assistant"]:
+                turns = [t for t in range(seg["start"], seg["start"] + seg["turns"]) if bool(b.mel_mask[t])]
+                if len(turns) < max(seg["turns"], 2):
+                    continue  # cut short by a barge-in or the episode's end: not a whole phrase
+                idx = torch.tensor(turns)
+                noise = turn_noise([e] * len(turns), turns, (net.cfg.audio_out_tokens, net.flow.width),
+                                   torch.device("cpu"))
+                mel = net.flow.sample(out.audio_cond[idx], noise)  # [K, 20, mels]
+                for name, m in (("model", mel), ("target", b.mel[idx])):
+                    audio = _vocode(gl, m)
+                    hyp = " ".join(w for w, _, _ in transcribe_words(audio, vocoder.RATE))
+                    d, n = word_errors(seg["text"], hyp)
+                    errs[name][0] += d
+                    errs[name][1] += n
+                    if name == "model" and len(samples) < 12:
+                        samples.append({"phrase": seg["text"], "heard": hyp})
+        print(f"evaluate: episode {e + 1}/{min(episodes, data.episodes)} ({time.monotonic() - t0:.0f} s)", flush=True)
+    recall = {a: round(float(conf[i, i] / max(conf[i].sum(), 1)), 3) for i, a in enumerate(ACTIONS)}
+    precision = {a: round(float(conf[i, i] / max(conf[:, i].sum(), 1)), 3) for i, a in enumerate(ACTIONS)}
+    result: dict[str, Any] = {
+        "micro_turns": int(conf.sum()),
+        "control_accuracy": round(float(np.trace(conf) / max(conf.sum(), 1)), 4),
+        "confusion": {"rows_label_cols_predicted": list(ACTIONS), "counts": conf.tolist()},
+        "recall": recall,
+        "precision": precision,
+        # Taking the floor on exactly the labelled micro-turn (teacher-forced, so only the onset row is a
+        # real decision: on later rows the model hears itself speaking), and speaking where it should not.
+        "onset_recall": round(onsets[0] / max(onsets[1], 1), 3),
+        "onsets": onsets[1],
+        "false_start_rate": round(starts[0] / max(starts[1], 1), 4),
+    }
+    if voice:
+        result["voice_wer"] = round(errs["model"][0] / max(errs["model"][1], 1), 3)
+        result["vocoder_floor_wer"] = round(errs["target"][0] / max(errs["target"][1], 1), 3)
+        result["phrase_words"] = errs["model"][1]
+        result["examples"] = samples
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default=None, help="native checkpoint (default: the shipped one)")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--heldout", default="data/heldout", help="feature cache of held-out episodes")
+    ap.add_argument("--episodes", type=int, default=12)
+    ap.add_argument("--no-voice", action="store_true", help="skip the vocoder + ASR part")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    net = build(a.preset, a.checkpoint)
+    data = EpisodeData(Path(a.heldout), net.cfg)
+    r = evaluate(net, data, a.episodes, voice=not a.no_voice)
+    print(json.dumps(r) if a.json else json.dumps(r, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

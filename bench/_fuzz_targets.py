@@ -45,6 +45,12 @@ class Outcome:
     detail: str = ""
     log: str = ""  # the server's log line for what went wrong (traceback head and exception), if any
 
+    def record_close(self, ws: ClientConnection) -> None:
+        """The server ended the connection: keep its close code and reason (-1: no close frame)."""
+        rcvd = ws.protocol.close_rcvd
+        self.closed = rcvd.code if rcvd is not None else -1
+        self.detail = rcvd.reason if rcvd is not None else "no close frame"
+
 
 class LoopThread:
     """An asyncio loop on its own thread, so that Hypothesis (synchronous) can drive async clients."""
@@ -122,9 +128,7 @@ class WsTarget:
                         return out
                     out.errors.append(str(err.get("code")))
         except ConnectionClosed:
-            rcvd = ws.protocol.close_rcvd
-            out.closed = rcvd.code if rcvd is not None else -1
-            out.detail = rcvd.reason if rcvd is not None else "no close frame"
+            out.record_close(ws)
         except TimeoutError:
             out.timeout = True
         await self.reset()
@@ -192,9 +196,7 @@ class WsConnTarget:
                     await ws.close(1000)
                     return out
         except ConnectionClosed:
-            rcvd = ws.protocol.close_rcvd
-            out.closed = rcvd.code if rcvd is not None else -1
-            out.detail = rcvd.reason if rcvd is not None else "no close frame"
+            out.record_close(ws)
         except TimeoutError:
             out.timeout = True
             ws.transport.abort()

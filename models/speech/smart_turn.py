@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from models.speech.shared import Shared
+
 Audio = npt.NDArray[np.float32]
 
 RATE = 16_000
@@ -127,14 +129,9 @@ class SmartTurn:
         return float(np.asarray(out).reshape(-1)[0])
 
 
-_shared: SmartTurn | None = None
-_shared_lock = threading.Lock()
+_shared: Shared[SmartTurn] = Shared(SmartTurn)
 
 
 def shared_smart_turn() -> SmartTurn:
     """The process-wide classifier (loaded once, ~0.2 s)."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = SmartTurn()
-        return _shared
+    return _shared.get()

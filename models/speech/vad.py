@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from models.speech.shared import Shared
 from streaming.resample import StreamResampler, resample
 
 Audio = npt.NDArray[np.float32]
@@ -116,17 +117,12 @@ class SileroVAD:
         return probs
 
 
-_shared: SileroVAD | None = None
-_shared_lock = threading.Lock()
+_shared: Shared[SileroVAD] = Shared(SileroVAD)
 
 
 def shared_vad() -> SileroVAD:
     """One process-wide model; sessions share it through their own `VADStream`s."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = SileroVAD()
-        return _shared
+    return _shared.get()
 
 
 def speech_probabilities(audio: Audio, sample_rate: int) -> Audio:

@@ -309,8 +309,9 @@ def make_episode(seed: int, turns: int, speaker: Speaker) -> Episode:
         b.ep.scenes.append(name)
         SCENES[name][0](b)
         b.gap(0.4, 1.5)
-    # Noise on the mic: a floor everywhere, louder in some episodes.
-    level = b.rng.choice((0.0005, 0.002, 0.005, 0.015))
+    # Noise on the mic: none (a muted or file-fed mic sends exact zeros, and a model that never saw them
+    # speaks into them: measured on the first shipped checkpoint), a floor, or louder.
+    level = b.rng.choice((0.0, 0.0005, 0.002, 0.005, 0.015))
     noise = np.random.default_rng(seed).standard_normal(len(b.ep.user)).astype(np.float32) * np.float32(level)
     b.ep.user = np.clip(b.ep.user + noise, -1.0, 1.0)
     return b.ep

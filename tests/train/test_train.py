@@ -206,3 +206,15 @@ def test_rl_step_rolls_out_through_the_server_step(tmp_path: Path) -> None:
     m = rl_step(tc, data, 0, AdamParams(lr=1e-3))
     assert -1.0 <= m["reward"] <= 2.0 and tc.step == 1
     assert timing_reward(torch.tensor([0, 1, 3]), torch.tensor([0, 0, 3])).tolist() == [1.0, -1.0, 2.0]
+
+
+def test_some_episodes_have_digital_silence_on_the_mic() -> None:
+    """Exact zeros (a muted or file-fed mic) must be in the data: the first shipped checkpoint never saw
+    them and spoke into them. Seeds 0-7 draw the noise level from a fixed set that includes 0.0."""
+    spk = Speaker()
+    zero_turns = []
+    for seed in range(8):
+        user = make_episode(seed, 30, spk).user.reshape(30, -1)
+        zero_turns.append(int((np.abs(user).max(axis=1) == 0).sum()))
+    assert any(zero_turns), f"no episode has a digitally silent micro-turn: {zero_turns}"
+    assert not all(zero_turns), f"every episode is noiseless: {zero_turns}"

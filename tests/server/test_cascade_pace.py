@@ -34,7 +34,9 @@ def test_media_and_real_time_pace_agree_within_one_micro_turn(duplex_server, tmp
         realtime, media = tmp_path / "realtime", tmp_path / "media"
         generate(realtime, samples=2, v15_samples=0, seed=11, tasks=("candor_turn_taking",))
         shutil.copytree(realtime, media)
-        rt = run(realtime, server.ws_url, pace="realtime", concurrency=2, timeout=60)
+        # One real-time session at a time: this checks agreement, not capacity (bench.fdbench measures
+        # that), and a second session on a 2-core machine can push the spoken answer past the clip's end.
+        rt = run(realtime, server.ws_url, pace="realtime", concurrency=1, timeout=60)
         md = run(media, server.ws_url, pace="media", concurrency=2, timeout=60)
         assert not rt.failed and not md.failed, (rt.failed, md.failed)
     finally:

@@ -2,12 +2,14 @@
 
 import os
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from models.interaction.checkpoint import build, read_metadata, shipped_checkpoint
 from streaming.pcm import float32_to_pcm16
+from tests.conftest import ServerProc
 from tests.wsclient import b64, collect_audio, send, start_session
 from train.episodes import Speaker
 
@@ -45,21 +47,30 @@ async def _stream(url: str, audio: np.ndarray) -> list[bool]:
     return [any(out[k]) for k in range(n)]
 
 
+def _native(duplex_server: Callable[..., ServerProc]) -> ServerProc:
+    return duplex_server("--model", "native:tiny", "--max-sessions", "2", "--background", "none", env=ENV)
+
+
+def _silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * RATE), dtype=np.float32)  # exact zeros, as a muted or file-fed mic sends
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason=(
-    "the shipped checkpoint speaks in the first micro-turns of digital silence (its training episodes all "
-    "have a noise floor, so exact zeros are out of distribution); it then stays silent through the question "
-    "and replies after it. Fix: noise level 0.0 in train/episodes.py and retrain (issue 10)"))
-async def test_shipped_model_replies_to_a_question_and_waits_through_a_pause(duplex_server) -> None:
-    server = duplex_server("--model", "native:tiny", "--max-sessions", "2", "--background", "none", env=ENV)
-    silence = lambda s: np.zeros(int(s * RATE), dtype=np.float32)  # noqa: E731
+async def test_shipped_model_replies_to_a_question_and_not_before(duplex_server) -> None:
     question = _speech("Could you tell me what time the bakery opens tomorrow?")
-    spoken = await _stream(server.ws_url, np.concatenate([silence(0.6), question, silence(3.0)]))
+    spoken = await _stream(_native(duplex_server).ws_url, np.concatenate([_silence(0.6), question, _silence(3.0)]))
     end = int((0.6 * RATE + len(question)) // TURN)
-    assert not any(spoken[: end - 2]), f"spoke over the question: {spoken}"
+    assert not any(spoken[: end - 2]), f"spoke in the leading silence or over the question: {spoken}"
     assert any(spoken[end : end + 10]), f"no reply within 2 s after the question: {spoken}"
 
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(strict=True, reason=(
+    "the shipped checkpoint takes the floor about 0.4 s into a pause after an unfinished clause and keeps "
+    "talking (measured through this server); the control head has not yet learned the word cue "
+    "(issue 10: more training)"))
+async def test_shipped_model_waits_through_a_mid_sentence_pause(duplex_server) -> None:
     head = _speech("Yesterday I went to the market because")
-    spoken = await _stream(server.ws_url, np.concatenate([silence(0.6), head, silence(2.4)]))
+    spoken = await _stream(_native(duplex_server).ws_url, np.concatenate([_silence(0.6), head, _silence(2.4)]))
     end = int((0.6 * RATE + len(head)) // TURN)
     assert not any(spoken[end + 2 :]), f"did not wait through the mid-sentence pause: {spoken}"

@@ -304,10 +304,9 @@ class Engine:
                 self._media_wake.set()  # more may have become ready while stepping
 
     def _background_caught_up(self, s: Session) -> bool:
-        """Issue 11 (virtual clock): a media-pace tick waits until the session's background request
-        has run as long, in wall time, as it would have by that tick in real time."""
-        media_wait = getattr(s.background, "media_wait", None)
-        wait = media_wait(s.tick) if media_wait is not None else 0.0
+        """A media-pace tick waits until the session's background request has run as long, in wall
+        time, as it would have by that tick in real time (the session's virtual clock)."""
+        wait = s.background.media_wait(s.tick)
         if wait > 0:
             asyncio.get_running_loop().call_later(wait, self._media_wake.set)
             return False

@@ -66,6 +66,10 @@ class BackgroundHook(Protocol):
 
     def on_output(self, out: TickOutput, tick: int) -> None: ...
 
+    def media_wait(self, tick: int) -> float:
+        """Seconds a media-pace `tick` must still wait for the background to reach its virtual time."""
+        ...
+
     async def stop(self) -> None: ...
 
 
@@ -77,6 +81,9 @@ class NoBackground:
 
     def on_output(self, out: TickOutput, tick: int) -> None:
         return None
+
+    def media_wait(self, tick: int) -> float:
+        return 0.0
 
     async def stop(self) -> None:
         return None

@@ -4,8 +4,10 @@
 
 For every sample of the chosen tasks, the reference is the text the generator spoke (generation.json
 "texts"), the audio the sample's input.wav (16 kHz, user speech only). Each recogniser transcribes
-the whole clip once: pocketsphinx (the full, non-streaming search of `transcribe`) and Whisper
-tiny.en (`WhisperTranscriber`, as the cascade runs it). WER = word edits / reference words over the
+the whole clip once: pocketsphinx (the full, non-streaming search of `transcribe`), pocketsphinx
+streamed in 200 ms chunks with the cascade's two search settings (`sphinx-streaming`, used when it
+makes final transcripts; `sphinx-partials`, used for partials beside Whisper), and Whisper tiny.en
+(`WhisperTranscriber`, as the cascade runs it). WER = word edits / reference words over the
 whole set; cost = wall seconds per clip and per second of audio, measured on this machine (one
 thread each, so on a busy machine the figures are upper bounds).
 """
@@ -17,12 +19,14 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from models.speech.asr import ASR_RATE, WhisperTranscriber, transcribe
+from models.speech.sphinx import PARTIALS_CONFIG, STREAMING_CONFIG, DecoderPool, SphinxRecognizer
 from streaming.resample import resample
 from streaming.wav import read_wav
 
@@ -44,6 +48,19 @@ def edits(ref: list[str], hyp: list[str]) -> int:
     return row[-1]
 
 
+def streamed(config: dict[str, object]) -> Callable[[np.ndarray], str]:
+    """pocketsphinx fed 200 ms at a time with `config`, as a cascade session feeds it."""
+    rec = SphinxRecognizer(DecoderPool(1, **config))
+
+    def recognise(x: np.ndarray) -> str:
+        rec.start()
+        for i in range(0, len(x), ASR_RATE // 5):
+            rec.send(x[i : i + ASR_RATE // 5])
+        return rec.finish().text
+
+    return recognise
+
+
 def run(data: Path, tasks: tuple[str, ...]) -> dict[str, dict[str, float]]:
     clips: list[tuple[list[str], np.ndarray]] = []
     for task in tasks:
@@ -59,6 +76,8 @@ def run(data: Path, tasks: tuple[str, ...]) -> dict[str, dict[str, float]]:
     whisper = WhisperTranscriber()
     recognisers = {
         "pocketsphinx": lambda x: transcribe(x, ASR_RATE),
+        "sphinx-streaming": streamed(STREAMING_CONFIG),
+        "sphinx-partials": streamed(PARTIALS_CONFIG),
         "whisper-tiny.en": lambda x: whisper.transcribe(x).text,
     }
     audio_s = sum(len(x) for _, x in clips) / ASR_RATE
@@ -93,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{'recogniser':<16} {'clips':>5} {'WER':>7} {'s/clip':>7} {'s/audio s':>9}")
+        print(f"{'recogniser':<17} {'clips':>5} {'WER':>7} {'s/clip':>7} {'s/audio s':>9}")
         for name, r in result.items():
-            print(f"{name:<16} {r['clips']:>5} {r['wer']:>7.3f} {r['seconds_per_clip']:>7.3f} "
+            print(f"{name:<17} {r['clips']:>5} {r['wer']:>7.3f} {r['seconds_per_clip']:>7.3f} "
                   f"{r['seconds_per_audio_second']:>9.3f}")
     return 0
 

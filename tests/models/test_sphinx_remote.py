@@ -1,0 +1,163 @@
+"""Streaming pocketsphinx in worker processes: the same words as in-process, and failures contained."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from models.base import TickInput
+from models.cascade import CascadeModel, load_cascade
+from models.speech import sphinx_worker as wire
+from models.speech.sphinx import ASR_RATE, SphinxRecognizer, shared_pool
+from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
+from models.speech.tts import synthesize
+from streaming.resample import resample
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES
+
+CHUNK = ASR_RATE // 5  # 200 ms
+
+
+@pytest.fixture(scope="module")
+def sentence() -> np.ndarray:
+    audio, sr = synthesize("Can you remind me to call my sister on Friday afternoon?")
+    return resample(audio, sr, ASR_RATE)
+
+
+@pytest.fixture()
+def procs() -> Iterator[SphinxProcesses]:
+    p = SphinxProcesses(1, decoders=1)
+    yield p
+    p.close()
+
+
+def _partials(rec: SphinxRecognizer | RemoteSphinxRecognizer, x: np.ndarray) -> list[str]:
+    rec.start()
+    out = []
+    for i in range(0, len(x), CHUNK):
+        rec.send(x[i : i + CHUNK])
+        out.append(rec.collect(5.0))
+    return out
+
+
+def _wait_ready(procs: SphinxProcesses, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while procs.ready_count() < 1:
+        assert time.monotonic() < deadline, "no ASR worker process became ready"
+        time.sleep(0.05)
+
+
+def test_worker_process_gives_the_same_partials_and_words_as_in_process(
+    sentence: np.ndarray, procs: SphinxProcesses
+) -> None:
+    local, remote = SphinxRecognizer(shared_pool()), RemoteSphinxRecognizer(procs)
+    assert _partials(remote, sentence) == _partials(local, sentence)
+    a, b = remote.finish(), local.finish()
+    assert a.words == b.words and "sister" in a.text and "friday" in a.text
+    # The decoding happened in the child: this process spent almost nothing on it.
+    remote.start()
+    t = time.process_time()
+    for i in range(0, len(sentence), CHUNK):
+        remote.send(sentence[i : i + CHUNK])
+        remote.collect(5.0)
+    assert time.process_time() - t < 0.1
+    remote.abort()
+
+
+def test_a_killed_worker_falls_back_to_the_last_partial_and_is_replaced(
+    sentence: np.ndarray, procs: SphinxProcesses
+) -> None:
+    rec = RemoteSphinxRecognizer(procs)
+    half = sentence[: len(sentence) // 2]
+    before = _partials(rec, half)[-1]
+    assert before  # some words so far
+    os.kill(procs.pids[0], signal.SIGKILL)
+    rec.send(sentence[len(half) : len(half) + CHUNK])
+    assert rec.collect(5.0) == before  # no answer from a dead child: the last partial stands
+    assert rec.finish().text == before
+    procs.replace_dead()
+    _wait_ready(procs)
+    assert procs.respawned == 1
+    assert "sister" in " ".join(_partials(rec, sentence))
+    assert "friday" in rec.finish().text
+
+
+def test_the_worker_answers_a_bad_request_with_an_error_and_keeps_serving(
+    sentence: np.ndarray, procs: SphinxProcesses
+) -> None:
+    proc, _ = procs.lend()
+    assert proc is not None
+    fut = proc.request(wire.FEED, 999_999, 1, b"\0\0" * CHUNK, reply=True)
+    assert fut is not None
+    with pytest.raises(Exception, match="unknown utterance"):
+        fut.result(5.0)
+    procs.give_back(proc)
+    rec = RemoteSphinxRecognizer(procs)
+    assert "friday" in _partials(rec, sentence)[-1]
+    rec.abort()
+
+
+def test_closing_ends_the_worker_processes() -> None:
+    p = SphinxProcesses(2, decoders=1)
+    pids = p.pids
+    p.close()
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # already reaped by close(): not our child any more
+
+
+@pytest.fixture(scope="module")
+def models() -> Iterator[tuple[CascadeModel, CascadeModel]]:
+    a, b = load_cascade("asr_processes=1"), load_cascade("asr_processes=0")
+    yield a, b
+    a.shutdown()
+    b.shutdown()
+
+
+def test_the_cascade_decides_the_same_with_asr_in_a_worker_as_in_process(
+    models: tuple[CascadeModel, CascadeModel],
+) -> None:
+    audio, sr = synthesize("What is the tallest mountain in Europe?")
+    mic = np.concatenate([np.zeros(SAMPLE_RATE // 2, np.float32), resample(audio, sr, SAMPLE_RATE),
+                          np.zeros(SAMPLE_RATE * 2, np.float32)])
+    runs = []
+    for m in models:
+        s = m.open("agree")
+        events = []
+        for i in range(0, len(mic) - TICK_SAMPLES + 1, TICK_SAMPLES):
+            out = m.step([(s, TickInput(mic[i : i + TICK_SAMPLES], TICK_SAMPLES))])[0]
+            events += [(i // TICK_SAMPLES, e.type, sorted(e.data.items())) for e in out.events]
+        m.close(s)
+        runs.append(events)
+    assert runs[0] == runs[1]
+    kinds = {k for _, k, _ in runs[0]}
+    assert {"user_partial", "speech_started", "speech_stopped"} <= kinds
+
+
+def test_an_overloaded_worker_sheds_audio_instead_of_falling_behind_for_good(
+    sentence: np.ndarray, procs: SphinxProcesses
+) -> None:
+    rec = RemoteSphinxRecognizer(procs)
+    rec.start()
+    rec.send(sentence[:CHUNK])
+    first = rec.collect(5.0)
+    os.kill(procs.pids[0], signal.SIGSTOP)  # the child stops answering, as if starved of CPU
+    try:
+        rec.send(sentence[CHUNK : 2 * CHUNK])
+        assert rec.collect(0.2) == first  # late: the tick goes on with the last partial
+        rec.send(sentence[2 * CHUNK : 3 * CHUNK])  # still unanswered: this chunk is not queued
+        assert procs.shed == 1
+    finally:
+        os.kill(procs.pids[0], signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while rec.behind:  # the child catches up with what it was sent
+        assert time.monotonic() < deadline, "the worker never answered after SIGCONT"
+        time.sleep(0.05)
+    rec.send(sentence[3 * CHUNK : 4 * CHUNK])
+    rec.collect(5.0)
+    assert procs.shed == 1 and not rec.behind  # decoded again, none shed
+    rec.abort()

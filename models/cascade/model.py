@@ -4,7 +4,8 @@ Per micro-turn and session (`CascadeModel.step` runs all sessions of a tick toge
   1. front end: 24 kHz input -> 16 kHz, minus the echo of what this session played (echo.py);
   2. Silero VAD for all sessions as one batch per 32 ms window position (models.speech.vad);
   3. the policy (policy.py) opens/closes user turns and decides barge-in, replies and backchannels;
-     pocketsphinx streams partials only while a user turn is open; Smart Turn (end of turn) and
+     pocketsphinx streams partials only while a user turn is open, decoded in worker processes and
+     used one micro-turn after their audio (sphinx_remote); Smart Turn (end of turn) and
      Whisper (the final transcript) run on worker threads and are used a fixed number of
      micro-turns after they are asked (work.py), so media and real-time pace agree;
   4. the speaker (speaker.py) cuts one micro-turn of the assistant's queued speech; synthesis runs on
@@ -29,7 +30,7 @@ from models.base import BackgroundChunk, Event, TickInput, TickOutput
 from models.cascade.echo import EchoCanceller
 from models.cascade.level import peak_db
 from models.cascade.options import CascadeOptions
-from models.cascade.policy import Decision, PauseCues, TurnPolicy, TurnState
+from models.cascade.policy import PauseCues, TurnPolicy, TurnState
 from models.cascade.speaker import Speaker, Synthesizer
 from models.cascade.text import SentenceSplitter, looks_complete, only_backchannel, sentence_finished, words_of
 from models.cascade.work import Job, Workers
@@ -92,17 +93,6 @@ class CascadeState:
     ticks: int = 0  # micro-turns stepped
 
 
-@dataclass
-class _Tick:
-    """What the first half of a session's micro-turn (`_listen`) hands to the second (`_respond`)."""
-
-    events: list[Event] = field(default_factory=list)
-    user_text: str = ""
-    busy: bool = False  # the assistant held the floor at the start of the micro-turn
-    decision: Decision = field(default_factory=Decision)  # the policy's `observe` of the VAD
-    listening: bool = False  # audio was sent to the recogniser: collect its partial
-
-
 class CascadeModel:
     """An `InteractionModel` from offline components; one instance serves every session."""
 
@@ -132,7 +122,7 @@ class CascadeModel:
             except SmartTurnError as e:  # degrade to the fixed silence rule, loudly
                 log.warning("Smart Turn unavailable, ending turns on silence alone: %s", e)
         self.policy = TurnPolicy(o, smart_turn=self.smart_turn is not None)
-        self.workers = Workers(("eot", "asr"))
+        self.workers = Workers({"eot": o.eot_workers, "asr": 1})
         self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
         # Pre-rendered so that replies and backchannels start without waiting for synthesis.
         self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
@@ -183,27 +173,33 @@ class CascadeModel:
         clean = [s.echo.process(s.mic.process(t.audio)) for s, t in batch]
         # 2. VAD, batched across sessions.
         probs = self.vad.step([s.vad for s, _ in batch], clean)
-        # 3-4. policy, recogniser and speaker, per session: every session's audio goes to its
-        # recogniser first (decoded in worker processes meanwhile), then each session is decided.
-        opened = [self._listen(s, t, x, p) for (s, t), x, p in zip(batch, clean, probs, strict=True)]
-        return [self._respond(s, x, tick) for (s, _), x, tick in zip(batch, clean, opened, strict=True)]
+        # 3-4. policy, recogniser and speaker, per session.
+        return [self._tick(s, t, x, p) for (s, t), x, p in zip(batch, clean, probs, strict=True)]
 
-    def _listen(self, s: CascadeState, t: TickInput, x: Audio, probs: Audio) -> _Tick:
-        """A micro-turn up to the recogniser: inputs, the policy's view of the VAD, audio sent to ASR."""
+    def _tick(self, s: CascadeState, t: TickInput, x: Audio, probs: Audio) -> TickOutput:
         o = self.opts
-        tick = _Tick()
-        ev = tick.events
+        ev: list[Event] = []
+        user_text = ""
         s.ticks += 1
         if t.cancel:
             self._stop(s, "cancel", ev)
         for text in t.text:
-            tick.user_text = self._typed(s, text, ev) or tick.user_text
+            user_text = self._typed(s, text, ev) or user_text
         for chunk in t.background:
             self._background(s, chunk, ev)
+        if s.asr.active:
+            # The partial of the audio sent last micro-turn is due now: the recogniser (a worker
+            # process) decoded it while this thread did other sessions' micro-turns, so the tick
+            # waits only if the worker is more than a micro-turn behind. The same one-micro-turn
+            # delay in-process keeps both modes, and media and real-time pace, in agreement.
+            partial = s.asr.collect(_JOB_GRACE_S)
+            if partial != s.partial:
+                s.partial = partial
+                ev.append(Event("user_partial", {"text": partial}))
 
-        tick.user_text = self._take_final(s, ev) or tick.user_text
-        tick.busy = s.speaker.busy
-        d = tick.decision = self.policy.observe(s.turn, probs, tick.busy)
+        user_text = self._take_final(s, ev) or user_text
+        busy = s.speaker.busy
+        d = self.policy.observe(s.turn, probs, busy)
         if d.onset:
             s.asr.abort()
             s.asr.start()
@@ -219,32 +215,17 @@ class CascadeModel:
                 s.turn_audio.popleft()
             if len(probs) and float(probs.max()) >= o.vad_on:
                 s.turn_levels.append(peak_db(x))
+            s.asr.send(x)
         if d.resumed and s.speaker.playing_backchannel:
             s.speaker.drop(("backchannel",))  # never talk over the user
-        if s.turn.turn:
-            s.asr.send(x)
-            tick.listening = True
-        return tick
-
-    def _respond(self, s: CascadeState, x: Audio, tick: _Tick) -> TickOutput:
-        """The rest of the micro-turn: the partial, the policy's decision, and what the assistant says."""
-        o = self.opts
-        ev = tick.events
-        if tick.listening:
-            partial = s.asr.collect(_JOB_GRACE_S)
-            if partial != s.partial:
-                s.partial = partial
-                ev.append(Event("user_partial", {"text": partial}))
         s.preroll.append(x)
         while len(s.preroll) * 200 > o.preroll_ms:
             s.preroll.popleft()
 
         cues = self._pause_cues(s)
         d = self.policy.decide(
-            s.turn, tick.decision, s.partial, tick.busy, self._echo_like(s, s.partial), cues,
-            self._background_overlap(s),
+            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, self._background_overlap(s)
         )
-        user_text = tick.user_text
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
         if d.barge_in:

@@ -28,6 +28,9 @@ class CascadeOptions:
     # 0 decodes on the model thread, which stalls every session's tick while it runs. Two let a
     # micro-turn's decoding use both cores of a small machine.
     asr_processes: int = 2
+    # Smart Turn threads: a call costs ~55-90 ms of one core and its answer is due one micro-turn
+    # later; sessions that pause together queue up behind one thread (onnxruntime releases the GIL).
+    eot_workers: int = 2
     tts_workers: int = 1  # synthesis threads owned by the model (2 cores are shared with the ticks)
     # A phrase plays from `tts_budget_ms + tts_ms_per_char * len(text)` after it was queued (rounded
     # up to micro-turns), never sooner, so media and real-time pace agree (models/cascade/speaker.py).
@@ -113,6 +116,8 @@ class CascadeOptions:
             raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)}, got {self.eagerness!r}")
         if self.asr_processes < 0:
             raise ValueError(f"asr_processes must be >= 0 (0 = decode in the server process), got {self.asr_processes}")
+        if self.eot_workers < 1:
+            raise ValueError(f"eot_workers must be >= 1, got {self.eot_workers}")
         if self.whisper_ticks < 1:
             raise ValueError("whisper_ticks must be >= 1 (the transcript is made off the model thread)")
 

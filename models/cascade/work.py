@@ -45,10 +45,12 @@ class Job(Generic[T]):
 
 
 class Workers:
-    """Named single-thread pools, started with the model and stopped by `close`."""
+    """Named thread pools (name -> threads), started with the model and stopped by `close`."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self._pools = {n: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cascade-{n}") for n in names}
+    def __init__(self, threads: dict[str, int]) -> None:
+        self._pools = {
+            n: ThreadPoolExecutor(max_workers=k, thread_name_prefix=f"cascade-{n}") for n, k in threads.items()
+        }
 
     def submit(self, name: str, due: int, fn: Callable[..., T], *args: object) -> Job[T]:
         return Job(self._pools[name].submit(fn, *args), due, name)

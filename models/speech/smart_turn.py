@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -119,13 +118,12 @@ class SmartTurn:
         except Exception as e:  # onnxruntime raises its own exception types for bad files
             raise SmartTurnError(f"could not load the Smart Turn model: {e}") from e
         self._input = self._session.get_inputs()[0].name
-        self._lock = threading.Lock()
 
     def probability(self, audio: Audio) -> float:
         """P(the speaker has finished) for a 16 kHz clip ending now (its last 8 s are used)."""
         feats = log_mel(audio)[None]  # [1, 80, 800]
-        with self._lock:
-            out = self._session.run(None, {self._input: feats})[0]
+        # InferenceSession.run is thread-safe: the cascade's eot workers run calls side by side.
+        out = self._session.run(None, {self._input: feats})[0]
         return float(np.asarray(out).reshape(-1)[0])
 
 

@@ -110,9 +110,9 @@ class CascadeModel:
         # With Whisper making final transcripts, partials only feed cues: the cheaper search.
         config = "partials" if use_whisper else "streaming"
         if o.asr_processes > 0:
-            self._procs = SphinxProcesses(o.asr_processes, o.asr_decoders, config)
+            self._procs = SphinxProcesses(o.asr_processes, o.decoders_per_process(), config)
         else:
-            self._pool = shared_pool(config, size=o.asr_decoders)
+            self._pool = shared_pool(config, size=o.decoders_per_process())
         # Loaded here so a missing model fails at load, not at the first utterance.
         self.whisper = WhisperTranscriber(o.whisper_dir) if use_whisper else None
         self.smart_turn: SmartTurn | None = None

@@ -21,9 +21,11 @@ class CascadeOptions:
     # Micro-turns after it is asked at which a Whisper transcript is used (its budget): tiny.en costs
     # 0.3 s of one core per call on a quiet machine, 0.5-0.9 s measured on 2 cores shared by 5 jobs.
     whisper_ticks: int = 5
-    asr_decoders: int = 2  # pocketsphinx decoders built at load (~1 s each) per decoding process;
-    # more users talking at the same instant build more, inline, see models.speech.sphinx.DecoderPool
-    # pocketsphinx holds the GIL while it decodes (~20 ms of CPU per 200 ms of speech and session), so
+    # pocketsphinx decoders built at load per decoding process (~1 s and ~95 MB each). 0 = enough
+    # for `max_sessions` users talking at once (2 per process when uncapped): one built later, inline,
+    # stalls every utterance of its process for that second (models.speech.sphinx.DecoderPool).
+    asr_decoders: int = 0
+    # pocketsphinx holds the GIL while it decodes (~12-20 ms of CPU per 200 ms of speech and session), so
     # streaming partials are decoded in this many worker processes (models.speech.sphinx_remote);
     # 0 decodes on the model thread, which stalls every session's tick while it runs. Two let a
     # micro-turn's decoding use both cores of a small machine.
@@ -37,9 +39,10 @@ class CascadeOptions:
     tts_budget_ms: float = 100.0
     tts_ms_per_char: float = 12.0
     # Sessions admitted at once. Start-up calibration steps silence, which costs the recogniser almost
-    # nothing, so it overestimates (it said 74-123 here); bench.load with every session talking all the
-    # time held 3 with zero missed deadlines on 2 cores, and people talk about half the time. 0 = no cap.
-    max_sessions: int = 4
+    # nothing, so it overestimates (it said 94-130 here); bench.load with every session talking all the
+    # time held 5 with zero missed deadlines on 2 cores with the embedded llama.cpp reasoner answering
+    # in the same process, 8 with the reasoner elsewhere (README, voice section). 0 = no cap.
+    max_sessions: int = 5
     # --- voice activity (Silero probabilities per 32 ms window)
     vad_on: float = 0.5  # a window at or above this is speech
     vad_off: float = 0.35  # below this is silence; between the two keeps the previous state
@@ -99,6 +102,14 @@ class CascadeOptions:
     backchannel_gap_ms: int = 4000  # at least this long between two backchannels
     backchannel_phrases: tuple[str, ...] = ("Mm-hm.", "Yeah.", "Right.")
 
+    def decoders_per_process(self) -> int:
+        """`asr_decoders`, or enough for `max_sessions` spread over the decoding processes."""
+        if self.asr_decoders:
+            return self.asr_decoders
+        if not self.max_sessions:
+            return 2
+        return -(-self.max_sessions // max(1, self.asr_processes))
+
     def __post_init__(self) -> None:
         if not 0.0 < self.vad_off <= self.vad_on < 1.0:
             raise ValueError(f"need 0 < vad_off <= vad_on < 1, got vad_off={self.vad_off} vad_on={self.vad_on}")
@@ -114,6 +125,8 @@ class CascadeOptions:
             raise ValueError(f"asr must be 'auto', 'sphinx' or 'whisper', got {self.asr!r}")
         if self.eagerness not in EAGERNESS:
             raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)}, got {self.eagerness!r}")
+        if self.asr_decoders < 0:
+            raise ValueError(f"asr_decoders must be >= 0 (0 = enough for max_sessions), got {self.asr_decoders}")
         if self.asr_processes < 0:
             raise ValueError(f"asr_processes must be >= 0 (0 = decode in the server process), got {self.asr_processes}")
         if self.eot_workers < 1:

@@ -18,9 +18,11 @@ import itertools
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -31,12 +33,16 @@ from models.speech.sphinx import CONFIGS, ASRError, Audio, Transcript, Word, _to
 log = logging.getLogger(__name__)
 _ROOT = Path(__file__).resolve().parents[2]  # the folder holding the `models` package
 _READY_TIMEOUT_S = 60.0  # building a decoder takes ~1 s; a loaded machine may take many times that
+# A child that has not read a request within this long is hung (stopped, deadlocked): it is killed
+# and replaced rather than left to block the tick thread on a full pipe.
+WRITE_TIMEOUT_S = 2.0
 
 
 class SphinxProcess:
     """One worker child and the thread that reads its replies."""
 
-    def __init__(self, decoders: int, config: str = "streaming") -> None:
+    def __init__(self, decoders: int, config: str = "streaming", write_timeout: float = WRITE_TIMEOUT_S) -> None:
+        self._write_timeout = write_timeout
         env = dict(os.environ)
         # The child imports `models` the way this process did, installed or from a checkout.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
@@ -45,7 +51,11 @@ class SphinxProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
+            bufsize=0,
         )
+        assert self._proc.stdin is not None
+        self._in = self._proc.stdin.fileno()
+        os.set_blocking(self._in, False)  # writes wait in `_write`, with a deadline
         self._lock = threading.Lock()
         self._pending: dict[tuple[int, int], Future[bytes]] = {}
         self.ready: Future[bytes] = Future()
@@ -74,13 +84,25 @@ class SphinxProcess:
             if fut is not None:
                 self._pending[(utt, seq)] = fut
             try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.write(wire.HEADER.pack(op, utt, seq, len(payload)) + payload)
-                self._proc.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError) as e:
+                self._write(wire.HEADER.pack(op, utt, seq, len(payload)) + payload)
+            except (OSError, ValueError) as e:
                 self._pending.pop((utt, seq), None)
                 raise ASRError(f"ASR worker process {self.pid} is not accepting requests: {e}") from e
         return fut
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        deadline = time.monotonic() + self._write_timeout
+        while view:
+            try:
+                view = view[os.write(self._in, view) :]
+                continue
+            except BlockingIOError:
+                pass  # the pipe is full: the child is behind
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self._in], [], left)[1]:
+                self._proc.kill()  # hung: its reader thread sees the end and fails its requests
+                raise TimeoutError(f"it read nothing for {self._write_timeout:.1f} s and was killed")
 
     def _read(self) -> None:
         out = self._proc.stdout
@@ -138,17 +160,19 @@ class SphinxProcess:
 class SphinxProcesses:
     """`count` ASR worker children shared by every session of a model."""
 
-    def __init__(self, count: int, decoders: int = 2, config: str = "streaming") -> None:
+    def __init__(
+        self, count: int, decoders: int = 2, config: str = "streaming", write_timeout: float = WRITE_TIMEOUT_S
+    ) -> None:
         if count < 1:
             raise ValueError(f"asr_processes must be >= 1 here (0 means decode in-process), got {count}")
         if config not in CONFIGS:
             raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {config!r}")
-        self._decoders, self._config = decoders, config
+        self._decoders, self._config, self._write_timeout = decoders, config, write_timeout
         self.shed = 0  # chunks not decoded because their utterance's child was still behind
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self.respawned = 0
-        self._procs = [SphinxProcess(decoders, config) for _ in range(count)]
+        self._procs = [SphinxProcess(decoders, config, write_timeout) for _ in range(count)]
         for p in self._procs:  # start in parallel, then wait: a missing pocketsphinx fails at load
             try:
                 p.ready.result(_READY_TIMEOUT_S)
@@ -176,7 +200,7 @@ class SphinxProcesses:
         for i, p in enumerate(self._procs):
             if not p.alive:
                 p.close(0.1)
-                self._procs[i] = SphinxProcess(self._decoders, self._config)
+                self._procs[i] = SphinxProcess(self._decoders, self._config, self._write_timeout)
                 self.respawned += 1
 
     def lend(self) -> tuple[SphinxProcess | None, int]:

@@ -161,3 +161,28 @@ def test_an_overloaded_worker_sheds_audio_instead_of_falling_behind_for_good(
     rec.collect(5.0)
     assert procs.shed == 1 and not rec.behind  # decoded again, none shed
     rec.abort()
+
+
+def test_a_hung_worker_is_killed_instead_of_blocking_the_tick_thread(sentence: np.ndarray) -> None:
+    procs = SphinxProcesses(1, decoders=1, write_timeout=0.5)
+    try:
+        pid = procs.pids[0]
+        os.kill(pid, signal.SIGSTOP)  # alive but reading nothing: its input pipe fills up
+        recs = [RemoteSphinxRecognizer(procs) for _ in range(4)]
+        for r in recs:
+            r.start()
+        t = time.monotonic()
+        for _ in range(8):  # pre-roll style sends (no reply, never shed): ~200 kB, over a pipe's 64 kB
+            for r in recs:
+                r.send(sentence[:CHUNK], reply=False)
+        assert time.monotonic() - t < 3.0  # one write timed out; the others see a dead child at once
+        assert all(r.finish().text == "" for r in recs)
+        deadline = time.monotonic() + 5
+        while procs.ready_count():  # the reader thread notices the killed child
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        procs.replace_dead()
+        _wait_ready(procs)
+        assert procs.pids[0] != pid and procs.respawned == 1
+    finally:
+        procs.close()

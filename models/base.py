@@ -6,6 +6,7 @@ other sessions share its batch.
 """
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -107,4 +108,21 @@ class InteractionModel(Protocol):
 
     def close(self, state: SessionState) -> None:
         """Free a session's state. Called on the inference thread."""
+        ...
+
+
+@runtime_checkable
+class OffThreadWork(Protocol):
+    """Optional, beside `InteractionModel`: a model whose step uses results of work it started on
+    other threads or processes (recognisers, classifiers, synthesis) at fixed micro-turns.
+
+    In real time the step waits for late work briefly and then falls back; in media pace nothing
+    must fall back (the two paces would then say different things), so the engine steps a media
+    session only once the work its next step uses is done, waiting on the event loop rather than
+    holding the inference thread that real-time sessions share.
+    """
+
+    def pending_work(self, state: SessionState) -> Sequence[Future[Any]]:
+        """The unfinished work that the session's next step will use. Called on the event loop while
+        no step of the session runs; must only read the state."""
         ...

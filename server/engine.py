@@ -27,13 +27,13 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
-from models.base import Event, InteractionModel, SessionState, TickInput, TickOutput, silence
+from models.base import Event, InteractionModel, OffThreadWork, SessionState, TickInput, TickOutput, silence
 from server.metrics import Metrics
 from server.sessions import Pace, Session
 from streaming.types import TICK_SAMPLES, TICK_SECONDS
@@ -89,6 +89,8 @@ class Engine:
         self.hang_after = hang_after  # a step running longer than this is reported as hung (s)
         self._stepping: dict[int, float] = {}  # batch id -> clock() at its start, while it runs
         self._hung_reported: set[int] = set()
+        self._hooked: set[int] = set()  # off-thread work whose completion will wake the media loop
+        self._pending_work = model.pending_work if isinstance(model, OffThreadWork) else None
 
     def set_phase_groups(self, groups: int) -> None:
         """Choose the phase grid (server/admission.py decides it at start-up, before any session)."""
@@ -298,7 +300,7 @@ class Engine:
             # session also waits for its background reasoner to reach the session's virtual time.
             ready = [s for s in self._media if s.attached and not s.closed and s.sched.in_flight == 0
                      and (s.inbox.chunker.ready() >= 1 or s.inbox.pending())
-                     and self._background_caught_up(s)]
+                     and self._background_caught_up(s) and self._work_done(s)]
             if ready:
                 await self._launch(ready, realtime=False)
                 self._media_wake.set()  # more may have become ready while stepping
@@ -311,6 +313,30 @@ class Engine:
             asyncio.get_running_loop().call_later(wait, self._media_wake.set)
             return False
         return True
+
+    def _work_done(self, s: Session) -> bool:
+        """A media-pace tick waits until the off-thread work its step uses is done (`OffThreadWork`),
+        so the step never falls back to a cheaper answer than it would have had in real time."""
+        if self._pending_work is None:
+            return True
+        waiting = [f for f in self._pending_work(s.state) if not f.done()]
+        if not waiting:
+            return True
+        loop = asyncio.get_running_loop()
+
+        def woken(done: Future[Any]) -> None:  # on the worker's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed (server shut down) first
+                loop.call_soon_threadsafe(self._woken, id(done))
+
+        for f in waiting:
+            if id(f) not in self._hooked:  # one wake-up per piece of work, however often we look
+                self._hooked.add(id(f))
+                f.add_done_callback(woken)
+        return False
+
+    def _woken(self, key: int) -> None:
+        self._hooked.discard(key)
+        self._media_wake.set()
 
     # -- stepping -----------------------------------------------------------------------------
 

@@ -21,7 +21,9 @@ import logging
 import statistics
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -146,6 +148,16 @@ class CascadeModel:
     def close(self, state: CascadeState) -> None:
         state.asr.abort()  # returns a pooled decoder
         state.speaker.drop()
+
+    def pending_work(self, s: CascadeState) -> list[Future[Any]]:
+        """Off-thread work the session's next micro-turn uses (`models.base.OffThreadWork`): jobs due
+        then, the partial of the audio sent last micro-turn, the next phrase's synthesis once due."""
+        nxt = s.ticks + 1
+        jobs = (s.eot_job, s.text_job, s.final_job)
+        work: list[Future[Any]] = [j.future for j in jobs if j is not None and j.due <= nxt]
+        work += s.asr.waiting()
+        work += s.speaker.waiting()
+        return [f for f in work if not f.done()]
 
     def wait_synthesis(self, states: Sequence[CascadeState], timeout: float = 30.0) -> None:
         """Block until every queued phrase of `states` is synthesised.

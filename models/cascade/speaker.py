@@ -123,6 +123,11 @@ class Speaker:
             self.queue.append(p)
         return p
 
+    def waiting(self) -> list[Future[Audio]]:
+        """The next phrase's synthesis, when the next micro-turn may play it (its budget is up)."""
+        p = self.queue[0] if self.queue else None
+        return [p.future] if p is not None and p.future is not None and self.ticks >= p.due else []
+
     @property
     def busy(self) -> bool:
         """Anything queued or playing, backchannels excluded (they never hold the floor)."""

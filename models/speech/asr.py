@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,9 @@ class WhisperRecognizer:
 
     def collect(self, timeout: float = 1.0) -> str:
         return ""
+
+    def waiting(self) -> list[Future[bytes]]:
+        return []
 
     def finish(self) -> Transcript:
         audio = np.concatenate(self._buf) if self._buf else np.zeros(0, dtype=np.float32)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -155,6 +156,7 @@ class Recognizer(Protocol):
     def feed(self, audio: Audio) -> str: ...
     def send(self, audio: Audio, reply: bool = True) -> None: ...
     def collect(self, timeout: float = 1.0) -> str: ...
+    def waiting(self) -> list[Future[bytes]]: ...
     def finish(self) -> Transcript: ...
     def abort(self) -> None: ...
 
@@ -202,6 +204,9 @@ class SphinxRecognizer:
 
     def collect(self, timeout: float = 1.0) -> str:
         return self.partial
+
+    def waiting(self) -> list[Future[bytes]]:
+        return []  # decoded in `send`: nothing outstanding
 
     def finish(self) -> Transcript:
         if not self.active:

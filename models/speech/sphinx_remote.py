@@ -283,6 +283,10 @@ class RemoteSphinxRecognizer:
             self._lost(e)
         return self.partial
 
+    def waiting(self) -> list[Future[bytes]]:
+        """The partial `collect` will wait for, while it is not back."""
+        return [self._pending] if self._pending is not None and not self._pending.done() else []
+
     def finish(self, timeout: float = 2.0) -> Transcript:
         if not self.active:
             return Transcript("")

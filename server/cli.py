@@ -196,6 +196,9 @@ def serve(config: ServerConfig) -> int:
     for name in ("uvicorn.access", "uvicorn.error"):  # access lines and WebSocket "[accepted]" lines
         logging.getLogger(name).addFilter(RedactTokens())
     server = DrainingServer(uv, config.stalled_connection_s)
+    from server.memdebug import install_from_env
+
+    install_from_env()  # DUPLEX_TRACEMALLOC=PATH: memory reports on SIGUSR1 (off by default)
     server.run()
     return 0 if server.started else 1
 

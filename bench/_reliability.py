@@ -3,7 +3,7 @@
 - `ServerUnderTest`: a `duplex serve` subprocess on a free loopback port whose log is kept in a file,
   so the instruments can see tracebacks and "Task exception was never retrieved" (a loop or task that
   died without killing the process), and can restart it after a crash.
-- `proc_sample`: RSS, open descriptors and threads of a process, read from /proc (no server endpoint).
+- `proc_sample`: RSS, open descriptors and threads of a process and its descendants, read from /proc (no server endpoint).
 - `fit_slope`: least-squares slope of samples against time.
 - `table`: a plain text table for the reports.
 """
@@ -184,17 +184,39 @@ class ProcSample:
     threads: int
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes started by `pid`, and theirs (the cascade's ASR workers), from /proc."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])  # field 4, after the name
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parent.items() if p in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
 def proc_sample(pid: int) -> ProcSample | None:
-    """RSS, open file descriptors and threads of a local process, from /proc; None if it is gone."""
-    try:
-        rss = 0
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-        return ProcSample(time.monotonic(), rss, len(os.listdir(f"/proc/{pid}/fd")),
-                          len(os.listdir(f"/proc/{pid}/task")))
-    except OSError:
-        return None
+    """RSS, open file descriptors and threads of a local process and its descendants (worker
+    processes are part of the server's footprint), from /proc; None if the process is gone."""
+    total = ProcSample(time.monotonic(), 0, 0, 0)
+    for i, p in enumerate([pid, *descendants(pid)]):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total.rss_bytes += int(line.split()[1]) * 1024
+            total.fds += len(os.listdir(f"/proc/{p}/fd"))
+            total.threads += len(os.listdir(f"/proc/{p}/task"))
+        except OSError:
+            if i == 0:
+                return None  # the server itself is gone
+    return total
 
 
 def fit_slope(ts: list[float], ys: list[float]) -> float | None:

@@ -17,11 +17,12 @@ comes back as `TickInput.background` chunks and is spoken sentence by sentence a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +59,9 @@ _TURN_AUDIO_TICKS = 150  # 30 s: the longest turn kept for Smart Turn (last 8 s)
 # How long a tick waits for a job at its due micro-turn before using the fallback. The wait is what
 # makes media pace (ticks flat out) see the same results as real time; in real time it only happens
 # when the machine cannot do the work within its budget, and then stalls the tick (a missed deadline).
-_JOB_GRACE_S = 1.0
+# How long a real-time tick waits for off-thread work due now before leaving it to a later micro-turn
+# (work.py). Media pace never needs it: the engine steps a media session once its due work is done.
+_JOB_GRACE_S = 0.05
 log = logging.getLogger(__name__)
 
 
@@ -159,17 +162,17 @@ class CascadeModel:
         work += s.speaker.waiting()
         return [f for f in work if not f.done()]
 
-    def wait_synthesis(self, states: Sequence[CascadeState], timeout: float = 30.0) -> None:
-        """Block until every queued phrase of `states` is synthesised.
+    def wait_work(self, states: Sequence[CascadeState], timeout: float = 30.0) -> None:
+        """Block until the off-thread work the next micro-turn of `states` uses is done.
 
-        For media-pace drivers (tests, offline evaluation) that step faster than real time: in real
-        time synthesis (~0.2x real time for Piper) keeps ahead of playback, stepping flat out it
-        does not, and the output would have gaps that a real-time session would not have.
+        What the engine's media loop waits for (`pending_work`), for drivers that step the model
+        directly and faster than real time (tests, offline evaluation): without it they would see
+        the real-time fallbacks of an overloaded machine.
         """
         for s in states:
-            for p in list(s.speaker.queue):
-                if p.future is not None:
-                    p.future.exception(timeout=timeout)
+            for f in self.pending_work(s):
+                with contextlib.suppress(CancelledError):
+                    f.exception(timeout=timeout)
 
     def shutdown(self) -> None:
         """Stop the synthesis and worker threads (the model is unusable afterwards)."""

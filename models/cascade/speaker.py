@@ -3,7 +3,8 @@
 Synthesis never runs inside `step`: `Synthesizer` owns a small thread pool (`tts_workers` threads)
 shared by every session; a phrase is submitted as soon as its text is known and is *due* a fixed
 number of micro-turns later (a budget from its length, `Speaker.budget_ticks`): it never plays
-before that micro-turn, and at that micro-turn the tick waits for it (up to `_SYNTH_GRACE_S`). So a
+before that micro-turn, and at that micro-turn a real-time tick waits for it up to `_SYNTH_GRACE_S`
+(later it plays when ready); a media-pace session is stepped only once it is done (`waiting`), so a
 media-pace run (ticks flat out) plays it at the same micro-turn as real time does (issue 11).
 Pre-rendered phrases (acknowledgments, backchannels) skip the pool, which is
 what lets the first reply audio start in the very micro-turn the end of a turn is detected.
@@ -28,7 +29,7 @@ from streaming.types import SAMPLE_RATE, TICK_SAMPLES
 
 Audio = npt.NDArray[np.float32]
 log = logging.getLogger(__name__)
-_SYNTH_GRACE_S = 1.0  # longest wait at a phrase's due micro-turn; later it plays when ready
+_SYNTH_GRACE_S = 0.05  # longest wait at a phrase's due micro-turn; later it plays when ready
 
 
 class Synthesizer:

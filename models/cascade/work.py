@@ -4,10 +4,12 @@ The cascade's slow parts (Smart Turn, Whisper) run on worker threads that releas
 (onnxruntime, CTranslate2), so the tick thread only submits and collects. If results were used "as
 soon as they are done", a media-pace run (ticks flat out) would see them at other micro-turns than a
 real-time run, and the two would disagree. Instead each job is *due* a fixed number of micro-turns
-after it was submitted: at that micro-turn the tick takes the result, waiting for it if the worker
-is late (in real time that wait only happens when the machine cannot do the work within its budget,
-and costs that tick's deadline, which the engine counts). A job that fails or overruns `timeout`
-gives `None`; callers fall back to a cheaper answer.
+after it was submitted. In media pace the engine steps a session only once the work due at its next
+micro-turn is done (`CascadeModel.pending_work`, waited for on the event loop), so a due job is always
+there. In real time a tick waits at most `grace` for it; a job still running then is postponed to the
+next micro-turn (the decision it feeds comes a micro-turn later: only on a machine too busy for the
+budget), never a reason to stall the tick, and after `PATIENCE_TICKS` it is given up for its fallback.
+A job that fails gives `None`; callers fall back to a cheaper answer.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+PATIENCE_TICKS = 25  # 5 s past its due micro-turn a job is given up (an overloaded or stuck worker)
 log = logging.getLogger(__name__)
 
 
@@ -29,14 +32,17 @@ class Job(Generic[T]):
     due: int  # the session's micro-turn (CascadeState.ticks) at which the result is used
     name: str = ""  # the worker it runs on (for the overrun warning)
 
-    def take(self, tick: int, timeout: float) -> tuple[bool, T | None]:
-        """(due now or overdue, result or None on failure). Not due yet: (False, None)."""
+    def take(self, tick: int, grace: float) -> tuple[bool, T | None]:
+        """(taken, result or None on failure). Not due yet, or due but late within the patience:
+        (False, None), ask again next micro-turn."""
         if tick < self.due:
             return False, None
         try:
-            return True, self.future.result(timeout=timeout)
+            return True, self.future.result(timeout=grace)
         except FutureTimeout:
-            log.warning("%s job missed its budget by more than %.1f s; using the fallback", self.name, timeout)
+            if tick - self.due < PATIENCE_TICKS:
+                return False, None  # late: the decision waits a micro-turn, the tick does not
+            log.warning("%s job is %d micro-turns past its budget; using the fallback", self.name, tick - self.due)
             self.future.cancel()
             return True, None
         except Exception as e:  # a failed classifier/transcriber must not stop the session

@@ -271,16 +271,18 @@ class RemoteSphinxRecognizer:
             self._pending = self._last = fut
 
     def collect(self, timeout: float = 1.0) -> str:
-        """The partial after everything sent so far; the previous one if the child is late or gone."""
-        fut, self._pending = self._pending, None
+        """The partial after everything sent so far; the previous one if the child is late (the late
+        one is collected next time) or gone."""
+        fut = self._pending
         if fut is None:
             return self.partial
         try:
             self.partial = fut.result(timeout).decode()
         except FutureTimeout:
-            log.warning("ASR worker late by more than %.1f s; using the previous partial", timeout)
+            return self.partial
         except ASRError as e:
             self._lost(e)
+        self._pending = None
         return self.partial
 
     def waiting(self) -> list[Future[bytes]]:

@@ -70,7 +70,7 @@ class Conversation:
     def step(self, audio: np.ndarray, text: tuple[str, ...] = (), cancel: bool = False) -> TickOutput:
         tick = np.zeros(TICK_SAMPLES, dtype=np.float32)
         tick[: len(audio)] = audio[:TICK_SAMPLES]
-        self.m.wait_synthesis([self.s])  # synthesis as fast as in real time (see wait_synthesis)
+        self.m.wait_work([self.s])  # off-thread work as the engine's media pace waits for it
         bg = self.pending.pop(self.n, [])
         out = self.m.step([(self.s, TickInput(tick, TICK_SAMPLES, text=list(text), background=bg, cancel=cancel))])[0]
         if any(e.type == "delegate" for e in out.events):

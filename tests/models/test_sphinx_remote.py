@@ -129,6 +129,7 @@ def test_the_cascade_decides_the_same_with_asr_in_a_worker_as_in_process(
         s = m.open("agree")
         events = []
         for i in range(0, len(mic) - TICK_SAMPLES + 1, TICK_SAMPLES):
+            m.wait_work([s])
             out = m.step([(s, TickInput(mic[i : i + TICK_SAMPLES], TICK_SAMPLES))])[0]
             events += [(i // TICK_SAMPLES, e.type, sorted(e.data.items())) for e in out.events]
         m.close(s)

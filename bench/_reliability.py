@@ -3,7 +3,8 @@
 - `ServerUnderTest`: a `duplex serve` subprocess on a free loopback port whose log is kept in a file,
   so the instruments can see tracebacks and "Task exception was never retrieved" (a loop or task that
   died without killing the process), and can restart it after a crash.
-- `proc_sample`: RSS, open descriptors and threads of a process and its descendants, read from /proc (no server endpoint).
+- `proc_sample`: RSS, open descriptors and threads of a process and its descendants, read from /proc
+  (no server endpoint).
 - `fit_slope`: least-squares slope of samples against time.
 - `table`: a plain text table for the reports.
 """
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,14 @@ FAULT_PATTERNS = re.compile(
 HANDLED_BY_DEPENDENCY = ("Invalid UTF-8 sequence received from client",)
 LOG_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d|ERROR:|WARNING:|INFO:|DEBUG:|CRITICAL:)")  # a new log record starts
 UNRETRIEVED = "Task exception was never retrieved:"  # prefix of such faults in `new_faults`
+
+
+def _exit_on_sigterm() -> None:
+    """A bench stopped with SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the servers it
+    started are stopped by their `with` blocks instead of outliving it (seen: a killed soak left its
+    cascade server running). Only where nobody chose a handler, and only from the main thread."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 class ServerUnderTest:
@@ -69,6 +79,7 @@ class ServerUnderTest:
         return self.proc.pid
 
     def start(self) -> ServerUnderTest:
+        _exit_on_sigterm()
         self.port = self.port or _free_port()  # a restart keeps the port, so clients find it again
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it; closed below
         cmd = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),

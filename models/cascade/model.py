@@ -55,7 +55,11 @@ from streaming.types import SAMPLE_RATE
 
 Audio = npt.NDArray[np.float32]
 _ECHO_MEMORY_MS = 10_000  # how long the assistant's words count as possible echo
-_TURN_AUDIO_TICKS = 150  # 30 s: the longest turn kept for Smart Turn (last 8 s) and Whisper
+_TURN_AUDIO_TICKS = 150  # 30 s: the longest turn kept for Whisper's final transcript
+# What a pause is judged on: Smart Turn reads the last 8 s, and Whisper's verdict on the pause (does the
+# transcript end a sentence?) needs no more; transcribing a whole long turn at every pause cost up to
+# ~2 s of a core per call and queued Whisper jobs far past their budget in the cascade soak.
+_PAUSE_AUDIO_TICKS = 40
 # How long a tick waits for a job at its due micro-turn before using the fallback. The wait is what
 # makes media pace (ticks flat out) see the same results as real time; in real time it only happens
 # when the machine cannot do the work within its budget, and then stalls the tick (a missed deadline).
@@ -85,6 +89,7 @@ class CascadeState:
     text_job: Job[Transcript] | None = None  # Whisper on the turn so far, asked in the current pause
     cues: PauseCues = field(default_factory=PauseCues)  # what those said, once due
     pause_text: Transcript | None = None  # Whisper's transcript of the turn up to the current pause
+    pause_whole: bool = True  # pause_text covers the whole turn (not only its last `_PAUSE_AUDIO_TICKS`)
     final_job: Job[Transcript] | None = None  # Whisper on the last finished turn, not yet due
     final_fallback: str = ""  # pocketsphinx's transcript of that turn (used if Whisper fails)
     partial: str = ""  # partial transcript of the open user turn
@@ -119,7 +124,7 @@ class CascadeModel:
         else:
             self._pool = shared_pool(config, size=o.decoders_per_process())
         # Loaded here so a missing model fails at load, not at the first utterance.
-        self.whisper = WhisperTranscriber(o.whisper_dir) if use_whisper else None
+        self.whisper = WhisperTranscriber(o.whisper_dir, workers=o.whisper_workers) if use_whisper else None
         self.smart_turn: SmartTurn | None = None
         if o.smart_turn:
             try:
@@ -127,7 +132,7 @@ class CascadeModel:
             except SmartTurnError as e:  # degrade to the fixed silence rule, loudly
                 log.warning("Smart Turn unavailable, ending turns on silence alone: %s", e)
         self.policy = TurnPolicy(o, smart_turn=self.smart_turn is not None)
-        self.workers = Workers({"eot": o.eot_workers, "asr": 1})
+        self.workers = Workers({"eot": o.eot_workers, "asr": o.whisper_workers})
         self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
         # Pre-rendered so that replies and backchannels start without waiting for synthesis.
         self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
@@ -272,7 +277,7 @@ class CascadeModel:
     def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
         final = s.asr.finish()
         s.partial = ""
-        pause_text, text_job = s.pause_text, s.text_job
+        pause_text, text_job, whole = s.pause_text, s.text_job, s.pause_whole
         s.text_job = None  # kept (below) as the final transcript's job, not cancelled
         self._new_pause(s)
         ev.append(Event("speech_stopped", {"audio_ms": round(s.turn.now_ms - s.turn.silence_ms)}))
@@ -288,7 +293,10 @@ class CascadeModel:
         if self.whisper is None:
             self._delegate(s, text, ev)
             return text
-        if pause_text is not None and pause_text.text:
+        if not whole and text_job is not None:
+            text_job.future.cancel()  # the pause's transcript hears only the turn's end: transcribe it all
+            text_job = None
+        if pause_text is not None and pause_text.text and whole:
             self._delegate(s, pause_text.text, ev)  # Whisper already heard this pause: ask now
             return pause_text.text
         # Take the floor now (the acknowledgment starts this micro-turn); the question goes to the
@@ -319,7 +327,7 @@ class CascadeModel:
         for job in (s.eot_job, s.text_job):
             if job is not None:
                 job.future.cancel()
-        s.eot_job, s.text_job, s.cues, s.pause_text = None, None, PauseCues(), None
+        s.eot_job, s.text_job, s.cues, s.pause_text, s.pause_whole = None, None, PauseCues(), None, True
 
     def _pause_cues(self, s: CascadeState) -> PauseCues:
         """Smart Turn and Whisper on the turn so far, asked once per pause (after `eot_check_ms` of
@@ -331,7 +339,8 @@ class CascadeModel:
             if s.eot_job is not None or s.text_job is not None or s.pause_text is not None:
                 self._new_pause(s)
             return s.cues
-        audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
+        recent = list(s.turn_audio)[-_PAUSE_AUDIO_TICKS:]
+        audio = np.concatenate(recent) if recent else np.zeros(0, dtype=np.float32)
         if s.eot_job is None and s.cues.p_end is None:
             s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, audio)
             return s.cues
@@ -346,6 +355,7 @@ class CascadeModel:
             and s.pause_text is None
         ):
             s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, audio)
+            s.pause_whole = len(s.turn_audio) <= _PAUSE_AUDIO_TICKS
         if s.eot_job is not None:
             due, p = s.eot_job.take(s.ticks, _JOB_GRACE_S)
             if due:

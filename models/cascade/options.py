@@ -30,6 +30,8 @@ class CascadeOptions:
     # 0 decodes on the model thread, which stalls every session's tick while it runs. Two let a
     # micro-turn's decoding use both cores of a small machine.
     asr_processes: int = 2
+    # Whisper transcriptions at once (threads; the model runs that many in parallel, one core each).
+    whisper_workers: int = 2
     # Smart Turn threads: a call costs ~55-90 ms of one core and its answer is due one micro-turn
     # later; sessions that pause together queue up behind one thread (onnxruntime releases the GIL).
     eot_workers: int = 2
@@ -129,6 +131,8 @@ class CascadeOptions:
             raise ValueError(f"asr_decoders must be >= 0 (0 = enough for max_sessions), got {self.asr_decoders}")
         if self.asr_processes < 0:
             raise ValueError(f"asr_processes must be >= 0 (0 = decode in the server process), got {self.asr_processes}")
+        if self.whisper_workers < 1:
+            raise ValueError(f"whisper_workers must be >= 1, got {self.whisper_workers}")
         if self.eot_workers < 1:
             raise ValueError(f"eot_workers must be >= 1, got {self.eot_workers}")
         if self.whisper_ticks < 1:

@@ -131,8 +131,8 @@ class WhisperTranscriber:
     few hundred ms of one core (see README, voice section), all of it off the tick thread.
     """
 
-    def __init__(self, model_dir: str | Path = "", compute_type: str = "int8") -> None:
-        self._model = _whisper_model(str(resolve_whisper_dir(model_dir)), compute_type)
+    def __init__(self, model_dir: str | Path = "", compute_type: str = "int8", workers: int = 1) -> None:
+        self._model = _whisper_model(str(resolve_whisper_dir(model_dir)), compute_type, workers)
 
     def transcribe(self, audio: Audio) -> Transcript:
         x = np.asarray(audio, dtype=np.float32).reshape(-1)
@@ -152,8 +152,8 @@ class WhisperTranscriber:
 
 
 @functools.cache
-def _whisper_model(model_dir: str, compute_type: str) -> Any:
-    """One loaded Whisper model per directory, shared by every session."""
+def _whisper_model(model_dir: str, compute_type: str, workers: int = 1) -> Any:
+    """One loaded Whisper model per directory (and worker count), shared by every session."""
     try:
         from faster_whisper import WhisperModel
     except ImportError as e:
@@ -166,8 +166,9 @@ def _whisper_model(model_dir: str, compute_type: str) -> Any:
             f"{path} is not a faster-whisper model directory (no model.bin); pass the folder of a "
             "CTranslate2 Whisper model"
         )
-    # One intra-op thread: the model runs beside the tick thread on few shared cores.
-    return WhisperModel(str(path), device="cpu", compute_type=compute_type, cpu_threads=1, num_workers=1)
+    # One intra-op thread per transcription: the model runs beside the tick thread on few shared cores;
+    # `workers` transcriptions may run at once (calls from that many threads).
+    return WhisperModel(str(path), device="cpu", compute_type=compute_type, cpu_threads=1, num_workers=workers)
 
 
 def transcribe_words(audio: Audio, sample_rate: int) -> list[Word]:

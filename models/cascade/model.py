@@ -136,6 +136,16 @@ class CascadeModel:
         self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
         # Pre-rendered so that replies and backchannels start without waiting for synthesis.
         self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Pay the first-call costs (lazy allocations, ~1 s for Whisper) at load, not in the first
+        sessions' micro-turns: in the cascade soak the first minute's jobs ran past their budget."""
+        noise = (np.random.default_rng(0).standard_normal(ASR_RATE) * 0.01).astype(np.float32)
+        if self.smart_turn is not None:
+            self.smart_turn.probability(noise)
+        if self.whisper is not None:
+            self.whisper.transcribe(noise)
 
     # --- lifecycle -------------------------------------------------------------------------------
 

@@ -57,7 +57,10 @@ def test_worker_process_gives_the_same_partials_and_words_as_in_process(
     local, remote = SphinxRecognizer(shared_pool()), RemoteSphinxRecognizer(procs)
     assert _partials(remote, sentence) == _partials(local, sentence)
     a, b = remote.finish(), local.finish()
-    assert a.words == b.words and "sister" in a.text and "friday" in a.text
+    assert a.text == b.text and "sister" in a.text and "friday" in a.text
+    # Word times may differ by a 10 ms frame: the in-process pool's decoders were used by earlier tests
+    # (per-utterance state beyond the reset cepstral mean), the child's are fresh.
+    assert all(abs(x[1] - y[1]) <= 0.011 and abs(x[2] - y[2]) <= 0.011 for x, y in zip(a.words, b.words, strict=True))
     # The decoding happened in the child: this process spent almost nothing on it.
     remote.start()
     t = time.process_time()

@@ -16,13 +16,14 @@ import logging
 import math
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from models.cascade.work import started_pool
 from models.speech.tts import TTSError, Voice, load_voice
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES
@@ -37,7 +38,7 @@ class Synthesizer:
 
     def __init__(self, voice: str, fallback: str, workers: int = 1) -> None:
         self.voice = _load(voice, fallback)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cascade-tts")
+        self._pool = started_pool(workers, "cascade-tts")
         self._cache: dict[str, Audio] = {}
         self._lock = threading.Lock()
 

@@ -15,6 +15,7 @@ A job that fails gives `None`; callers fall back to a cheaper answer.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -50,13 +51,23 @@ class Job(Generic[T]):
             return True, None
 
 
+def started_pool(threads: int, prefix: str) -> ThreadPoolExecutor:
+    """A thread pool whose threads all exist already. ThreadPoolExecutor starts them one per task
+    while it is busy, so a server's thread count would otherwise grow with its first sessions, and a
+    soak could not tell that growth from a leak (threads at the end must equal those at the start)."""
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=prefix)
+    gate = threading.Barrier(threads + 1)
+    for _ in range(threads):
+        pool.submit(gate.wait)  # each task holds its thread until all are there
+    gate.wait()
+    return pool
+
+
 class Workers:
     """Named thread pools (name -> threads), started with the model and stopped by `close`."""
 
     def __init__(self, threads: dict[str, int]) -> None:
-        self._pools = {
-            n: ThreadPoolExecutor(max_workers=k, thread_name_prefix=f"cascade-{n}") for n, k in threads.items()
-        }
+        self._pools = {n: started_pool(k, f"cascade-{n}") for n, k in threads.items()}
 
     def submit(self, name: str, due: int, fn: Callable[..., T], *args: object) -> Job[T]:
         return Job(self._pools[name].submit(fn, *args), due, name)

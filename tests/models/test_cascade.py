@@ -285,3 +285,20 @@ def test_backchannel_at_a_pause_in_a_long_turn_never_over_the_user(model: Cascad
     assert len(c.events("speech_started")) == 1 and not c.events("yielded")
     assert answer_tick * TICK > speech_end(mic)
     assert "market" in c.events("delegate")[0][1]["query"] and "friend" in c.events("delegate")[0][1]["query"]
+
+
+def test_the_model_starts_every_thread_at_load_so_a_session_adds_none() -> None:
+    """A soak compares the server's threads at the end with those before the first session: worker
+    pools that started threads on first use looked like a leak of 5 threads."""
+    import threading
+
+    m = load_cascade("")
+    try:
+        before = threading.active_count()
+        c = Conversation(m)
+        c.feed(np.concatenate([speech("What is the weather like in Paris today?"), silence(6)]))
+        assert c.events("delegate") and "capital" in c.spoken_text()  # Smart Turn, Whisper and TTS ran
+        m.close(c.s)
+        assert threading.active_count() == before
+    finally:
+        m.shutdown()

@@ -36,7 +36,7 @@ from models.cascade.options import CascadeOptions
 from models.cascade.policy import PauseCues, TurnPolicy, TurnState
 from models.cascade.speaker import Speaker, Synthesizer
 from models.cascade.text import SentenceSplitter, looks_complete, only_backchannel, sentence_finished, words_of
-from models.cascade.work import Job, Workers
+from models.cascade.work import LATE, Job, Workers
 from models.speech.asr import (
     ASR_RATE,
     DecoderPool,
@@ -223,6 +223,8 @@ class CascadeModel:
             # waits only if the worker is more than a micro-turn behind. The same one-micro-turn
             # delay in-process keeps both modes, and media and real-time pace, in agreement.
             partial = s.asr.collect(_JOB_GRACE_S)
+            if s.asr.waiting():
+                LATE.note("streaming partial")
             if partial != s.partial:
                 s.partial = partial
                 ev.append(Event("user_partial", {"text": partial}))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from models.cascade.work import started_pool
+from models.cascade.work import LATE, started_pool
 from models.speech.tts import TTSError, Voice, load_voice
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES
@@ -168,6 +168,8 @@ class Speaker:
                     p.audio = p.future.result(timeout=_SYNTH_GRACE_S if self.ticks == p.due else 0.0)
                 except FutureTimeout:
                     res.starved = True  # over budget (an overloaded machine): plays when ready
+                    if self.ticks == p.due:
+                        LATE.note("speech synthesis")
                     break
                 except Exception as e:  # a phrase that cannot be spoken is skipped, not fatal
                     log.warning("synthesis of %r failed: %s", p.text, e)

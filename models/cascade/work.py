@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -25,6 +26,31 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 PATIENCE_TICKS = 25  # 5 s past its due micro-turn a job is given up (an overloaded or stuck worker)
 log = logging.getLogger(__name__)
+
+
+class LateWork:
+    """Counts off-thread work used later than its due micro-turn in real time (the machine was too
+    busy for the budgets), and says so in the log at most every `every` seconds: that is when real
+    time and media pace may differ."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.count = 0
+        self._every = every
+        self._logged = -every
+        self._lock = threading.Lock()
+
+    def note(self, what: str) -> None:
+        with self._lock:
+            self.count += 1
+            now = time.monotonic()
+            if now - self._logged < self._every:
+                return
+            self._logged = now
+        log.warning("%s late past its micro-turn (%d late so far): the machine is too busy for the budgets; "
+                    "decisions come later and real-time and media pace may differ", what, self.count)
+
+
+LATE = LateWork()
 
 
 @dataclass
@@ -42,6 +68,7 @@ class Job(Generic[T]):
             return True, self.future.result(timeout=grace)
         except FutureTimeout:
             if tick - self.due < PATIENCE_TICKS:
+                LATE.note(f"{self.name} job")
                 return False, None  # late: the decision waits a micro-turn, the tick does not
             log.warning("%s job is %d micro-turns past its budget; using the fallback", self.name, tick - self.due)
             self.future.cancel()

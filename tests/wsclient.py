@@ -89,3 +89,13 @@ async def collect_audio(ws: ClientConnection, n_ticks: int, timeout: float = 30.
         if ev["type"] == "response.output_audio.delta":
             out[ev["tick"]] = base64.b64decode(ev["delta"])
     return out
+
+
+async def until_echoed(ws: ClientConnection, deltas: int = 2, timeout: float = 10.0) -> None:
+    """Read events until `deltas` output audio deltas came back (the session is live both ways)."""
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while seen < deltas and time.monotonic() < deadline:
+        msg = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+        seen += msg.get("type") == "response.output_audio.delta"
+    assert seen >= deltas, "the echo never came back"

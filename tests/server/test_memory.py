@@ -15,7 +15,6 @@ was waiting when it was asked, which is what this test reads; it tests that hook
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -26,6 +25,7 @@ import numpy as np
 from websockets.asyncio.client import connect
 
 from server.runtime import COLLECT_EVERY
+from tests.wsclient import until_echoed
 
 SESSIONS = 24
 
@@ -40,12 +40,7 @@ async def _session(ws_url: str, seconds: float = 1.0) -> None:
         for i in range(int(seconds / 0.2)):
             await ws.send(chunk)
             await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.2 - time.monotonic()))
-        deadline = time.monotonic() + 5
-        deltas = 0
-        while deltas < 2 and time.monotonic() < deadline:
-            msg = json.loads(await asyncio.wait_for(ws.recv(), 5))
-            deltas += msg.get("type") == "response.output_audio.delta"
-        assert deltas >= 2, "the echo never came back"
+        await until_echoed(ws, timeout=5)
 
 
 def _report(path: Path, pid: int, index: int) -> str:

@@ -123,6 +123,6 @@ class OffThreadWork(Protocol):
     """
 
     def pending_work(self, state: SessionState) -> Sequence[Future[Any]]:
-        """The unfinished work that the session's next step will use. Called on the event loop while
+        """The work (done or not) that the session's next step will use. Called on the event loop while
         no step of the session runs; must only read the state."""
         ...

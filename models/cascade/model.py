@@ -18,6 +18,7 @@ comes back as `TickInput.background` chunks and is spoken sentence by sentence a
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import statistics
 from collections import deque
@@ -67,6 +68,12 @@ _PAUSE_AUDIO_TICKS = 40
 # (work.py). Media pace never needs it: the engine steps a media session once its due work is done.
 _JOB_GRACE_S = 0.05
 log = logging.getLogger(__name__)
+
+
+def _pause_audio(s: CascadeState) -> Audio:
+    """The end of the open turn that a pause is judged on (built only when a job is asked)."""
+    recent = list(itertools.islice(s.turn_audio, max(0, len(s.turn_audio) - _PAUSE_AUDIO_TICKS), None))
+    return np.concatenate(recent) if recent else np.zeros(0, dtype=np.float32)
 
 
 @dataclass
@@ -175,7 +182,7 @@ class CascadeModel:
         work: list[Future[Any]] = [j.future for j in jobs if j is not None and j.due <= nxt]
         work += s.asr.waiting()
         work += s.speaker.waiting()
-        return [f for f in work if not f.done()]
+        return work  # callers skip what is already done
 
     def wait_work(self, states: Sequence[CascadeState], timeout: float = 30.0) -> None:
         """Block until the off-thread work the next micro-turn of `states` uses is done.
@@ -351,10 +358,8 @@ class CascadeModel:
             if s.eot_job is not None or s.text_job is not None or s.pause_text is not None:
                 self._new_pause(s)
             return s.cues
-        recent = list(s.turn_audio)[-_PAUSE_AUDIO_TICKS:]
-        audio = np.concatenate(recent) if recent else np.zeros(0, dtype=np.float32)
         if s.eot_job is None and s.cues.p_end is None:
-            s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, audio)
+            s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, _pause_audio(s))
             return s.cues
         # Whisper only at longer pauses that Smart Turn did not call finished: at every gap between
         # words (~0.3-1 s of a shared core per call) its queue would outgrow the budget in real time.
@@ -366,7 +371,7 @@ class CascadeModel:
             and s.text_job is None
             and s.pause_text is None
         ):
-            s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, audio)
+            s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, _pause_audio(s))
             s.pause_whole = len(s.turn_audio) <= _PAUSE_AUDIO_TICKS
         if s.eot_job is not None:
             due, p = s.eot_job.take(s.ticks, _JOB_GRACE_S)

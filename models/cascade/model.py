@@ -57,6 +57,11 @@ from streaming.types import SAMPLE_RATE
 Audio = npt.NDArray[np.float32]
 _ECHO_MEMORY_MS = 10_000  # how long the assistant's words count as possible echo
 _TURN_AUDIO_TICKS = 150  # 30 s: the longest turn kept for Whisper's final transcript
+# A pocketsphinx utterance grows its search tables with its length and a pooled decoder keeps them
+# (measured: ~25 MB per decoder over 140 s of continuous speech), so a turn that never ends would
+# grow every decoder it touches. Past this many micro-turns the utterance is ended and a new one
+# started; the words heard so far are carried in `CascadeState.heard`.
+_UTTERANCE_TICKS = 150
 # What a pause is judged on: Smart Turn reads the last 8 s, and Whisper's verdict on the pause (does the
 # transcript end a sentence?) needs no more; transcribing a whole long turn at every pause cost up to
 # ~2 s of a core per call and queued Whisper jobs far past their budget in the cascade soak.
@@ -68,6 +73,10 @@ _PAUSE_AUDIO_TICKS = 40
 # (work.py). Media pace never needs it: the engine steps a media session once its due work is done.
 _JOB_GRACE_S = 0.05
 log = logging.getLogger(__name__)
+
+
+def _joined(earlier: str, text: str) -> str:
+    return f"{earlier} {text}".strip() if earlier else text
 
 
 def _pause_audio(s: CascadeState) -> Audio:
@@ -100,6 +109,8 @@ class CascadeState:
     final_job: Job[Transcript] | None = None  # Whisper on the last finished turn, not yet due
     final_fallback: str = ""  # pocketsphinx's transcript of that turn (used if Whisper fails)
     partial: str = ""  # partial transcript of the open user turn
+    heard: str = ""  # words of the open turn's earlier utterances (see `_UTTERANCE_TICKS`)
+    utterance_ticks: int = 0  # micro-turns of audio sent into the current utterance
     said: deque[tuple[float, list[str]]] = field(default_factory=deque)  # (media ms, words) we spoke
     seen: set[str] = field(default_factory=set)  # background request ids seen so far
     muted: set[str] = field(default_factory=set)  # request ids whose further chunks are dropped
@@ -232,6 +243,12 @@ class CascadeModel:
             partial = s.asr.collect(_JOB_GRACE_S)
             if s.asr.waiting():
                 LATE.note("streaming partial")
+            if s.utterance_ticks >= _UTTERANCE_TICKS:
+                s.heard = _joined(s.heard, s.asr.finish().text)  # bounds the decoder's memory
+                s.asr.start()
+                s.utterance_ticks = 0
+                partial = ""
+            partial = _joined(s.heard, partial)
             if partial != s.partial:
                 s.partial = partial
                 ev.append(Event("user_partial", {"text": partial}))
@@ -244,7 +261,8 @@ class CascadeModel:
             s.asr.start()
             for past in s.preroll:
                 s.asr.send(past, reply=False)
-            s.partial = ""
+            s.partial = s.heard = ""
+            s.utterance_ticks = len(s.preroll)
             s.turn_audio = deque(s.preroll)
             s.turn_levels = []
             self._new_pause(s)
@@ -255,6 +273,7 @@ class CascadeModel:
             if len(probs) and float(probs.max()) >= o.vad_on:
                 s.turn_levels.append(peak_db(x))
             s.asr.send(x)
+            s.utterance_ticks += 1
         if d.resumed and s.speaker.playing_backchannel:
             s.speaker.drop(("backchannel",))  # never talk over the user
         s.preroll.append(x)
@@ -271,7 +290,7 @@ class CascadeModel:
             self._stop(s, "barge_in", ev)
         if d.abandon:
             s.asr.abort()
-            s.partial = ""
+            s.partial = s.heard = ""
         if d.end_of_turn:
             user_text = self._end_of_turn(s, ev) or user_text
         if d.backchannel:
@@ -295,7 +314,9 @@ class CascadeModel:
 
     def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
         final = s.asr.finish()
-        s.partial = ""
+        if s.heard:
+            final = Transcript(_joined(s.heard, final.text))
+        s.partial = s.heard = ""
         pause_text, text_job, whole = s.pause_text, s.text_job, s.pause_whole
         s.text_job = None  # kept (below) as the final transcript's job, not cancelled
         self._new_pause(s)

@@ -12,7 +12,7 @@ from models.cascade import CascadeModel, load_cascade
 from models.cascade.level import peak_db
 from models.speech.tts import list_voices, synthesize
 from streaming.resample import resample
-from streaming.types import SAMPLE_RATE
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES
 from tests.models.test_cascade import TICK, Conversation, _talking, silence, speech, speech_end
 
 
@@ -79,3 +79,32 @@ def test_the_same_speech_at_the_users_level_still_interrupts(model: CascadeModel
     c.feed(np.concatenate([speech("Stop, I would rather hear about the trains to London."), silence(1.0)]))
     yielded = [i for i, d in c.events("yielded") if d["reason"] == "barge_in"]
     assert yielded and yielded[0] >= start
+
+
+def test_a_long_turn_restarts_the_recogniser_and_keeps_its_words(model: CascadeModel,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn longer than `_UTTERANCE_TICKS` is decoded as several pocketsphinx utterances (bounding a
+    pooled decoder's memory); the partial carries the earlier utterances' words."""
+    import models.cascade.model as cascade_model
+
+    clip = np.concatenate([silence(0.4), speech("Yesterday I walked along the river with my sister and we "
+                                                "talked about the garden, the weather and the old train station."),
+                           silence(3.0)])
+
+    def last_partial(cap: int) -> tuple[str, list[str]]:
+        monkeypatch.setattr(cascade_model, "_UTTERANCE_TICKS", cap)
+        c, heard = Conversation(model), []
+        for i in range(0, len(clip), TICK_SAMPLES):
+            c.step(clip[i : i + TICK_SAMPLES])
+            heard.append(c.s.heard)
+        partials = [d["text"] for _, d in c.events("user_partial")]
+        assert partials, "no partial transcript at all"
+        return partials[-1], heard
+
+    whole, heard_whole = last_partial(10_000)
+    split, heard_split = last_partial(8)  # 1.6 s utterances: the sentence takes several
+    assert not any(heard_whole)
+    assert len({h for h in heard_split if h}) >= 2, "the turn was not split into several utterances"
+    # Cutting mid-word may change a word or two at each cut, but the turn's words are kept.
+    common = set(whole.split()) & set(split.split())
+    assert len(common) >= 0.6 * len(set(whole.split())), (whole, split)

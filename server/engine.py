@@ -61,6 +61,7 @@ class _Planned:
     tick: int  # the session's micro-turn index
     deadline: float | None  # absolute deadline (real-time pace), None in media pace
     ready_at: float | None = None  # when this tick's input completed (real-time pace, whole micro-turn only)
+    heard: int = 0  # the session's input samples taken through this tick, underruns' padding excluded
 
 
 class Engine:
@@ -359,8 +360,10 @@ class Engine:
                 if not s.sched.catch_up:
                     s.sched.period_index += 1  # absolute cadence: the next deadline is one period on
                 s.sched.catch_up = False
-            inputs.append((s.state, self._take_input(s, realtime)))
-            planned.append(_Planned(s, s.tick, deadline, ready_at))
+            tick_input = self._take_input(s, realtime)
+            s.inbox.heard += tick_input.received
+            inputs.append((s.state, tick_input))
+            planned.append(_Planned(s, s.tick, deadline, ready_at, s.inbox.heard))
             s.tick += 1
             s.sched.in_flight += 1
         task = asyncio.create_task(self._step_and_deliver(planned, inputs, realtime))
@@ -406,6 +409,7 @@ class Engine:
                 m.lateness_seconds.observe(s.last_lateness)
                 if t_end > p.deadline + self.period:
                     m.missed_deadlines.inc()
+            s.heard_through = p.heard
             if s.closed:
                 continue
             try:

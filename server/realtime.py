@@ -212,7 +212,8 @@ class RealtimeConnection:
         if s.settings.tick_stats:
             self.emit({"type": "duplex.tick", "event_id": p.new_id("event"), "tick": tick,
                        "buffered_ms": int(s.inbox.chunker.buffered / SAMPLE_RATE * 1000),
-                       "dropped_samples": s.inbox.chunker.dropped, "late_ms": round(s.last_lateness * 1000, 1)})
+                       "dropped_samples": s.inbox.chunker.dropped, "late_ms": round(s.last_lateness * 1000, 1),
+                       "heard_samples": s.heard_through})
 
     def send_audio(self, audio: np.ndarray, tick: int) -> None:
         """One micro-turn of output audio (24 kHz float32): to the transport's audio path, or as an event."""

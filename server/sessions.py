@@ -115,6 +115,7 @@ class Inbox:
     video: npt.NDArray[np.uint8] | None = None  # newest frame since the last tick (one, replaced)
     cancel: bool = False  # response.cancel waiting for the next tick
     audio_started: bool = False  # any audio received yet (pace and input format are fixed after that)
+    heard: int = 0  # samples of real input taken by micro-turns so far (padding of underruns excluded)
     room: asyncio.Event = field(default_factory=asyncio.Event)  # media pace: audio buffer has room
 
     def __post_init__(self) -> None:
@@ -200,6 +201,7 @@ class Session:
     client: str = ""  # who opened it (API key or address), for the per-client session cap
     tick: int = 0  # micro-turns stepped so far (the session's own timeline)
     last_lateness: float = 0.0  # seconds the last real-time step started after its deadline (duplex.tick)
+    heard_through: int = 0  # input samples the last delivered micro-turn had heard, in all (duplex.tick)
     log: ConversationLog = field(default_factory=ConversationLog)
     background: BackgroundHook = field(default_factory=NoBackground)
     sink: OutputSink | None = None  # None while detached

@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
 
         summary = run(args.data, args.url, args.pace, args.concurrency, args.timeout, args.label, args.skip_existing)
         print(f"ran {len(summary.done)} samples; summary in {args.data / 'run.json'}")
+        if summary.underruns:
+            print(f"{summary.underruns} micro-turns were stepped before their input arrived (a busy machine or "
+                  "network); their output is left out of output.wav, see run.json")
         for name, why in summary.failed.items():
             print(f"FAILED {name}: {why}", file=sys.stderr)
         for name, errs in summary.server_errors.items():

@@ -9,6 +9,12 @@ Real-time pace: the client sends one micro-turn every 200 ms on absolute deadlin
 micro-turns come back, so it waits a short grace period after the last one. It records both
 placements: by `tick` (what the model said in answer to which micro-turn) and by wall-clock arrival
 (what a listener would have heard, with every network and scheduling delay included).
+
+A real-time micro-turn stepped before its chunk arrived (an underrun, on a loaded machine) hears
+nothing, and every later micro-turn answers a chunk one older than its index says. The tick placement
+therefore puts each output where the input it had heard ends (`heard_samples` of `duplex.tick`), and
+leaves out the output of a micro-turn that heard nothing new: the model spent it waiting, and the
+input's timeline has no room for it.
 """
 
 import asyncio
@@ -51,6 +57,7 @@ class StreamResult:
     ignore_upto: int = -1  # ticks at or below this were stepped before our audio (silence)
     last_seen: int = -1  # newest server tick seen in any event
     by_tick: dict[int, list[Audio]] = field(default_factory=dict)  # server tick -> its audio deltas
+    heard: dict[int, int] = field(default_factory=dict)  # server tick -> input samples heard through it
     arrivals: list[tuple[float, int, int]] = field(default_factory=list)  # (s since start, tick, part)
     errors: list[str] = field(default_factory=list)  # `error` events the server sent
     transcript: list[str] = field(default_factory=list)  # assistant transcript deltas
@@ -61,12 +68,39 @@ class StreamResult:
             return {}
         return {t - self.base: parts for t, parts in self.by_tick.items() if t >= self.base}
 
+    def ready_at(self, tick: int) -> int:
+        """Input samples heard through server tick `tick`: its output can be heard from there on.
+
+        Without `heard_samples` (a server that does not send them) every micro-turn is taken to have
+        heard exactly its own chunk.
+        """
+        base = self.base or 0
+        if tick in self.heard:
+            return self.heard[tick]
+        return (tick - base + OUTPUT_TICK_OFFSET) * TICK_SAMPLES
+
+    def underruns(self) -> list[int]:
+        """Our server ticks that heard no new input while input was still to come."""
+        if self.base is None:
+            return []
+        total = self.ticks * TICK_SAMPLES
+        return [
+            t
+            for t, h in sorted(self.heard.items())
+            if t >= self.base and h == self.heard.get(t - 1, 0) and h < total
+        ]
+
     def tick_placement(self, n_samples: int) -> Audio:
         """The output at 24 kHz by micro-turn, `n_samples` long (trimmed or zero-padded)."""
         out = np.zeros(n_samples + 2 * TICK_SAMPLES, dtype=np.float32)
-        for index, parts in self.ours().items():
-            audio = np.concatenate(parts)
-            start = (index + OUTPUT_TICK_OFFSET) * TICK_SAMPLES
+        if self.base is None:
+            return out[:n_samples]
+        skipped = set(self.underruns())
+        for tick in sorted(self.by_tick):
+            if tick < self.base or tick in skipped:
+                continue
+            audio = np.concatenate(self.by_tick[tick])
+            start = self.ready_at(tick)
             if start >= n_samples:
                 continue
             out[start : start + len(audio)] = audio[: len(out) - start]
@@ -93,11 +127,7 @@ class StreamResult:
         """Seconds each of our deltas arrived after the earliest moment it could play."""
         if self.base is None:
             return []
-        return [
-            t - (tick - self.base + OUTPUT_TICK_OFFSET) * TICK_SECONDS
-            for t, tick, _ in self.arrivals
-            if tick >= self.base
-        ]
+        return [t - self.ready_at(tick) / SAMPLE_RATE for t, tick, _ in self.arrivals if tick >= self.base]
 
 
 def auth_headers() -> dict[str, str]:
@@ -269,6 +299,8 @@ async def _receive(
             tick = msg.get("tick")
             if kind in ("duplex.tick", "response.output_audio.delta") and isinstance(tick, int):
                 result.last_seen = max(result.last_seen, tick)
+            if kind == "duplex.tick" and isinstance(tick, int) and isinstance(msg.get("heard_samples"), int):
+                result.heard[tick] = msg["heard_samples"]
             if kind == "response.output_audio.delta":
                 if not isinstance(tick, int):
                     result.errors.append(f"audio delta without an integer tick: {str(msg)[:120]}")

@@ -33,6 +33,7 @@ class RunSummary:
     failed: dict[str, str] = field(default_factory=dict)  # sample name -> why
     server_errors: dict[str, list[str]] = field(default_factory=dict)  # `error` events, per sample
     lateness: list[float] = field(default_factory=list)  # real-time: delta arrival - earliest play time
+    underruns: int = 0  # real-time: micro-turns stepped before their chunk arrived (left out of output.wav)
 
 
 def http_base(ws_url: str) -> str:
@@ -78,6 +79,7 @@ async def _one(sample: Sample, url: str, pace: str, timeout: float, summary: Run
         if pace == "realtime":
             _write(sample.file(f"{output_stem}_wallclock.wav"), result.arrival_placement(n_24k), n_out)
             summary.lateness.extend(result.lateness())
+            summary.underruns += len(result.underruns())
         if result.errors:
             summary.server_errors.setdefault(sample.name, []).extend(result.errors)
     summary.done.append(sample.name)
@@ -139,6 +141,7 @@ def run(
         "samples": len(summary.done),
         "failed": summary.failed,
         "server_errors": {k: v[:5] for k, v in summary.server_errors.items()},
+        "underruns": summary.underruns if pace == "realtime" else None,
         "delta_lateness_s": (
             {
                 "mean": float(lat.mean()),

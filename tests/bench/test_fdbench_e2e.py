@@ -5,7 +5,9 @@ aligned output.wav is exactly the input delayed by one micro-turn (200 ms): that
 harness's timeline placement in both paces without trusting any other model.
 """
 
+import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,11 @@ import numpy as np
 import pytest
 
 from bench.fdbench.__main__ import main
+from bench.fdbench.client import StreamResult, _append, _connect, _expect, _receive
 from bench.fdbench.generate import generate
 from bench.fdbench.layout import find_samples
 from bench.fdbench.runner import run
+from streaming.types import TICK_SAMPLES, TICK_SECONDS
 from streaming.wav import read_wav
 
 TASKS = (
@@ -112,6 +116,40 @@ def test_realtime_run_records_both_placements(tmp_path: Path, duplex_server: Cal
     lags = [int(np.argmax(np.abs(by_clock) > 0.01)) - int(np.argmax(np.abs(inp) > 0.01))]
     assert 3200 - 160 <= lags[0] <= 3200 + 16000
     assert summary.lateness and max(summary.lateness) < 1.0
+
+
+async def _stalled_stream(url: str, audio: np.ndarray, stall_after: int, stall: float) -> StreamResult:
+    """A real-time client whose sender stalls once, as a loaded machine's does."""
+    result = StreamResult(ticks=len(audio) // TICK_SAMPLES, base=0)
+    async with _connect(url, open_timeout=20.0) as ws:
+        await _expect(ws, "session.created", 20.0)
+        await ws.send(json.dumps({"type": "session.update", "session": {"duplex": {"tick_stats": True}}}))
+        await _expect(ws, "session.updated", 20.0)
+        t0 = time.monotonic()
+        receiver = asyncio.create_task(_receive(ws, result, asyncio.Event(), result.ticks, lambda: t0))
+        for i in range(result.ticks):
+            if i == stall_after:
+                await asyncio.sleep(stall)
+            await ws.send(_append(audio[i * TICK_SAMPLES : (i + 1) * TICK_SAMPLES]))
+            await asyncio.sleep(TICK_SECONDS)
+        await asyncio.sleep(1.0)
+        receiver.cancel()
+        await asyncio.gather(receiver, return_exceptions=True)
+    return result
+
+
+def test_realtime_tick_placement_follows_what_each_micro_turn_heard(duplex_server: Callable[..., Any]) -> None:
+    server = duplex_server("--model", "echo:0")
+    audio = (0.3 * np.random.default_rng(5).standard_normal(16 * TICK_SAMPLES)).clip(-1, 1).astype(np.float32)
+    result = asyncio.run(_stalled_stream(server.ws_url, audio, stall_after=5, stall=0.5))
+    # The half-second stall made the server step micro-turns that heard nothing; every later one
+    # answers an older chunk than its index says.
+    assert result.underruns()
+    assert result.heard[max(result.heard)] == len(audio)
+    # Placed by what each micro-turn heard, the echo is still exactly the input one micro-turn later
+    # (PCM16 rounding aside); placed by index it would be shifted after the stall.
+    want = np.concatenate([np.zeros(TICK_SAMPLES, np.float32), audio[:-TICK_SAMPLES]])
+    assert np.abs(result.tick_placement(len(audio)) - want).max() < 1e-3
 
 
 def test_transcript_timestamps_survive_silence_cropping() -> None:

@@ -7,7 +7,8 @@ For every sample of the chosen tasks, the reference is the text the generator sp
 the whole clip once: pocketsphinx (the full, non-streaming search of `transcribe`), pocketsphinx
 streamed in 200 ms chunks with the cascade's two search settings (`sphinx-streaming`, used when it
 makes final transcripts; `sphinx-partials`, used for partials beside Whisper), and Whisper tiny.en
-(`WhisperTranscriber`, as the cascade runs it). WER = word edits / reference words over the
+(`WhisperTranscriber`, as the cascade runs it: in a window sized to the clip; `whisper-30s-window`
+is the same model in its fixed 30 s window, as faster-whisper runs it). WER = word edits / reference words over the
 whole set; cost = wall seconds per clip and per second of audio, measured on this machine (one
 thread each, so on a busy machine the figures are upper bounds).
 """
@@ -73,12 +74,13 @@ def run(data: Path, tasks: tuple[str, ...]) -> dict[str, dict[str, float]]:
             clips.append((normalise(" ".join(texts)), resample(audio, rate, ASR_RATE)))
     if not clips:
         raise SystemExit(f"no samples with generation.json and input.wav under {data} for tasks {tasks}")
-    whisper = WhisperTranscriber()
+    whisper, whisper_full = WhisperTranscriber(), WhisperTranscriber(window=False)
     recognisers = {
         "pocketsphinx": lambda x: transcribe(x, ASR_RATE),
         "sphinx-streaming": streamed(STREAMING_CONFIG),
         "sphinx-partials": streamed(PARTIALS_CONFIG),
         "whisper-tiny.en": lambda x: whisper.transcribe(x).text,
+        "whisper-30s-window": lambda x: whisper_full.transcribe(x).text,
     }
     audio_s = sum(len(x) for _, x in clips) / ASR_RATE
     out: dict[str, dict[str, float]] = {}

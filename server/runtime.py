@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from models import heap
 from models.background import Reasoner
 from models.base import InteractionModel
 from models.registry import load_model
@@ -223,4 +224,7 @@ class Runtime:
                 log.exception("session reaper failed")
             if time.monotonic() - collected >= COLLECT_EVERY:
                 gc.collect()
+                # What the collection (and the model's worker threads) freed goes back to the OS, off
+                # the loop: a trim walks every heap arena (models/heap.py).
+                await asyncio.to_thread(heap.trim)
                 collected = time.monotonic()

@@ -36,7 +36,16 @@ from models.cascade.level import peak_db
 from models.cascade.options import CascadeOptions
 from models.cascade.policy import PauseCues, TurnPolicy, TurnState
 from models.cascade.speaker import Speaker, Synthesizer
-from models.cascade.text import SentenceSplitter, looks_complete, only_backchannel, sentence_finished, words_of
+from models.cascade.text import (
+    FINISHED,
+    UNCLEAR,
+    UNFINISHED,
+    SentenceSplitter,
+    looks_complete,
+    only_backchannel,
+    verdict,
+    words_of,
+)
 from models.cascade.work import LATE, Job, Workers
 from models.speech.asr import (
     ASR_RATE,
@@ -370,8 +379,13 @@ class CascadeModel:
         s.eot_job, s.text_job, s.cues, s.pause_text, s.pause_whole = None, None, PauseCues(), None, True
 
     def _pause_cues(self, s: CascadeState) -> PauseCues:
-        """Smart Turn and Whisper on the turn so far, asked once per pause (after `eot_check_ms` of
-        silence) and used at their due micro-turns: Smart Turn one later, Whisper `whisper_ticks`."""
+        """Smart Turn and Whisper on the turn so far, both asked once per pause (after `eot_check_ms`
+        of silence) and used at their due micro-turns: Smart Turn one later, Whisper `whisper_ticks`.
+
+        Whisper decodes in a window sized to the pause's audio (at most 8 s), ~0.13 s of a core a call
+        (models.speech.whisper_window), so it can hear every pause; its transcript is then also the
+        final one when the pause ends the turn, and the question goes to the background at once.
+        """
         t, o = s.turn, self.opts
         if self.smart_turn is None or not t.turn or t.overlap:
             return s.cues
@@ -380,28 +394,21 @@ class CascadeModel:
                 self._new_pause(s)
             return s.cues
         if s.eot_job is None and s.cues.p_end is None:
-            s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, _pause_audio(s))
+            audio = _pause_audio(s)
+            s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, audio)
+            if self.whisper is not None:
+                s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, audio)
+                s.pause_whole = len(s.turn_audio) <= _PAUSE_AUDIO_TICKS
             return s.cues
-        # Whisper only at longer pauses that Smart Turn did not call finished: at every gap between
-        # words (~0.3-1 s of a shared core per call) its queue would outgrow the budget in real time.
-        unsure = s.cues.p_end is not None and s.cues.p_end < self.policy.eot_threshold
-        if (
-            self.whisper is not None
-            and unsure
-            and t.silence_ms >= o.text_check_ms
-            and s.text_job is None
-            and s.pause_text is None
-        ):
-            s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, _pause_audio(s))
-            s.pause_whole = len(s.turn_audio) <= _PAUSE_AUDIO_TICKS
         if s.eot_job is not None:
             due, p = s.eot_job.take(s.ticks, _JOB_GRACE_S)
             if due:
                 s.eot_job = None
                 s.cues.p_end = 0.0 if p is None else p  # failed or late: no vote for "finished"
         if self.whisper is None:
-            # No better transcript: the streaming one, after the fixed rule's silence.
-            s.cues.text_complete = t.silence_ms >= o.eot_silence_ms and looks_complete(s.partial)
+            # No better transcript: the streaming one's last word; finished after the fixed rule's silence.
+            complete = looks_complete(s.partial)
+            s.cues.words = UNFINISHED if not complete else FINISHED if t.silence_ms >= o.eot_silence_ms else UNCLEAR
         elif s.text_job is not None:
             due, transcript = s.text_job.take(s.ticks, _JOB_GRACE_S)
             if due:
@@ -409,7 +416,7 @@ class CascadeModel:
                 if transcript is None:  # Whisper late (overloaded machine): the streaming transcript
                     transcript = Transcript(s.partial, raw=s.partial + "." if looks_complete(s.partial) else "")
                 s.pause_text = transcript
-                s.cues.text_complete = sentence_finished(transcript.raw)
+                s.cues.words = verdict(transcript.raw)
         return s.cues
 
     def _background_level(self, s: CascadeState, level: float | None) -> bool:

@@ -18,9 +18,10 @@ class CascadeOptions:
     # partials (barge-in words, transcript completeness), Whisper only runs on finished turns.
     asr: str = "auto"
     whisper_dir: str = ""  # a faster-whisper (CTranslate2) model directory; "" = the packaged tiny.en
-    # Micro-turns after it is asked at which a Whisper transcript is used (its budget): tiny.en costs
-    # 0.3 s of one core per call on a quiet machine, 0.5-0.9 s measured on 2 cores shared by 5 jobs.
-    whisper_ticks: int = 5
+    # Micro-turns after it is asked at which a Whisper transcript is used (its budget): tiny.en in a
+    # window sized to the clip costs ~0.13 s of one core for a pause's audio (at most 8 s) on a quiet
+    # machine (0.55 s in Whisper's fixed 30 s window). Later work is used a micro-turn later in real time.
+    whisper_ticks: int = 1
     # pocketsphinx decoders built at load per decoding process (~1 s and ~95 MB each). 0 = enough
     # for `max_sessions` users talking at once (2 per process when uncapped): one built later, inline,
     # stalls every utterance of its process for that second (models.speech.sphinx.DecoderPool).
@@ -38,8 +39,10 @@ class CascadeOptions:
     tts_workers: int = 1  # synthesis threads owned by the model (2 cores are shared with the ticks)
     # A phrase plays from `tts_budget_ms + tts_ms_per_char * len(text)` after it was queued (rounded
     # up to micro-turns), never sooner, so media and real-time pace agree (models/cascade/speaker.py).
-    tts_budget_ms: float = 100.0
-    tts_ms_per_char: float = 12.0
+    # Piper (joe) measured 2.5-3.4 ms per character on one quiet core (0.10 s for 31 characters): the
+    # budget leaves ~2.5x for a loaded machine; a phrase later than that plays a micro-turn later.
+    tts_budget_ms: float = 60.0
+    tts_ms_per_char: float = 6.0
     # Sessions admitted at once. Start-up calibration steps silence, which costs the recogniser almost
     # nothing, so it overestimates (it said 94-130 here); bench.load with every session talking all the
     # time held 5 with zero missed deadlines on 2 cores with the embedded llama.cpp reasoner answering
@@ -52,15 +55,16 @@ class CascadeOptions:
     preroll_ms: int = 300  # audio before the detected onset that the recogniser also gets
     # --- end of the user's turn
     # With Smart Turn (a learned end-of-turn classifier on the turn's audio, models.speech.smart_turn)
-    # the silence that ends a turn is dynamic: Smart Turn is asked once per pause, after
-    # `eot_check_ms` of silence, and its answer is used one micro-turn later; a likely-finished turn
-    # (P(end) high and a complete-looking transcript) ends at once, an unfinished one waits up to the
-    # eagerness' maximum silence. Without it (smart_turn=false, or pipecat-ai missing) the fixed
-    # `eot_silence_ms` / `eot_max_silence_ms` rule below applies.
+    # the silence that ends a turn is dynamic: Smart Turn and Whisper are asked once per pause, after
+    # `eot_check_ms` of silence, and used one and `whisper_ticks` micro-turns later; a turn whose words
+    # end a sentence ends at once when Smart Turn agrees (P(end) at least the eagerness' threshold),
+    # after `eot_unsure_ms` when it does not, and an unfinished one ("... because") waits up to the
+    # eagerness' maximum silence (policy.TurnPolicy.turn_ends). Without Smart Turn (smart_turn=false,
+    # or pipecat-ai missing) the fixed `eot_silence_ms` / `eot_max_silence_ms` rule below applies.
     smart_turn: bool = True
     eagerness: str = "auto"  # "low", "medium", "high" or "auto" (= medium): how soon an unsure turn ends
-    eot_check_ms: int = 100  # silence after which Smart Turn is asked
-    text_check_ms: int = 300  # silence after which Whisper transcribes the turn so far (its verdict)
+    eot_check_ms: int = 100  # silence after which Smart Turn and Whisper are asked
+    eot_unsure_ms: int = 600  # silence that ends a turn where words and prosody do not both say finished
     eot_silence_ms: int = 500  # silence that ends a turn whose transcript looks complete (no Smart Turn)
     eot_max_silence_ms: int = 1500  # silence that ends a turn whatever the transcript (no Smart Turn)
     min_turn_speech_ms: int = 200  # turns with less speech are noise: no delegate, no reply

@@ -45,13 +45,29 @@ def looks_complete(transcript: str) -> bool:
     return bool(words) and words[-1] not in _INCOMPLETE_END
 
 
+FINISHED, UNCLEAR, UNFINISHED = "finished", "unclear", "unfinished"
+
+
+def verdict(raw: str) -> str:
+    """What a punctuated transcript (Whisper's) says of the turn it heard:
+    FINISHED: a sentence ends on a word that can end one ("... in Paris?");
+    UNFINISHED: it trails off ("...") or ends on a word that needs a continuation ("... we could.");
+    UNCLEAR: neither (no closing punctuation after a word that can end a sentence, or no words)."""
+    raw = raw.strip()
+    if raw.endswith(("..", "\u2026")):
+        return UNFINISHED
+    words = re.sub(r"[^\w\s'-]", " ", raw).split()
+    if not words:
+        return UNCLEAR
+    if not looks_complete(" ".join(words)):
+        return UNFINISHED
+    return FINISHED if raw[-1] in ".?!" else UNCLEAR
+
+
 def sentence_finished(raw: str) -> bool:
     """A punctuated transcript (Whisper's) that ends a sentence: ".", "?" or "!" after a word that
     does not need a continuation ("... we could." is not finished; "..." never is)."""
-    raw = raw.strip()
-    if not raw or raw[-1] not in ".?!" or raw.endswith(".."):
-        return False
-    return looks_complete(re.sub(r"[^\w\s'-]", " ", raw))
+    return verdict(raw) == FINISHED
 
 
 def only_backchannel(transcript: str) -> bool:

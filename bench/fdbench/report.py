@@ -53,6 +53,7 @@ V15_HEADERS = [
     "lat s (interruption)",
     "speaking at overlap",
     "kept talking",
+    "kept talking vs clean",
 ]
 
 
@@ -110,6 +111,7 @@ def render(results: list[dict[str, Any]]) -> str:
                                 "latency",
                                 "speaking_at_overlap_rate",
                                 "kept_talking_rate",
+                                "kept_talking_vs_clean_rate",
                             )
                         ),
                     ]
@@ -133,7 +135,8 @@ def render(results: list[dict[str, Any]]) -> str:
             "v1.5 overlap timing (Silero VAD; clean = same input without the overlap). "
             "Behaviour labels need an LLM judge: not available offline.",
             "kept talking (local figure): of the samples where the model was speaking when the overlap "
-            "began, the share still speaking when it ended.",
+            "began, the share still speaking when it ended; vs clean: of those whose clean run (no overlap) "
+            "was still speaking when it ended too (a reply that ended on its own was not cut off).",
             "",
             _table(V15_HEADERS, v15_rows),
         ]

@@ -75,14 +75,17 @@ def _backchannel(sample: Sample, ctx: dict[str, Any]) -> dict[str, Any]:
 def _overlap(sample: Sample, ctx: dict[str, Any]) -> dict[str, Any]:
     start, end = overlap_span(sample)
     out: dict[str, Any] = {}
-    for wav, prefix in (("output.wav", ""), ("clean_output.wav", "clean_")):
+    segs: dict[str, list[tuple[float, float]]] = {}
+    for wav, prefix in (("clean_output.wav", "clean_"), ("output.wav", "")):
         if prefix and not sample.file(wav).exists():
             continue  # clean_output is optional for scoring: it is only a baseline
-        segments = align.speech_segments(align.read_output(sample, wav))
+        segments = segs[prefix] = list(align.speech_segments(align.read_output(sample, wav)))
         out[prefix + "stop_latency"] = metrics.stop_latency(segments, start)
         out[prefix + "response_latency"] = metrics.response_latency(segments, end)
         out[prefix + "speaking_at_overlap"] = metrics.speaking_at(segments, start)
         out[prefix + "kept_talking"] = metrics.kept_talking(segments, start, end)
+    # Kept talking where the clean run was still talking at the overlap's end (what it could keep).
+    out["kept_talking_vs_clean"] = metrics.kept_talking(segs[""], start, end, segs.get("clean_"))
     if sample.group == "user_interruption":
         # The official eval_user_interruption.py also scores v1.5 user interruptions (from
         # metadata.json): TOR and latency of the output after the overlap ends.
@@ -132,6 +135,8 @@ def summarise(kind: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = metrics.mean(col(key))
         out["speaking_at_overlap_rate"] = _rate(col("speaking_at_overlap"))
         out["kept_talking_rate"] = _rate(col("kept_talking"))  # of the samples speaking at the overlap
+        # ... of those whose clean run was still speaking when the overlap ended
+        out["kept_talking_vs_clean_rate"] = _rate(col("kept_talking_vs_clean"))
         if any("tor" in r for r in rows):
             out["tor"] = metrics.mean(col("tor"))
             out["latency"] = metrics.mean(col("latency"))

@@ -70,9 +70,17 @@ def sentence_finished(raw: str) -> bool:
     return verdict(raw) == FINISHED
 
 
+# Short phrases a listener says without taking the floor ("Mm-hmm, I see."): removed before the
+# word test, so their words ("see", "got") do not count as backchannel words anywhere else.
+BACKCHANNEL_PHRASES = ("i see", "got it", "i know", "makes sense", "that's right", "of course", "no way")
+
+
 def only_backchannel(transcript: str) -> bool:
-    """True for an empty transcript or one made only of backchannel words."""
-    return all(w in BACKCHANNEL_WORDS for w in transcript.lower().split())
+    """True for an empty transcript or one made only of backchannel words and phrases."""
+    text = " " + " ".join(re.sub(r"[^\w\s'-]", " ", transcript.lower()).split()) + " "
+    for phrase in BACKCHANNEL_PHRASES:
+        text = text.replace(f" {phrase} ", " ")
+    return all(w in BACKCHANNEL_WORDS for w in text.split())
 
 
 def words_of(text: str) -> list[str]:

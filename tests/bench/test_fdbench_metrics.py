@@ -100,3 +100,13 @@ def test_stop_and_response_latency() -> None:
     assert m.response_latency(segs, 7.0) == pytest.approx(1.0)
     assert m.response_latency(segs, 8.5) is None  # talking through the end, no new onset
     assert m.speaking_at(segs, 3.5) and not m.speaking_at(segs, 7.0)
+
+
+def test_kept_talking_counts_only_what_the_clean_run_was_still_saying() -> None:
+    out = [(3.0, 5.5)]  # stops 0.5 s into a 5.0-7.0 s overlap
+    assert m.kept_talking(out, 5.0, 7.0) is False
+    # Without the overlap it would have stopped at 5.6 as well: nothing was cut off.
+    assert m.kept_talking(out, 5.0, 7.0, clean=[(3.0, 5.6)]) is None
+    assert m.kept_talking(out, 5.0, 7.0, clean=[(3.0, 9.0)]) is False  # it was cut off
+    assert m.kept_talking([(3.0, 9.0)], 5.0, 7.0, clean=[(3.0, 9.0)]) is True
+    assert m.kept_talking([(6.0, 9.0)], 5.0, 7.0, clean=[(3.0, 9.0)]) is None  # silent at the start

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, sentence_finished, verdict
+from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, only_backchannel, sentence_finished, verdict
 from models.speech.asr import WhisperTranscriber, packaged_whisper_dir, transcribe
 from models.speech.smart_turn import SECONDS, SmartTurn, log_mel
 from models.speech.tts import synthesize
@@ -84,3 +84,8 @@ def test_whisper_in_a_short_window_hears_what_the_full_window_hears() -> None:
     short, full = WhisperTranscriber().transcribe(clip), WhisperTranscriber(window=False).transcribe(clip)
     assert short.raw == full.raw, (short, full)
     assert "dinner party" in short.text and "cook for six people" in short.text, short
+
+
+def test_a_turn_of_backchannel_phrases_only_is_not_a_question() -> None:
+    assert only_backchannel("Mm-hmm, I see.") and only_backchannel("Okay, got it.") and only_backchannel("")
+    assert not only_backchannel("I see a bird") and not only_backchannel("Got it? Now tell me why.")

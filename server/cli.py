@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--stalled-connection-s", type=float, default=TCP_USER_TIMEOUT_S,
                        help="a client connection whose data stays unacknowledged this long (gone, or never "
                        "reading) is dropped by the kernel (TCP_USER_TIMEOUT); its session stays resumable")
+    serve.add_argument("--ws-compression", action="store_true",
+                       help="offer per-message deflate to WebSocket clients (off: audio deltas are base64 PCM, "
+                       "which deflate barely shrinks at a real CPU cost per session, plus ~300 kB of zlib state "
+                       "per connection)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub.add_parser("train", help="train the native interaction model (duplex train --help)")
     return parser
@@ -178,7 +182,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout,
         max_sessions_per_client=args.max_sessions_per_client, max_outbox_bytes=args.max_outbox_bytes,
         step_watchdog_s=args.step_watchdog_s, stalled_connection_s=args.stalled_connection_s,
-        log_level=args.log_level)
+        ws_compression=args.ws_compression, log_level=args.log_level)
 
 
 def serve(config: ServerConfig) -> int:
@@ -192,7 +196,8 @@ def serve(config: ServerConfig) -> int:
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(config)
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, ws_max_size=16 << 20,
-                        ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=10)
+                        ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=10,
+                        ws_per_message_deflate=config.ws_compression)
     for name in ("uvicorn.access", "uvicorn.error"):  # access lines and WebSocket "[accepted]" lines
         logging.getLogger(name).addFilter(RedactTokens())
     server = DrainingServer(uv, config.stalled_connection_s)

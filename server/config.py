@@ -41,6 +41,7 @@ class ServerConfig:
     max_outbox_bytes: int = DEFAULT_OUTBOX_BYTES  # events queued for a client that does not read, then it is cut
     step_watchdog_s: float = 2.0  # a model step running longer is reported (log, metric, /healthz 503)
     stalled_connection_s: float = TCP_USER_TIMEOUT_S  # a TCP peer not acknowledging our data this long is dropped
+    ws_compression: bool = False  # per-message deflate on WebSockets (costs CPU and memory per session)
     log_level: str = "info"
 
     def is_loopback(self) -> bool:

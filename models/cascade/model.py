@@ -172,7 +172,8 @@ class CascadeModel:
         if self.smart_turn is not None:
             self.smart_turn.probability(noise)
         if self.whisper is not None:
-            self.whisper.transcribe(noise)
+            for seconds in (1, 9, 19):  # each window size Whisper decodes in (10, 20 and 30 s) once
+                self.whisper.transcribe(np.tile(noise, seconds))
 
     # --- lifecycle -------------------------------------------------------------------------------
 

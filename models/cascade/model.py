@@ -10,8 +10,9 @@ Per micro-turn and session (`CascadeModel.step` runs all sessions of a tick toge
      micro-turns after they are asked (work.py), so media and real-time pace agree;
   4. the speaker (speaker.py) cuts one micro-turn of the assistant's queued speech; synthesis runs on
      the model's own worker threads, never inside `step`.
-The user's finished utterance becomes `Event("delegate", {"query": ...})` (with Whisper, `whisper_ticks`
-micro-turns after the end of turn; the acknowledgment is said at once); the background's answer
+The user's finished utterance becomes `Event("delegate", {"query": ...})` in the micro-turn the turn ends
+(the Whisper transcript of the pause that ended it; of a turn longer than the pause audio, `whisper_ticks`
+micro-turns later), while a short acknowledgment is said at once; the background's answer
 comes back as `TickInput.background` chunks and is spoken sentence by sentence as it arrives.
 """
 
@@ -383,7 +384,7 @@ class CascadeModel:
         """Smart Turn and Whisper on the turn so far, both asked once per pause (after `eot_check_ms`
         of silence) and used at their due micro-turns: Smart Turn one later, Whisper `whisper_ticks`.
 
-        Whisper decodes in a window sized to the pause's audio (at most 8 s), ~0.13 s of a core a call
+        Whisper decodes in a window sized to the pause's audio (at most 8 s), ~0.15 s of a core a call
         (models.speech.whisper_window), so it can hear every pause; its transcript is then also the
         final one when the pause ends the turn, and the question goes to the background at once.
         """

@@ -19,7 +19,7 @@ class CascadeOptions:
     asr: str = "auto"
     whisper_dir: str = ""  # a faster-whisper (CTranslate2) model directory; "" = the packaged tiny.en
     # Micro-turns after it is asked at which a Whisper transcript is used (its budget): tiny.en in a
-    # window sized to the clip costs ~0.13 s of one core for a pause's audio (at most 8 s) on a quiet
+    # window sized to the clip costs ~0.15 s of one core for a pause's audio (at most 8 s) on a quiet
     # machine (0.55 s in Whisper's fixed 30 s window). Later work is used a micro-turn later in real time.
     whisper_ticks: int = 1
     # pocketsphinx decoders built at load per decoding process (~1 s and ~95 MB each). 0 = enough

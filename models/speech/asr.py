@@ -129,7 +129,7 @@ class WhisperTranscriber:
     """One-shot Whisper transcription of a 16 kHz clip. Thread-safe; CTranslate2 releases the GIL.
 
     Greedy decoding, no timestamps, one CPU thread. Clips of up to 30 s are decoded in a window sized
-    to the clip (`models.speech.whisper_window`: ~0.13 s of one core for a few seconds of speech,
+    to the clip (`models.speech.whisper_window`: ~0.15 s of one core for a few seconds of speech,
     against ~0.55 s in Whisper's fixed 30 s window); `window=False`, or a longer clip, takes
     faster-whisper's own 30 s windows.
     """

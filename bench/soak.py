@@ -14,9 +14,14 @@ and descriptors get the slope of a least-squares line over the samples after `--
 At the end every slot leaves, and descriptors and threads are compared with their values before
 the first session, and so is the server's asyncio task count (`duplex_asyncio_tasks` in /metrics).
 
-Passes (exit 0) when: 0 missed deadlines, 0 echoes lost or late, RSS slope under `--max-rss-slope`
-MB per 10 minutes, descriptors, threads and tasks back at their start values, every resume succeeded, no
-session closed without being told why, and no traceback in the server's log.
+Late echoes are attributed: one that would have been on time without a stall of the soak client's own
+event loop while it waited (the client shares the machine) is counted apart, beside the server's loop
+lag (`duplex_event_loop_lag_seconds`) and the seconds with the most late echoes.
+
+Passes (exit 0) when: 0 missed deadlines, 0 echoes lost or late (but for the client's stalls), RSS
+slope under `--max-rss-slope` MB per 10 minutes, descriptors, threads and tasks back at their start
+values, every resume succeeded, no session closed without being told why, and no traceback in the
+server's log.
 """
 
 from __future__ import annotations
@@ -34,11 +39,12 @@ import httpx
 import numpy as np
 
 from bench._echo_client import EchoClient
-from bench._reliability import ServerUnderTest, fit_slope, proc_sample, progress, table
+from bench._reliability import LoopLag, ServerUnderTest, fit_slope, histogram_above, proc_sample, progress, table
 from bench._server import scrape
 
 MAX_SESSIONS = 256
 MAX_MINUTES = 600.0
+LATE_MS = 200.0  # an echo later than one micro-turn past its due time is late (EchoClient's late_after)
 
 
 @dataclass
@@ -50,6 +56,7 @@ class Sample:
     missed: int  # missed deadlines so far (since the run started)
     sessions: int  # sessions the server holds (attached or awaiting resume)
     tasks: int  # tasks alive on the server's event loop (its /metrics)
+    rss_parts_mb: list[float] = field(default_factory=list)  # RSS of the server, then of each worker process
 
 
 @dataclass
@@ -85,6 +92,16 @@ class SoakReport:
     tasks_end: int = 0  # and after every session left
     kv_slots_peak: int = 0  # sessions held at once, at most (each holds one model state / KV slot)
     untold_closes: int = 0  # sessions that ended without duplex.session.closing or a 1000 close
+    # Where late echoes come from. The soak client shares the machine with the server, so its own loop
+    # can be the late one: a late echo that would have been on time without a stall of this process's
+    # loop while it waited is the client's, not the server's.
+    late_seconds: list[dict[str, float]] = field(default_factory=list)  # the 5 seconds with most late echoes
+    late_while_client_stalled: int = 0
+    client_loop_lag_max_ms: float = 0.0
+    client_loop_stalls_100ms: int = 0
+    server_loop_probes: int = 0  # wake-ups of the server's loop-lag probe during the run
+    server_loop_lag_over_100ms: int = 0  # server loop wake-ups (every 100 ms) later than 100 ms, and
+    server_loop_lag_over_200ms: int = 0  # later than a micro-turn (duplex_event_loop_lag_seconds)
     server_errors: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)  # tracebacks in the server log
     samples: list[Sample] = field(default_factory=list)
@@ -154,11 +171,13 @@ async def _sampler(server_pid: int, base: str, t0: float, until: float, every: f
             if s is not None:
                 sample = Sample(round(time.monotonic() - t0, 1), round(s.rss_bytes / 2**20, 2), s.fds, s.threads,
                                 int(metrics.get("duplex_missed_deadlines_total", 0) - missed0), held,
-                                int(metrics.get("duplex_asyncio_tasks", -1)))
+                                int(metrics.get("duplex_asyncio_tasks", -1)),
+                                [round(b / 2**20, 1) for b in s.rss_parts])
                 report.samples.append(sample)
                 report.kv_slots_peak = max(report.kv_slots_peak, held)
                 progress("bench.soak", f"t={sample.t:.0f}s rss={sample.rss_mb:.1f}MB fds={sample.fds} "
-                         f"threads={sample.threads} tasks={sample.tasks} sessions={held} missed={sample.missed}")
+                         f"threads={sample.threads} tasks={sample.tasks} sessions={held} missed={sample.missed}"
+                         + (f" rss_parts={sample.rss_parts_mb}" if len(sample.rss_parts_mb) > 1 else ""))
             if time.monotonic() >= until:
                 return
             await asyncio.sleep(every)
@@ -188,12 +207,14 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
     missed0 = metrics0.get("duplex_missed_deadlines_total", 0.0)
     report.tasks_start = int(metrics0.get("duplex_asyncio_tasks", -1))
     rng = random.Random(seed)
+    lag = LoopLag()
     slots = [Slot(i, server.ws_url, random.Random(rng.random()), churn, delay, speech, report) for i in range(n)]
 
     async def run_all() -> None:
         t0 = time.monotonic()
         until = t0 + minutes * 60
         sampler = asyncio.create_task(_sampler(pid, server.url, t0, until, every, report, missed0))
+        lag_probe = asyncio.create_task(lag.run(until))
 
         async def slot_run(slot: Slot) -> None:
             await asyncio.sleep(slot.index * 0.2 / n + rng.random() * 0.5)  # spread phases like real clients
@@ -201,7 +222,9 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
 
         await asyncio.gather(*(slot_run(s) for s in slots))
         await sampler
+        await lag_probe
 
+    t_wall0 = time.time()
     asyncio.run(run_all())
     # Every session has left with 1000; give the server a moment to close them, then compare.
     time.sleep(2.0)
@@ -234,18 +257,38 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
         report.untold_closes += st.unexpected_drops
         report.server_errors += st.errors[:3]
     added = [x for c in clients for x in c.stats.added_ms]
+    _attribute_late(report, [x for c in clients for x in c.stats.late_at], lag, metrics, metrics0, t_wall0)
     report.added_ms_p99 = round(float(np.percentile(added, 99)), 1) if added else None
     report.faults = server.new_faults()
     _judge(report, max_rss_slope)
     return report
 
 
+def _attribute_late(r: SoakReport, late_at: list[tuple[float, float]], lag: LoopLag, metrics: dict[str, float],
+                    metrics0: dict[str, float], t_wall0: float) -> None:
+    """Where the late echoes were (the busiest seconds) and whose loop was stalled meanwhile."""
+    per_second: dict[int, int] = {}
+    for t, _ in late_at:
+        per_second[int(t - t_wall0)] = per_second.get(int(t - t_wall0), 0) + 1
+    r.late_seconds = [{"t": t, "late": n} for t, n in sorted(per_second.items(), key=lambda kv: -kv[1])[:5]]
+    # The client's: the echo would not have been late without the stall its own loop had while it waited.
+    r.late_while_client_stalled = sum(lag.stalled_during(t - ms / 1000, t, ms - LATE_MS) for t, ms in late_at)
+    r.client_loop_lag_max_ms = round(lag.max_ms, 1)
+    r.client_loop_stalls_100ms = sum(ms >= 100.0 for _, ms in lag.stalls)
+    r.server_loop_probes = int(metrics.get("duplex_event_loop_lag_seconds_count", 0)
+                               - metrics0.get("duplex_event_loop_lag_seconds_count", 0))
+    r.server_loop_lag_over_100ms = histogram_above(metrics, metrics0, "duplex_event_loop_lag_seconds", "0.1")
+    r.server_loop_lag_over_200ms = histogram_above(metrics, metrics0, "duplex_event_loop_lag_seconds", "0.2")
+
+
 def _judge(r: SoakReport, max_rss_slope: float) -> None:
     f = r.failures
     if r.missed_deadlines:
         f.append(f"{r.missed_deadlines} missed deadlines")
-    if r.echoes_missed or r.echoes_late:
-        f.append(f"{r.echoes_missed} echoes lost, {r.echoes_late} late")
+    server_late = r.echoes_late - r.late_while_client_stalled
+    if r.echoes_missed or server_late:
+        f.append(f"{r.echoes_missed} echoes lost, {server_late} late (and {r.late_while_client_stalled} late "
+                 "while the soak client's own loop stalled)")
     if r.rss_slope_mb_per_10min is not None and r.rss_slope_mb_per_10min >= max_rss_slope:
         f.append(f"RSS grows {r.rss_slope_mb_per_10min} MB per 10 min (limit {max_rss_slope})")
     if r.fds_end > r.fds_start:  # fewer is fine: the start can include a client's keep-alive connection

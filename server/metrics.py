@@ -64,6 +64,13 @@ class Metrics:
         self.asyncio_tasks = Gauge(
             "duplex_asyncio_tasks", "Tasks alive on the server's event loop (set when /metrics is read)", registry=r
         )
+        self.loop_lag_seconds = Histogram(
+            "duplex_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 100 ms, and how long each periodic full collection held "
+            "it: a blocked loop delays every client's bytes",
+            registry=r,
+            buckets=_TIME_BUCKETS,
+        )
         self.client_errors = Counter(
             "duplex_client_errors", "Error events sent to clients, by code", ["code"], registry=r
         )

@@ -41,6 +41,8 @@ RETRY_AFTER_FULL = 5  # seconds a refused client is told to wait before trying a
 # RSS grew by steps, ~3.4-4.5 MB per 10 min with 8-12 sessions). Start-up objects are frozen
 # (server/app.py), so a collection scans only what the live sessions hold (1 ms with 4 sessions).
 COLLECT_EVERY = 10.0
+REAP_EVERY = 1.0  # seconds between reaps of idle and expired sessions
+LAG_PROBE = 0.1  # seconds between event-loop lag probes (duplex_event_loop_lag_seconds)
 
 
 class Refused(Exception):
@@ -214,16 +216,28 @@ class Runtime:
                 log.exception("closing the background reasoner failed")
 
     async def _reap_forever(self) -> None:
-        collected = time.monotonic()
+        """Housekeeping: every LAG_PROBE s measure how late the loop woke us; every second reap; every
+        COLLECT_EVERY s collect garbage and trim the heap."""
+        collected = reaped = time.monotonic()
         while True:
-            await asyncio.sleep(1.0)
+            due = time.monotonic() + LAG_PROBE
+            await asyncio.sleep(LAG_PROBE)
+            now = time.monotonic()
+            # A late wake-up is time the loop spent on something else: a slow handler or a pause delays
+            # every client's bytes even when the engine keeps its deadlines (the tick thread is separate).
+            self.metrics.loop_lag_seconds.observe(max(0.0, now - due))
+            if now - reaped < REAP_EVERY:
+                continue
+            reaped = now
             try:
                 await self.registry.reap(time.monotonic())
                 self.metrics.sessions_live.set(len(self.registry))
             except Exception:  # reaping must never stop; log and go on
                 log.exception("session reaper failed")
             if time.monotonic() - collected >= COLLECT_EVERY:
+                started = time.monotonic()
                 gc.collect()
+                self.metrics.loop_lag_seconds.observe(time.monotonic() - started)  # the loop waited on it too
                 # What the collection (and the model's worker threads) freed goes back to the OS, off
                 # the loop: a trim walks every heap arena (models/heap.py).
                 await asyncio.to_thread(heap.trim)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from bench import soak
-from bench._reliability import ServerUnderTest, fit_slope
+from bench._reliability import LoopLag, ServerUnderTest, fit_slope
 
 
 def test_fit_slope() -> None:
@@ -34,3 +34,24 @@ def test_short_soak_of_echo() -> None:
     assert r.threads_end <= max(r.threads_start, r.threads_after_warmup), summary
     assert not r.faults and not r.server_errors, summary
     assert len(r.samples) >= 12
+    # The server's loop-lag probe ran (10 a second) and the loop never stalled for a micro-turn.
+    assert r.server_loop_probes >= 100 and r.server_loop_lag_over_200ms == 0, summary
+
+
+def test_late_echoes_are_split_between_the_client_loop_and_the_server() -> None:
+    lag = LoopLag()
+    lag.stalls = [(100.0, 350.0), (300.0, 120.0)]  # (wall time, ms) of the soak client's own loop stalls
+    r = soak.SoakReport(model="echo", sessions=1, minutes=1.0, seed=1, capacity=1)
+    late = [(100.2, 400.0),  # waited 99.8..100.2 through a 350 ms stall: on time without it (400 - 350 < 200)
+            (200.0, 260.0),  # no stall while it waited: the server's
+            (300.1, 500.0)]  # a 120 ms stall does not explain 500 ms (still 380 late): the server's
+    name = "duplex_event_loop_lag_seconds"
+    before = {f"{name}_count": 10.0, f'{name}_bucket{{le="0.1"}}': 10.0, f'{name}_bucket{{le="0.2"}}': 10.0}
+    after = {f"{name}_count": 40.0, f'{name}_bucket{{le="0.1"}}': 37.0, f'{name}_bucket{{le="0.2"}}': 39.0}
+    soak._attribute_late(r, late, lag, after, before, t_wall0=90.0)
+    r.echoes_late = len(late)
+    assert r.late_while_client_stalled == 1
+    assert r.late_seconds[0] == {"t": 10, "late": 1}
+    assert (r.server_loop_probes, r.server_loop_lag_over_100ms, r.server_loop_lag_over_200ms) == (30, 3, 1)
+    soak._judge(r, max_rss_slope=1.0)
+    assert any("2 late (and 1 late while the soak client" in f for f in r.failures), r.failures

@@ -94,10 +94,23 @@ class Workers:
     """Named thread pools (name -> threads), started with the model and stopped by `close`."""
 
     def __init__(self, threads: dict[str, int]) -> None:
+        self._threads = dict(threads)
         self._pools = {n: started_pool(k, f"cascade-{n}") for n, k in threads.items()}
 
     def submit(self, name: str, due: int, fn: Callable[..., T], *args: object) -> Job[T]:
         return Job(self._pools[name].submit(fn, *args), due, name)
+
+    def on_every_thread(self, name: str, fn: Callable[[], object]) -> None:
+        """Run `fn` once on each thread of pool `name`, all at the same time, and wait (errors raise)."""
+        pool, n = self._pools[name], self._threads[name]
+        barrier = threading.Barrier(n)
+
+        def held() -> object:
+            barrier.wait(30.0)  # each task keeps its thread until every thread has one: one call per thread
+            return fn()
+
+        for f in [pool.submit(held) for _ in range(n)]:
+            f.result()
 
     def close(self) -> None:
         for pool in self._pools.values():

@@ -41,6 +41,7 @@ from streaming.types import TICK_SAMPLES, TICK_SECONDS
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+_StepResult = tuple[list[TickOutput], float, float]  # outputs, step start, step end (engine clock)
 MAX_IN_FLIGHT = 2  # steps queued per session before its next deadline waits (bounded memory when overloaded)
 CATCH_UP_STREAK = 3  # ticks a surplus must persist before an extra tick is stepped to drain it
 
@@ -366,7 +367,12 @@ class Engine:
             planned.append(_Planned(s, s.tick, deadline, ready_at, s.inbox.heard))
             s.tick += 1
             s.sched.in_flight += 1
-        task = asyncio.create_task(self._step_and_deliver(planned, inputs, realtime))
+        # Queued on the inference thread now, not when the task first runs: a close of one of these
+        # sessions (engine.close_state, also on that thread) may be queued before the task runs, and
+        # would then free the state this step still uses (seen in a cascade soak: a session that left
+        # right after its input was taken was stepped with its recogniser already returned).
+        first = asyncio.get_running_loop().run_in_executor(self._executor, self._step, inputs)
+        task = asyncio.create_task(self._step_and_deliver(planned, inputs, realtime, first))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -388,11 +394,11 @@ class Engine:
         return tick
 
     async def _step_and_deliver(self, planned: list[_Planned], inputs: list[tuple[SessionState, TickInput]],
-                                realtime: bool) -> None:
+                                realtime: bool, first: asyncio.Future[_StepResult]) -> None:
         m = self.metrics
         self._stepping[id(planned)] = self.clock()  # watched by _watchdog
         try:
-            outs, t_start, t_end = await self._run_step(inputs)
+            outs, t_start, t_end = await self._run_step(inputs, [p.session for p in planned], first)
         finally:
             del self._stepping[id(planned)]
         m.step_seconds.observe(t_end - t_start)
@@ -428,7 +434,8 @@ class Engine:
         else:
             self._media_wake.set()
 
-    async def _run_step(self, inputs: list[tuple[SessionState, TickInput]]) -> tuple[list[TickOutput], float, float]:
+    async def _run_step(self, inputs: list[tuple[SessionState, TickInput]], sessions: list[Session],
+                        first: asyncio.Future[_StepResult]) -> _StepResult:
         """One batched step; if it fails, step each session alone so that only the failing ones get an error.
 
         A model failure is usually one session's input or state; stepping the rest again alone keeps
@@ -438,7 +445,7 @@ class Engine:
         """
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, self._step, inputs)
+            return await first  # the batched step, already queued on the inference thread by _launch
         except Exception as exc:
             if len(inputs) == 1:
                 log.exception("model step failed")
@@ -448,7 +455,10 @@ class Engine:
             log.warning("model step failed for a batch of %d (%s); stepping each session alone", len(inputs), exc)
         outs: list[TickOutput] = []
         t_start = self.clock()
-        for one in inputs:
+        for one, session in zip(inputs, sessions, strict=True):
+            if session.closed:  # closed meanwhile: its state may be freed already, and nobody gets this output
+                outs.append(TickOutput(silence()))
+                continue
             try:
                 out, _, _ = await loop.run_in_executor(self._executor, self._step, [one])
                 outs.extend(out)
@@ -458,7 +468,7 @@ class Engine:
                 outs.append(_failed(exc))
         return outs, t_start, self.clock()
 
-    def _step(self, inputs: list[tuple[SessionState, TickInput]]) -> tuple[list[TickOutput], float, float]:
+    def _step(self, inputs: list[tuple[SessionState, TickInput]]) -> _StepResult:
         """Runs on the inference thread."""
         t_start = self.clock()
         outs = self.model.step(inputs)

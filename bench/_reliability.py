@@ -6,8 +6,7 @@
 - `proc_sample`: RSS, open descriptors and threads of a process and its descendants, read from /proc
   (no server endpoint).
 - `fit_slope`: least-squares slope of samples against time.
-- `LoopLag`, `histogram_above`: how much of a lateness the measuring client's own loop, or the
-  server's (`duplex_event_loop_lag_seconds`), accounts for.
+- `LoopLag`: how much of a lateness the measuring client's own event loop accounts for.
 - `table`: a plain text table for the reports.
 """
 
@@ -225,8 +224,9 @@ def proc_sample(pid: int) -> ProcSample | None:
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total.rss_bytes += int(line.split()[1]) * 1024
-                    total.rss_parts.append(int(line.split()[1]) * 1024)
+                    rss = int(line.split()[1]) * 1024
+                    total.rss_bytes += rss
+                    total.rss_parts.append(rss)
             total.fds += len(os.listdir(f"/proc/{p}/fd"))
             total.threads += len(os.listdir(f"/proc/{p}/task"))
         except OSError:
@@ -309,9 +309,7 @@ class LoopLag:
         """Did the loop stall by `min_ms` or more at a wake-up between wall times `start` and `end`?"""
         return any(start <= t <= end + ms / 1000 and ms >= min_ms for t, ms in self.stalls)
 
-
-def histogram_above(metrics: dict[str, float], before: dict[str, float], name: str, le: str) -> int:
-    """Observations of histogram `name` made between two scrapes that exceeded bucket bound `le`."""
-    key = f'{name}_bucket{{le="{le}"}}'
-    total = metrics.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
-    return int(total - (metrics.get(key, 0.0) - before.get(key, 0.0)))
+    def explained(self, late_at: list[tuple[float, float]], late_ms: float) -> int:
+        """Late echoes (arrival wall time, ms added) that would have been on time (under `late_ms`)
+        without a stall of this loop while they were awaited: the measuring client's, not the server's."""
+        return sum(self.stalled_during(t - ms / 1000, t, ms - late_ms) for t, ms in late_at)

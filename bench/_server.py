@@ -65,6 +65,13 @@ def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     return out
 
 
+def histogram_above(metrics: dict[str, float], before: dict[str, float], name: str, le: str) -> int:
+    """Observations of histogram `name` made between two scrapes that exceeded bucket bound `le`."""
+    key = f'{name}_bucket{{le="{le}"}}'
+    total = metrics.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
+    return int(total - (metrics.get(key, 0.0) - before.get(key, 0.0)))
+
+
 def histogram_quantile(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float | None:
     """Quantile of the observations made between two scrapes (bucket deltas, interpolated as PromQL does)."""
     from bench.load import bucket_quantile

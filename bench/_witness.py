@@ -34,7 +34,7 @@ def _main(ws_url: str, delay: int, late_after: float, stop: MpEvent, ready: MpEv
         dropped = not client.connected
         await client.leave()
         late = client.stats.late_at
-        stalled = sum(lag.stalled_during(t - ms / 1000, t, ms - late_after * 1000) for t, ms in late)
+        stalled = lag.explained(late, late_after * 1000)
         return {**client.summary(), "dropped": dropped, "errors": client.stats.errors[:5],
                 "late_at": late[:50], "late_while_witness_stalled": stalled,
                 "witness_loop_lag_max_ms": round(lag.max_ms, 1)}

@@ -39,12 +39,12 @@ import httpx
 import numpy as np
 
 from bench._echo_client import EchoClient
-from bench._reliability import LoopLag, ServerUnderTest, fit_slope, histogram_above, proc_sample, progress, table
-from bench._server import scrape
+from bench._reliability import LoopLag, ServerUnderTest, fit_slope, proc_sample, progress, table
+from bench._server import histogram_above, scrape
 
 MAX_SESSIONS = 256
 MAX_MINUTES = 600.0
-LATE_MS = 200.0  # an echo later than one micro-turn past its due time is late (EchoClient's late_after)
+LATE_MS = 200.0  # an echo later than one micro-turn past its due time is late (the clients' late_after)
 
 
 @dataclass
@@ -125,7 +125,8 @@ class Slot:
     async def run(self, until: float) -> None:
         n = 0
         while time.monotonic() < until:
-            client = EchoClient(self.ws_url, seed=self.index * 100_000 + n, delay=self.delay, speech=self.speech)
+            client = EchoClient(self.ws_url, seed=self.index * 100_000 + n, delay=self.delay, late_after=LATE_MS / 1000,
+                                speech=self.speech)
             n += 1
             self.clients.append(client)
             if not await client.connect():
@@ -272,7 +273,7 @@ def _attribute_late(r: SoakReport, late_at: list[tuple[float, float]], lag: Loop
         per_second[int(t - t_wall0)] = per_second.get(int(t - t_wall0), 0) + 1
     r.late_seconds = [{"t": t, "late": n} for t, n in sorted(per_second.items(), key=lambda kv: -kv[1])[:5]]
     # The client's: the echo would not have been late without the stall its own loop had while it waited.
-    r.late_while_client_stalled = sum(lag.stalled_during(t - ms / 1000, t, ms - LATE_MS) for t, ms in late_at)
+    r.late_while_client_stalled = lag.explained(late_at, LATE_MS)
     r.client_loop_lag_max_ms = round(lag.max_ms, 1)
     r.client_loop_stalls_100ms = sum(ms >= 100.0 for _, ms in lag.stalls)
     r.server_loop_probes = int(metrics.get("duplex_event_loop_lag_seconds_count", 0)

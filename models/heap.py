@@ -54,8 +54,8 @@ def trim() -> bool:
 def tune_for_server(arena_max: int = ARENA_MAX) -> bool:
     """Cap the number of heap arenas, before the model's threads start allocating.
 
-    glibc gives each thread that allocates under contention its own arena, up to 8 per core, and
-    each arena keeps its own high-water mark: the cascade's dozen threads (tick, Whisper, Smart
+    glibc gives each new thread that allocates its own arena, up to 8 per core (then threads share),
+    and each arena keeps its own high-water mark: the cascade's dozen threads (tick, Whisper, Smart
     Turn, synthesis, the loop's helpers) each holding a peak is RSS that one shared peak would not
     need. Four arenas still keep two cores' threads from queueing on one lock.
     A user's own setting (GLIBC_TUNABLES, MALLOC_* environment variables) is left alone. True if applied.

@@ -54,7 +54,7 @@ libc.fclose.argtypes = [ctypes.c_void_p]
 libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
 go = threading.Barrier(12)
 
-def work():  # twelve threads allocating at once: contention is what makes glibc hand out arenas
+def work():  # twelve threads allocating: glibc hands each new one an arena, up to its limit
     go.wait()
     for _ in range(20_000):
         libc.free(libc.malloc(4096))

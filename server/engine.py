@@ -91,6 +91,7 @@ class Engine:
         self.hang_after = hang_after  # a step running longer than this is reported as hung (s)
         self._stepping: dict[int, float] = {}  # batch id -> clock() at its start, while it runs
         self._hung_reported: set[int] = set()
+        self._miss_logged_at = -float("inf")  # when the last missed deadline was logged (rate limit)
         self._hooked: set[int] = set()  # off-thread work whose completion will wake the media loop
         self._pending_work = model.pending_work if isinstance(model, OffThreadWork) else None
 
@@ -408,6 +409,7 @@ class Engine:
         # of this batch counted as in flight (it would never be stepped again).
         for p in planned:
             p.session.sched.in_flight -= 1
+        missed: list[_Planned] = []
         for p, out in zip(planned, outs, strict=True):
             s = p.session
             if p.deadline is not None:
@@ -415,6 +417,7 @@ class Engine:
                 m.lateness_seconds.observe(s.last_lateness)
                 if t_end > p.deadline + self.period:
                     m.missed_deadlines.inc()
+                    missed.append(p)
             s.heard_through = p.heard
             if s.closed:
                 continue
@@ -429,10 +432,26 @@ class Engine:
                 m.delivery_errors.inc()
             if p.ready_at is not None:
                 m.turnaround_seconds.observe(self.clock() - p.ready_at)
+        if missed:
+            self._log_missed(missed, len(planned), t_start, t_end)
         if realtime:
             self._rt_wake.set()
         else:
             self._media_wake.set()
+
+    def _log_missed(self, missed: list[_Planned], batch: int, t_start: float, t_end: float) -> None:
+        """Say why micro-turns missed: a late start (the inference thread or the event loop was busy
+        before the step) or a long step (the model itself). At most one line a second."""
+        now = self.clock()
+        if now - self._miss_logged_at < 1.0:
+            return
+        self._miss_logged_at = now
+        worst = min(missed, key=lambda p: p.deadline if p.deadline is not None else now)
+        assert worst.deadline is not None
+        log.warning("%d of %d micro-turns in a batch missed their deadline (worst: session %s tick %d, done "
+                    "%.0f ms after its deadline): the step started %.0f ms after the deadline and ran %.0f ms",
+                    len(missed), batch, worst.session.id, worst.tick, (t_end - worst.deadline) * 1e3,
+                    (t_start - worst.deadline) * 1e3, (t_end - t_start) * 1e3)
 
     async def _run_step(self, inputs: list[tuple[SessionState, TickInput]], sessions: list[Session],
                         first: asyncio.Future[_StepResult]) -> _StepResult:

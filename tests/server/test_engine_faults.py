@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
+import re
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import pytest
 
 from models.base import TickInput, TickOutput
 from models.echo import EchoModel, EchoState
@@ -109,6 +112,29 @@ async def test_a_hung_step_is_reported_and_healthz_says_so() -> None:
             await asyncio.sleep(0.1)
             status, body = await asyncio.to_thread(healthz, srv.url)
         await ws.close()
+
+
+async def test_a_missed_deadline_is_logged_with_where_the_time_went(caplog: pytest.LogCaptureFixture) -> None:
+    """An operator reading the log learns that the step itself ran long (not a late start)."""
+    caplog.set_level(logging.WARNING, logger="server.engine")
+    with serve_in_thread(FaultyEcho(), max_sessions=2, phase_groups=1, step_watchdog_s=5.0) as srv:
+        ws, _ = await start_session(srv.ws_url, pace="realtime")
+        audio = random_pcm(15 * TICK, seed=3)
+        t0 = time.monotonic()
+        for k in range(15):  # 3 s of real-time audio; the step of the 'hang' micro-turn sleeps 1.5 s
+            if k == 2:
+                await send(ws, typed("hang"))
+            await ws.send(pcm16(audio[k * TICK:(k + 1) * TICK]))
+            await asyncio.sleep(max(0.0, t0 + (k + 1) * 0.2 - time.monotonic()))
+        metrics = (await asyncio.to_thread(httpx.get, srv.url + "/metrics")).text
+        await ws.close()
+    missed = [float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith("duplex_missed_deadlines_total")]
+    assert missed and missed[0] >= 1, metrics
+    lines = [r.getMessage() for r in caplog.records if "missed their deadline" in r.getMessage()]
+    assert lines, "a missed deadline was counted but not logged"
+    ran = [int(x) for x in re.findall(r"ran (\d+) ms", lines[0])]
+    assert ran and ran[0] >= HANG_S * 1000 * 0.9, lines[0]
 
 
 async def test_healthz_answers_503_when_an_engine_loop_is_dead() -> None:

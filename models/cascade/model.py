@@ -23,6 +23,7 @@ import functools
 import itertools
 import logging
 import statistics
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future
@@ -48,7 +49,7 @@ from models.cascade.text import (
     verdict,
     words_of,
 )
-from models.cascade.work import LATE, Job, Workers
+from models.cascade.work import LATE, Job, StepClock, Workers
 from models.speech.asr import (
     ASR_RATE,
     DecoderPool,
@@ -77,11 +78,9 @@ _UTTERANCE_TICKS = 150
 # transcript end a sentence?) needs no more; transcribing a whole long turn at every pause cost up to
 # ~2 s of a core per call and queued Whisper jobs far past their budget in the cascade soak.
 _PAUSE_AUDIO_TICKS = 40
-# How long a tick waits for a job at its due micro-turn before using the fallback. The wait is what
-# makes media pace (ticks flat out) see the same results as real time; in real time it only happens
-# when the machine cannot do the work within its budget, and then stalls the tick (a missed deadline).
-# How long a real-time tick waits for off-thread work due now before leaving it to a later micro-turn
-# (work.py). Media pace never needs it: the engine steps a media session once its due work is done.
+# How long a real-time step waits, all its sessions together, for off-thread work due now before
+# leaving it to a later micro-turn (work.py, StepClock). Media pace never needs it: the engine steps a
+# media session once its due work is done.
 _JOB_GRACE_S = 0.05
 log = logging.getLogger(__name__)
 
@@ -162,6 +161,7 @@ class CascadeModel:
                 log.warning("Smart Turn unavailable, ending turns on silence alone: %s", e)
         self.policy = TurnPolicy(o, smart_turn=self.smart_turn is not None)
         self.workers = Workers({"eot": o.eot_workers, "asr": o.whisper_workers})
+        self.clock = StepClock(_JOB_GRACE_S)  # the tick thread's: the waits' shared grace, a slow step's why
         self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
         # Pre-rendered so that replies and backchannels start without waiting for synthesis.
         self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
@@ -238,12 +238,19 @@ class CascadeModel:
     # --- the micro-turn --------------------------------------------------------------------------
 
     def step(self, batch: Sequence[tuple[CascadeState, TickInput]]) -> list[TickOutput]:
+        c = self.clock
+        c.start()
         # 1. front end, per session.
         clean = [s.echo.process(s.mic.process(t.audio)) for s, t in batch]
+        t_vad = time.monotonic()
+        c.add("front end", c.t0)
         # 2. VAD, batched across sessions.
         probs = self.vad.step([s.vad for s, _ in batch], clean)
+        c.add("vad", t_vad)
         # 3-4. policy, recogniser and speaker, per session.
-        return [self._tick(s, t, x, p) for (s, t), x, p in zip(batch, clean, probs, strict=True)]
+        outs = [self._tick(s, t, x, p) for (s, t), x, p in zip(batch, clean, probs, strict=True)]
+        c.finish(len(batch))
+        return outs
 
     def _tick(self, s: CascadeState, t: TickInput, x: Audio, probs: Audio) -> TickOutput:
         o = self.opts
@@ -261,11 +268,13 @@ class CascadeModel:
             # process) decoded it while this thread did other sessions' micro-turns, so the tick
             # waits only if the worker is more than a micro-turn behind. The same one-micro-turn
             # delay in-process keeps both modes, and media and real-time pace, in agreement.
-            partial = s.asr.collect(_JOB_GRACE_S)
+            with self.clock.timed("partial"):
+                partial = s.asr.collect(self.clock.left())
             if s.asr.waiting():
                 LATE.note("streaming partial")
             if s.utterance_ticks >= _UTTERANCE_TICKS:
-                s.heard = _joined(s.heard, s.asr.finish().text)  # bounds the decoder's memory
+                with self.clock.timed("pocketsphinx final"):
+                    s.heard = _joined(s.heard, s.asr.finish().text)  # bounds the decoder's memory
                 s.asr.start()
                 s.utterance_ticks = 0
                 partial = ""
@@ -277,6 +286,7 @@ class CascadeModel:
         user_text = self._take_final(s, ev) or user_text
         busy = s.speaker.busy
         d = self.policy.observe(s.turn, probs, busy)
+        t0 = time.monotonic()
         if d.onset:
             s.asr.abort()
             s.asr.start()
@@ -295,6 +305,7 @@ class CascadeModel:
                 s.turn_levels.append(peak_db(x))
             s.asr.send(x)
             s.utterance_ticks += 1
+        self.clock.add("asr send", t0)
         if d.resumed and s.speaker.playing_backchannel:
             s.speaker.drop(("backchannel",))  # never talk over the user
         s.preroll.append(x)
@@ -323,7 +334,8 @@ class CascadeModel:
         # While the user holds a normal turn, or may be interrupting (a paused overlap), answers
         # wait where they are; only backchannels may play.
         hold = s.turn.turn and (not s.turn.overlap or s.turn.paused)
-        speech = s.speaker.tick(hold=hold)
+        with self.clock.timed("synthesis"):
+            speech = s.speaker.tick(hold=hold, grace=self.clock.left())
         s.echo.played(s.ref.process(speech.audio))
         for p in speech.started:
             s.said.append((s.turn.now_ms, words_of(p.text)))
@@ -334,7 +346,8 @@ class CascadeModel:
     # --- actions ---------------------------------------------------------------------------------
 
     def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
-        final = s.asr.finish()
+        with self.clock.timed("pocketsphinx final"):
+            final = s.asr.finish()
         if s.heard:
             final = Transcript(_joined(s.heard, final.text))
         s.partial = s.heard = ""
@@ -373,7 +386,8 @@ class CascadeModel:
         """Delegate the Whisper transcript of the last turn once it is due; returns it."""
         if s.final_job is None:
             return ""
-        due, transcript = s.final_job.take(s.ticks, _JOB_GRACE_S)
+        with self.clock.timed("whisper"):
+            due, transcript = s.final_job.take(s.ticks, self.clock.left())
         if not due:
             return ""
         s.final_job = None
@@ -413,7 +427,8 @@ class CascadeModel:
                 s.pause_whole = len(s.turn_audio) <= _PAUSE_AUDIO_TICKS
             return s.cues
         if s.eot_job is not None:
-            due, p = s.eot_job.take(s.ticks, _JOB_GRACE_S)
+            with self.clock.timed("smart turn"):
+                due, p = s.eot_job.take(s.ticks, self.clock.left())
             if due:
                 s.eot_job = None
                 s.cues.p_end = 0.0 if p is None else p  # failed or late: no vote for "finished"
@@ -422,7 +437,8 @@ class CascadeModel:
             complete = looks_complete(s.partial)
             s.cues.words = UNFINISHED if not complete else FINISHED if t.silence_ms >= o.eot_silence_ms else UNCLEAR
         elif s.text_job is not None:
-            due, transcript = s.text_job.take(s.ticks, _JOB_GRACE_S)
+            with self.clock.timed("whisper"):
+                due, transcript = s.text_job.take(s.ticks, self.clock.left())
             if due:
                 s.text_job = None
                 if transcript is None:  # Whisper late (overloaded machine): the streaming transcript

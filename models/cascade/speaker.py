@@ -149,8 +149,9 @@ class Speaker:
         self.queue = keep
         return dropped
 
-    def tick(self, hold: bool = False) -> TickSpeech:
-        """One micro-turn of audio. `hold`: the user has the floor; play backchannels only."""
+    def tick(self, hold: bool = False, grace: float = _SYNTH_GRACE_S) -> TickSpeech:
+        """One micro-turn of audio. `hold`: the user has the floor; play backchannels only. `grace`: how
+        long to wait for a phrase due now whose synthesis is late (the step's remaining grace)."""
         out = np.zeros(TICK_SAMPLES, dtype=np.float32)
         filled = 0
         res = TickSpeech(out, "")
@@ -165,7 +166,7 @@ class Speaker:
                     res.starved = True  # within its budget: not yet, even if it happens to be ready
                     break
                 try:
-                    p.audio = p.future.result(timeout=_SYNTH_GRACE_S if self.ticks == p.due else 0.0)
+                    p.audio = p.future.result(timeout=grace if self.ticks == p.due else 0.0)
                 except FutureTimeout:
                     res.starved = True  # over budget (an overloaded machine): plays when ready
                     if self.ticks == p.due:

@@ -14,10 +14,11 @@ A job that fails gives `None`; callers fall back to a cheaper answer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -51,6 +52,55 @@ class LateWork:
 
 
 LATE = LateWork()
+
+
+class StepClock:
+    """One step's wall clock, on the tick thread: the grace its sessions' waits share, and where its time went.
+
+    A real-time tick may wait `grace` for off-thread work due now (above). The grace is the step's,
+    not each session's: five sessions each waiting their own 50 ms for late partials would be a
+    250 ms step, a missed deadline for all of them, on exactly the busy machine the grace is for.
+    The time each kind of wait (and each stage) takes is summed, so a slow step can say why.
+    """
+
+    def __init__(self, grace: float, slow: float = 0.1, every: float = 1.0) -> None:
+        self.grace = grace
+        self.slow = slow  # a step longer than this (s) is logged with its breakdown
+        self._every = every  # at most one such line per `every` seconds
+        self._logged = -every
+        self.t0 = self._until = time.monotonic()
+        self.spent: dict[str, float] = {}
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self._until = self.t0 + self.grace
+        self.spent = {}
+
+    def left(self) -> float:
+        """How long a wait may still take in this step (s)."""
+        return max(0.0, self._until - time.monotonic())
+
+    def add(self, what: str, since: float) -> None:
+        self.spent[what] = self.spent.get(what, 0.0) + time.monotonic() - since
+
+    @contextlib.contextmanager
+    def timed(self, what: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(what, t0)
+
+    def finish(self, batch: int) -> None:
+        """Log a slow step with where its time went (rate-limited)."""
+        now = time.monotonic()
+        total = now - self.t0
+        if total < self.slow or now - self._logged < self._every:
+            return
+        self._logged = now
+        self.spent["the rest"] = total - sum(self.spent.values())
+        parts = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in sorted(self.spent.items(), key=lambda kv: -kv[1]))
+        log.warning("slow cascade step: %.0f ms for %d sessions (%s)", total * 1e3, batch, parts)
 
 
 @dataclass

@@ -1,11 +1,16 @@
-"""The cascade's worker pools: warm-up reaches every thread of a pool (each has a heap arena of its own)."""
+"""The cascade's worker pools: warm-up reaches every thread of a pool (each has a heap arena of its own);
+the step clock that bounds a real-time step's waits for late work."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from concurrent.futures import Future
 
-from models.cascade.work import Workers
+import pytest
+
+from models.cascade.work import Job, StepClock, Workers
 
 
 def test_on_every_thread_runs_once_on_each_thread_at_the_same_time() -> None:
@@ -35,3 +40,26 @@ def test_on_every_thread_runs_once_on_each_thread_at_the_same_time() -> None:
         assert len(seen) == 1 and seen[0].startswith("cascade-b")
     finally:
         workers.close()
+
+
+def test_late_jobs_of_one_step_share_its_grace_and_a_slow_step_says_where_its_time_went(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Five sessions whose due work is late cost the step one grace, not five (a missed deadline each)."""
+    clock = StepClock(grace=0.05, slow=0.0)
+    late = [Job(Future(), due=3, name="eot") for _ in range(5)]  # futures nobody completes: late work
+    clock.start()
+    taken = []
+    for job in late:
+        with clock.timed("smart turn"):
+            taken.append(job.take(3, clock.left()))
+    assert taken == [(False, None)] * 5  # each left for the next micro-turn
+    assert clock.left() == 0.0  # the first wait used the whole grace; the other four did not wait
+    assert 0.04 <= clock.spent["smart turn"] < 0.5, clock.spent
+    caplog.set_level(logging.WARNING, logger="models.cascade.work")
+    clock.finish(batch=5)
+    lines = [r.getMessage() for r in caplog.records if "slow cascade step" in r.getMessage()]
+    assert len(lines) == 1 and "5 sessions" in lines[0] and "smart turn" in lines[0], lines
+    clock.start()
+    clock.finish(batch=1)  # within a second of the last line: not logged again
+    assert len([r for r in caplog.records if "slow cascade step" in r.getMessage()]) == 1

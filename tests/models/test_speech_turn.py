@@ -75,6 +75,10 @@ def test_whisper_window_fits_the_clip_and_loops_are_caught() -> None:
     looped = "I just got back from a long walk. How long should I boil it? I just got back from a long walk."
     assert looks_looped(looped)
     assert not looks_looped("The reason I called you today is because I need some advice about my garden.")
+    # The shortest loop: the last word echoes the one before the connector (seen from the short window
+    # on a clip cut in a pause after "... for dinner and"); it would read as a finished sentence.
+    assert looks_looped("I went to buy some vegetables for dinner and dinner.")
+    assert looks_looped("I think that that.") and not looks_looped("I think that is all.")
 
 
 def test_whisper_in_a_short_window_hears_what_the_full_window_hears() -> None:

@@ -143,6 +143,13 @@ class ServerUnderTest:
             skip_until = next((j - 1 for j in range(i + 1, len(lines)) if LOG_RECORD.match(lines[j])), len(lines))
         return out
 
+    def log_lines(self, needle: str, limit: int = 10) -> list[str]:
+        """The first `limit` lines of the whole log (start-up included) that contain `needle`."""
+        if not self.log_path.exists():
+            return []
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return [line.rstrip() for line in f if needle in line][:limit]
+
     def log_tail(self, n: int = 40) -> str:
         if not self.log_path.exists():
             return ""

@@ -104,6 +104,8 @@ class SoakReport:
     server_loop_lag_over_200ms: int = 0  # later than a micro-turn (duplex_event_loop_lag_seconds)
     server_errors: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)  # tracebacks in the server log
+    # Why deadlines were missed, in the server's words: its missed-deadline and slow-step lines.
+    miss_log: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -261,6 +263,8 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
     _attribute_late(report, [x for c in clients for x in c.stats.late_at], lag, metrics, metrics0, t_wall0)
     report.added_ms_p99 = round(float(np.percentile(added, 99)), 1) if added else None
     report.faults = server.new_faults()
+    if report.missed_deadlines:
+        report.miss_log = server.log_lines("missed their deadline") + server.log_lines("slow cascade step")
     _judge(report, max_rss_slope)
     return report
 
@@ -310,8 +314,11 @@ def _judge(r: SoakReport, max_rss_slope: float) -> None:
 
 
 def _print(r: SoakReport) -> None:
-    row = {k: v for k, v in asdict(r).items() if k not in ("samples", "failures", "server_errors", "faults")}
+    skip = ("samples", "failures", "server_errors", "faults", "miss_log")
+    row = {k: v for k, v in asdict(r).items() if k not in skip}
     print(table([{"figure": k, "value": v} for k, v in row.items()], ["figure", "value"]))
+    for line in r.miss_log:
+        print("  server:", line)
     print("PASS" if r.ok else "FAIL: " + "; ".join(r.failures))
 
 

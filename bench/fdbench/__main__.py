@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.fdbench.layout import V1_TASKS, V15_TASKS
+from bench.fdbench.layout import GENERATED_V1_TASKS, V15_TASKS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--samples", type=int, default=20, help="samples per v1.0 task (default 20)")
     g.add_argument("--v15-samples", type=int, default=5, help="samples per v1.5 overlap subset (default 5)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--tasks", nargs="+", choices=[*V1_TASKS, *V15_TASKS], help="only these task folders")
+    g.add_argument("--tasks", nargs="+", choices=[*GENERATED_V1_TASKS, *V15_TASKS], help="only these task folders")
     g.add_argument(
         "--overlap-gap",
         type=float,

@@ -21,19 +21,14 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.fdbench import _texts
-from bench.fdbench.layout import GT_DISTRIBUTION, V15_TASKS
+from bench.fdbench.layout import GENERATED_V1_TASKS, GT_DISTRIBUTION, V15_TASKS
 from streaming.pcm import Audio
 from streaming.resample import resample
 from streaming.wav import write_wav
 
 RATE = 16_000  # official inputs are 16 kHz
 LEVEL_RMS = 0.08  # every utterance is brought to this RMS so voices are equally loud
-V1_TASKS = (
-    "synthetic_pause_handling",
-    "candor_turn_taking",
-    "synthetic_user_interruption",
-    "icc_backchannel",
-)
+V1_TASKS = GENERATED_V1_TASKS
 
 
 @dataclass(frozen=True)

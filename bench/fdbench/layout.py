@@ -18,6 +18,14 @@ V1_TASKS = {
     "synthetic_user_interruption": "interruption",
     "icc_backchannel": "backchannel",
 }
+# The v1.0 folders `bench.fdbench generate` can synthesise: candor_pause_handling holds real CANDOR
+# recordings in the official set, and the synthetic pause task stands for it here.
+GENERATED_V1_TASKS = (
+    "synthetic_pause_handling",
+    "candor_turn_taking",
+    "synthetic_user_interruption",
+    "icc_backchannel",
+)
 # v1.5 overlap subsets (official folder names); all score the same way.
 V15_TASKS = ("user_interruption", "user_backchannel", "talking_to_other", "background_speech")
 GT_DISTRIBUTION = "icc_gt_distribution.json"

@@ -178,3 +178,10 @@ def test_run_without_a_server_names_every_sample(tiny_set: Path, tmp_path: Path)
     assert all("cannot connect" in why and "duplex serve" in why for why in summary.failed.values())
     with pytest.raises(ValueError, match="must be a WebSocket URL"):
         run(data, "http://127.0.0.1:1/v1/realtime")
+
+
+def test_generate_offers_only_the_tasks_it_can_synthesise(capsys: pytest.CaptureFixture[str]) -> None:
+    # candor_pause_handling is an official folder of real recordings: scored, never generated.
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "--out", "unused", "--tasks", "candor_pause_handling"])
+    assert stop.value.code == 2 and "invalid choice: 'candor_pause_handling'" in capsys.readouterr().err

@@ -89,33 +89,50 @@ def words_of(text: str) -> list[str]:
 
 _SENTENCE_END = re.compile(r"[.!?](?:[\"')\]]*)\s")
 _CLAUSE_END = re.compile(r"[,;:]\s")
+_COMPLETE_WORD = re.compile(r"\S+\s+")
 
 
 class SentenceSplitter:
     """Accumulates streamed text deltas and releases whole sentences as soon as they end.
 
     A long clause (`max_words` or more before a comma) is released early too, so the first audio of
-    a long first sentence does not wait for its full stop.
+    a long first sentence does not wait for its full stop. A run of more than `hard_words` words with
+    neither is cut after `hard_words`, at a word boundary: Piper's memory grows with a phrase's length
+    (measured: +155 MB for 20 words, +470 MB for 80, +1,150 MB for 160) and a small reasoner does
+    write run-on sentences (the conversational cascade soak's RSS spiked by up to 700 MB).
     """
 
-    def __init__(self, max_words: int = 12) -> None:
+    def __init__(self, max_words: int = 12, hard_words: int = 20) -> None:
+        if not 1 <= max_words <= hard_words:
+            raise ValueError(f"need 1 <= max_words <= hard_words, got {max_words} and {hard_words}")
         self.buf = ""
         self.max_words = max_words
+        self.hard_words = hard_words
 
     def push(self, delta: str) -> list[str]:
         self.buf += delta
         out = []
         while True:
             m = _SENTENCE_END.search(self.buf)
-            if m is None:
+            end = m.end() if m is not None else None
+            if end is None:
                 m = _CLAUSE_END.search(self.buf)
-                if m is None or len(self.buf[: m.end()].split()) < self.max_words:
+                if m is not None and len(self.buf[: m.end()].split()) >= self.max_words:
+                    end = m.end()
+            if end is None or len(self.buf[:end].split()) > self.hard_words:
+                end = self._run_end()
+                if end is None:
                     break
-            piece, self.buf = self.buf[: m.end()].strip(), self.buf[m.end() :]
+            piece, self.buf = self.buf[:end].strip(), self.buf[end:]
             if piece:
                 out.append(piece)
         return out
 
+    def _run_end(self) -> int | None:
+        """Where the first `hard_words` complete words (each followed by a space) end, if more follow."""
+        words = list(_COMPLETE_WORD.finditer(self.buf))
+        return words[self.hard_words - 1].end() if len(words) > self.hard_words else None
+
     def flush(self) -> list[str]:
-        piece, self.buf = self.buf.strip(), ""
-        return [piece] if piece else []
+        words, self.buf = self.buf.split(), ""
+        return [" ".join(words[i : i + self.hard_words]) for i in range(0, len(words), self.hard_words)]

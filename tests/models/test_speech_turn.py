@@ -6,7 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, only_backchannel, sentence_finished, verdict
+from models.cascade.text import (
+    FINISHED,
+    UNCLEAR,
+    UNFINISHED,
+    SentenceSplitter,
+    only_backchannel,
+    sentence_finished,
+    verdict,
+)
 from models.speech.asr import WhisperTranscriber, packaged_whisper_dir, transcribe
 from models.speech.smart_turn import SECONDS, SmartTurn, log_mel
 from models.speech.tts import synthesize
@@ -93,3 +101,28 @@ def test_whisper_in_a_short_window_hears_what_the_full_window_hears() -> None:
 def test_a_turn_of_backchannel_phrases_only_is_not_a_question() -> None:
     assert only_backchannel("Mm-hmm, I see.") and only_backchannel("Okay, got it.") and only_backchannel("")
     assert not only_backchannel("I see a bird") and not only_backchannel("Got it? Now tell me why.")
+
+
+def test_streamed_answers_are_cut_into_sentences_clauses_and_bounded_runs() -> None:
+    sp = SentenceSplitter(max_words=12, hard_words=20)
+    assert sp.push("Paris is the capital") == []  # nothing ends yet: wait for more
+    assert sp.push(" of France. It is") == ["Paris is the capital of France."]
+    # A run-on with neither a full stop nor a comma is released in pieces of 20 words as they complete
+    # (Piper's memory grows with a phrase's length), never mid-word.
+    run = " ".join(f"w{i}" for i in range(45))
+    pieces = sp.push(" " + run)
+    assert pieces == ["It is " + " ".join(f"w{i}" for i in range(18)), " ".join(f"w{i}" for i in range(18, 38))]
+    assert sp.push(" more") == []  # w38..w44 and "more": 8 words, and "more" may go on
+    rest = sp.flush()
+    assert rest == [" ".join([*(f"w{i}" for i in range(38, 45)), "more"])]
+    assert sp.flush() == []
+    # A sentence longer than the bound is cut too; a long clause before a comma goes out at the comma.
+    long_sentence = " ".join(["word"] * 30) + ". Next"
+    assert [len(p.split()) for p in SentenceSplitter().push(long_sentence)] == [20, 10]
+    clause = "one two three four five six seven eight nine ten eleven twelve, and so on"
+    assert SentenceSplitter().push(clause) == ["one two three four five six seven eight nine ten eleven twelve,"]
+    flushed = SentenceSplitter(hard_words=20)
+    flushed.push(" ".join(["x"] * 50))  # 49 complete words: two pieces out, the rest held
+    assert [len(p.split()) for p in flushed.flush()] == [10]
+    with pytest.raises(ValueError):
+        SentenceSplitter(max_words=30, hard_words=20)

@@ -3,7 +3,10 @@
     python -m bench.soak --model echo --sessions 8 --minutes 30 [--seed 1] [--json]
 
 Each of N client slots streams 200 ms of audio per micro-turn at absolute deadlines (unique random
-PCM on the echo model, whose every echo is matched and timed; a TTS sentence on the other models).
+PCM on the echo model, whose every echo is matched and timed; on the other models a TTS question and
+`--gap` seconds of silence, looped, so that turns end and the model answers; `echoes_returned` then
+counts the model's audio deltas). The server runs with `--background none` unless a
+`--server-arg=--background=...` says otherwise (e.g. `llamacpp`, the embedded reasoner).
 At random (seeded) intervals of about `--churn` seconds a slot leaves (close 1000, the session ends),
 drops its connection without a close and resumes it (token in `X-Duplex-Resume-Token`; it is rotated on
 every resume, so the client keeps the newest) after a short outage, or
@@ -186,8 +189,21 @@ async def _sampler(server_pid: int, base: str, t0: float, until: float, every: f
             await asyncio.sleep(every)
 
 
+def conversation_clip(gap: float) -> np.ndarray:
+    """What a client of a talking model says, looped: a TTS question, then `gap` s of silence for the answer
+    (int16 at the server's rate). Without the gap the user never yields and the model never speaks."""
+    from bench.load import speech_clip
+    from streaming.pcm import float32_to_pcm16
+    from streaming.types import SAMPLE_RATE
+
+    if gap < 0:
+        raise ValueError(f"--gap must be >= 0 s, got {gap}")
+    said = np.frombuffer(float32_to_pcm16(speech_clip(None)), "<i2")
+    return np.concatenate([said, np.zeros(round(gap * SAMPLE_RATE), dtype="<i2")])
+
+
 def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, seed: int, churn: float,
-         every: float, warmup: float, max_rss_slope: float) -> SoakReport:
+         every: float, warmup: float, max_rss_slope: float, gap: float = 4.0) -> SoakReport:
     health = server.healthz()
     capacity = int(health.get("capacity", 0))
     n = sessions or min(capacity, MAX_SESSIONS)
@@ -195,12 +211,7 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
         raise ValueError(f"--sessions must be within 1..{MAX_SESSIONS}, got {n}")
     report = SoakReport(model=model, sessions=n, minutes=minutes, seed=seed, capacity=capacity)
     delay = int(model.split(":")[1]) if model.startswith("echo:") else 1
-    speech = None
-    if not model.startswith("echo"):
-        from bench.load import speech_clip
-        from streaming.pcm import float32_to_pcm16
-
-        speech = np.frombuffer(float32_to_pcm16(speech_clip(None)), "<i2")
+    speech = None if model.startswith("echo") else conversation_clip(gap)
     pid = server.pid
     start = proc_sample(pid)
     assert start is not None, "server process is gone"
@@ -331,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=1.0, help="how long the sessions stream")
     ap.add_argument("--seed", type=int, default=1, help="seed of the clients' random behaviour and audio")
     ap.add_argument("--churn", type=float, default=20.0, help="mean seconds between a slot's leave/drop/stay choices")
+    ap.add_argument("--gap", type=float, default=4.0,
+                    help="models other than echo: seconds of silence after each spoken question, for the answer")
     ap.add_argument("--sample-every", type=float, default=5.0, help="seconds between RSS/fds/threads samples")
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds excluded from the fitted slopes (default: a fifth of the run, at most 120)")
@@ -347,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     server_args = ["--model", args.model, "--background", "none", "--log-level", "warning", *args.server_arg]
     with ServerUnderTest(*server_args) as server:
         report = soak(server, args.model, args.sessions, args.minutes, args.seed, args.churn, args.sample_every,
-                      warmup, args.max_rss_slope)
+                      warmup, args.max_rss_slope, args.gap)
         progress("bench.soak", f"{report.sessions} slots x {args.minutes} min done; stopping the server")
     if args.json:
         out = asdict(report)

@@ -1,4 +1,4 @@
-"""bench.fuzz: 1,500 generated cases against a real echo server must find nothing.
+"""bench.fuzz: 3,000 generated cases against a real echo server must find nothing.
 
 The full run (100,000 cases) is in the closing note of issue 13; this is the short version CI runs.
 A failure prints the minimal (shrunk) cases, which are the repros for the server.
@@ -50,7 +50,7 @@ def test_judge_names_crashes_and_violations() -> None:
 
 
 def test_short_fuzz_run_finds_no_fault() -> None:
-    report = fuzz.run_fuzz(1500, seed_=1, share=fuzz.parse_share(fuzz.DEFAULT_SHARE), quiet=True)
+    report = fuzz.run_fuzz(3000, seed_=1, share=fuzz.parse_share(fuzz.DEFAULT_SHARE), quiet=True)
     assert report["cases_run"] >= 1400, report["targets"]
     assert set(report["targets"]) == {"ws", "dc", "http", "ws_conn"}
     failures = "\n".join(f"{f['count']} x {f['target']}:{f['kind']}:{f['signature']}\n  minimal: "

@@ -1,8 +1,8 @@
-"""bench.soak: a 30-second soak of an echo server with clients coming, dropping, resuming and leaving.
+"""bench.soak: the 60-second soak CI runs (issue 13), an echo server with clients coming, dropping,
+resuming and leaving.
 
-The 30-minute figures (RSS slope per 10 minutes after warm-up) are in the closing note; a short run's
-slope is noise, so this checks what 30 s can show (kept short: the three reliability tests together
-stay well under two minutes of CI): no missed deadline, no lost echo, every resume
+The 30-minute figures (RSS slope per 10 minutes after warm-up) are in the closing notes; a short run's
+slope is noise, so this checks what a minute can show: no missed deadline, no lost echo, every resume
 working, descriptors and threads back at their start values, nothing in the server's log.
 """
 
@@ -21,7 +21,7 @@ def test_fit_slope() -> None:
 
 def test_short_soak_of_echo() -> None:
     with ServerUnderTest("--model", "echo", "--background", "none", "--log-level", "warning") as server:
-        r = soak.soak(server, "echo", sessions=4, minutes=0.5, seed=3, churn=3.0, every=2.0, warmup=8.0,
+        r = soak.soak(server, "echo", sessions=4, minutes=1.0, seed=3, churn=3.0, every=2.0, warmup=8.0,
                       max_rss_slope=float("inf"))
     summary = soak.summary(r)
     assert r.leaves > 0 and r.drops > 0 and r.resumes_ok > 0, f"the churn did not happen: {summary}"
@@ -33,7 +33,7 @@ def test_short_soak_of_echo() -> None:
     assert r.tasks_start > 0 and r.tasks_end == r.tasks_start, summary
     assert r.threads_end <= max(r.threads_start, r.threads_after_warmup), summary
     assert not r.faults and not r.server_errors, summary
-    assert len(r.samples) >= 12
+    assert len(r.samples) >= 25
     # The server's loop-lag probe ran (10 a second) and the loop never stalled for a micro-turn.
     assert r.server_loop_probes >= 100 and r.server_loop_lag_over_200ms == 0, summary
 
@@ -55,3 +55,14 @@ def test_late_echoes_are_split_between_the_client_loop_and_the_server() -> None:
     assert (r.server_loop_probes, r.server_loop_lag_over_100ms, r.server_loop_lag_over_200ms) == (30, 3, 1)
     soak._judge(r, max_rss_slope=1.0)
     assert any("2 late (and 1 late while the soak client" in f for f in r.failures), r.failures
+
+
+def test_a_talking_model_is_given_questions_with_room_to_answer() -> None:
+    from streaming.types import SAMPLE_RATE
+
+    clip = soak.conversation_clip(gap=4.0)
+    said = soak.conversation_clip(gap=0.0)
+    assert clip.dtype == "<i2" and len(clip) == len(said) + 4 * SAMPLE_RATE
+    assert abs(said).max() > 1000 and not clip[len(said):].any()  # speech, then 4 s of silence
+    with pytest.raises(ValueError, match="--gap"):
+        soak.conversation_clip(gap=-1.0)

@@ -28,7 +28,6 @@ from streaming.wav import write_wav
 
 RATE = 16_000  # official inputs are 16 kHz
 LEVEL_RMS = 0.08  # every utterance is brought to this RMS so voices are equally loud
-V1_TASKS = GENERATED_V1_TASKS
 
 
 @dataclass(frozen=True)
@@ -286,14 +285,14 @@ def generate(
         raise ValueError("sample counts must be >= 0")
     if not 0 < overlap_gap[0] <= overlap_gap[1]:
         raise ValueError(f"--overlap-gap needs 0 < MIN <= MAX seconds, got {overlap_gap}")
-    chosen = tasks or (*V1_TASKS, *V15_TASKS)
-    unknown = [t for t in chosen if t not in V1_TASKS and t not in V15_TASKS]
+    chosen = tasks or (*GENERATED_V1_TASKS, *V15_TASKS)
+    unknown = [t for t in chosen if t not in GENERATED_V1_TASKS and t not in V15_TASKS]
     if unknown:
-        raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join((*V1_TASKS, *V15_TASKS))}")
+        raise ValueError(f"unknown task(s) {unknown}; choose from {', '.join((*GENERATED_V1_TASKS, *V15_TASKS))}")
     spk = Speaker()
     jobs: list[tuple[str, Path, int]] = []
     for task in chosen:
-        n, folder = (samples, out / task) if task in V1_TASKS else (v15_samples, out / "v1.5" / task)
+        n, folder = (samples, out / task) if task in GENERATED_V1_TASKS else (v15_samples, out / "v1.5" / task)
         jobs.extend((task, folder / str(i + 1), i) for i in range(n))
     written: list[Path] = []
     gt: dict[str, list[float]] = {}

@@ -241,12 +241,11 @@ class CascadeModel:
         c = self.clock
         c.start()
         # 1. front end, per session.
-        clean = [s.echo.process(s.mic.process(t.audio)) for s, t in batch]
-        t_vad = time.monotonic()
-        c.add("front end", c.t0)
+        with c.timed("front end"):
+            clean = [s.echo.process(s.mic.process(t.audio)) for s, t in batch]
         # 2. VAD, batched across sessions.
-        probs = self.vad.step([s.vad for s, _ in batch], clean)
-        c.add("vad", t_vad)
+        with c.timed("vad"):
+            probs = self.vad.step([s.vad for s, _ in batch], clean)
         # 3-4. policy, recogniser and speaker, per session.
         outs = [self._tick(s, t, x, p) for (s, t), x, p in zip(batch, clean, probs, strict=True)]
         c.finish(len(batch))

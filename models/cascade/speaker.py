@@ -4,7 +4,8 @@ Synthesis never runs inside `step`: `Synthesizer` owns a small thread pool (`tts
 shared by every session; a phrase is submitted as soon as its text is known and is *due* a fixed
 number of micro-turns later (a budget from its length, `Speaker.budget_ticks`): it never plays
 before that micro-turn, and at that micro-turn a real-time tick waits for it up to `_SYNTH_GRACE_S`
-(later it plays when ready); a media-pace session is stepped only once it is done (`waiting`), so a
+(the cascade passes what is left of its step's shared grace instead; later it plays when ready);
+a media-pace session is stepped only once it is done (`waiting`), so a
 media-pace run (ticks flat out) plays it at the same micro-turn as real time does (issue 11).
 Pre-rendered phrases (acknowledgments, backchannels) skip the pool, which is
 what lets the first reply audio start in the very micro-turn the end of a turn is detected.

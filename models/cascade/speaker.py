@@ -32,6 +32,22 @@ from streaming.types import SAMPLE_RATE, TICK_SAMPLES
 Audio = npt.NDArray[np.float32]
 log = logging.getLogger(__name__)
 _SYNTH_GRACE_S = 0.05  # longest wait at a phrase's due micro-turn; later it plays when ready
+# Piper starts every phrase with 50-80 ms of near-silence (measured on joe: "Okay." 54 ms, "Yeah." 64 ms,
+# "Hmm, let me think." 78 ms before 2% of the phrase's peak). The acknowledgment is the reply's first
+# sound, so that silence is added to every turn's response latency: cut it, keeping a few ms so the
+# onset is not clipped.
+_LEAD_KEEP_S = 0.01
+_LEAD_LEVEL = 0.02  # of the phrase's peak: below it is silence
+
+
+def trim_lead(audio: Audio, rate: int = SAMPLE_RATE) -> Audio:
+    """`audio` without its leading silence but `_LEAD_KEEP_S` of it (all-silent audio is kept as is)."""
+    if not len(audio):
+        return audio
+    loud = np.flatnonzero(np.abs(audio) > _LEAD_LEVEL * float(np.abs(audio).max()))
+    if not len(loud):
+        return audio
+    return audio[max(0, int(loud[0]) - int(_LEAD_KEEP_S * rate)) :]
 
 
 class Synthesizer:
@@ -47,7 +63,7 @@ class Synthesizer:
         """Synthesise now, on the calling thread (used for the phrase cache at load time)."""
         parts = list(self.voice.sentences(text))
         audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-        return resample(audio, self.voice.sample_rate, SAMPLE_RATE)
+        return trim_lead(resample(audio, self.voice.sample_rate, SAMPLE_RATE))
 
     def prerender(self, phrases: tuple[str, ...]) -> None:
         for p in phrases:

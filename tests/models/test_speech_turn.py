@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from models.cascade.speaker import Synthesizer, trim_lead
 from models.cascade.text import (
     FINISHED,
     UNCLEAR,
@@ -17,6 +18,7 @@ from models.cascade.text import (
 )
 from models.speech.asr import WhisperTranscriber, packaged_whisper_dir, transcribe
 from models.speech.smart_turn import SECONDS, SmartTurn, log_mel
+from models.speech.text_turn import TextTurn
 from models.speech.tts import synthesize
 from models.speech.whisper_window import FULL_S, looks_looped, window_seconds
 from streaming.resample import resample
@@ -126,3 +128,34 @@ def test_streamed_answers_are_cut_into_sentences_clauses_and_bounded_runs() -> N
     assert [len(p.split()) for p in flushed.flush()] == [10]
     with pytest.raises(ValueError):
         SentenceSplitter(max_words=30, hard_words=20)
+
+
+def test_phrases_start_sounding_at_once_so_replies_are_not_late() -> None:
+    """Piper's ~50-80 ms of leading near-silence would be added to every reply's latency."""
+    silence_then_tone = np.concatenate([np.zeros(2400, np.float32), 0.5 * np.ones(2400, np.float32)])
+    assert len(trim_lead(silence_then_tone, rate=24_000)) == 2400 + 240  # 10 ms of lead kept
+    assert len(trim_lead(np.zeros(100, np.float32))) == 100  # nothing to find: unchanged
+    synth = Synthesizer("piper:joe", "espeak:en-us")
+    try:
+        for text in ("Okay.", "Hmm, let me think."):
+            audio = synth.render(text)
+            first = int(np.flatnonzero(np.abs(audio) > 0.02 * np.abs(audio).max())[0])
+            assert first <= 0.015 * 24_000, (text, first)
+            assert len(audio) > 0.3 * 24_000  # the words themselves are all there
+    finally:
+        synth.close()
+
+
+def test_the_text_model_tells_whole_sentences_from_cut_ones() -> None:
+    model = TextTurn(contexts=1)
+    whole = ["What is the capital of France?", "Please set a timer for ten minutes.", "Why is the sky blue?"]
+    cut = ["What is the capital of", "Please set a timer for", "My sister told me that her neighbour"]
+    p_whole = [model.probability(t) for t in whole]
+    p_cut = [model.probability(t) for t in cut]
+    assert min(p_whole) >= 0.1 and max(p_cut) < 0.02, (p_whole, p_cut)
+    assert model.probability("") == 0.0 and model.probability("?!") == 0.0  # no words: nothing finished
+    # Punctuation is not what it reads: Whisper's full stop after a fragment changes nothing.
+    assert model.probability("my sister told me that her neighbour.") == model.probability(cut[-1])
+    # A context re-reads only what differs from what it read last: the same words, the same answer.
+    assert [model.probability(t) for t in cut] == pytest.approx(p_cut, abs=1e-6)
+    assert model.probability(whole[0]) == pytest.approx(p_whole[0], abs=1e-6)

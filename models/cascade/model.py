@@ -477,7 +477,7 @@ class CascadeModel:
                     raw = s.partial + "." if looks_complete(s.partial) else ""
                     heard = Heard(Transcript(s.partial, raw=raw))
                 s.pause_text = heard.transcript
-                s.cues.words = verdict(heard.transcript.raw)
+                s.cues.words = verdict(heard.transcript.raw, heard.p_text, o.text_open, o.text_done)
                 s.cues.p_text = heard.p_text
         return s.cues
 

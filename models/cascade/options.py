@@ -72,9 +72,10 @@ class CascadeOptions:
     # The words' own verdict: SmolLM2-135M (the embedded reasoner's GGUF, models.speech.text_turn) gives
     # P(the message ends here) of Whisper's words at each pause, in the same job. Measured with
     # `python -m bench.text_turn` on everyday sentences (none from the benchmark) and every cut of them:
-    # P >= 0.02 for 100% of whole sentences and 22% of cuts (the last-word list: 97% / 49%); P >= 0.2
+    # P >= 0.02 for 100% of whole sentences and 22% of cuts (the last-word list: 100% / 56%); P >= 0.2
     # for 88% of whole sentences and 4% of cuts. Below `text_open` the words need a continuation (the
-    # turn waits as for "... because"); at `text_done` or above they end without Smart Turn's vote.
+    # turn waits as for "... because"); at `text_done` or above they may end whatever their last word
+    # ("... to me?"), and they end without Smart Turn's vote (text.verdict, policy.TurnPolicy.turn_ends).
     text_turn: bool = True
     text_open: float = 0.02
     text_done: float = 0.2

@@ -97,9 +97,9 @@ class TurnPolicy:
           - the words end a sentence: now if Smart Turn agrees, else after `eot_unsure_ms`;
           - unclear words (no closing punctuation): after `eot_unsure_ms` if Smart Turn agrees;
           - unfinished words ("... because"), or none of the above: the eagerness' maximum.
-        The text model (`cues.p_text`, when there is one) reads the words without their punctuation:
-        under `text_open` they are cut short whatever Whisper punctuated (the eagerness' maximum); at
-        `text_done` or above they count as Smart Turn agreeing.
+        The text model (`cues.p_text`, when there is one) has already judged the words (text.verdict:
+        cut short under `text_open` whatever Whisper punctuated, able to end at `text_done` whatever
+        their last word); at `text_done` or above it also counts as Smart Turn agreeing.
         Measured on synthetic voices, Smart Turn alone separates poorly (P(end) >= 0.5 for half the
         finished questions and half the mid-sentence pauses: 0.98 after "What I really want to know
         is"), so it never ends a turn against the words; the words alone cannot tell a lead-in
@@ -113,8 +113,6 @@ class TurnPolicy:
         if s.silence_ms >= self.eot_max_ms:
             return True
         agree = cues.p_end is not None and cues.p_end >= self.eot_threshold
-        if cues.p_text is not None and cues.p_text < o.text_open and cues.words in (FINISHED, UNCLEAR):
-            return False  # the words read as cut short ("... that her neighbour"): as if unfinished
         done = cues.p_text is not None and cues.p_text >= o.text_done
         if cues.words == FINISHED:
             return agree or done or s.silence_ms >= o.eot_unsure_ms

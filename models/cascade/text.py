@@ -15,7 +15,8 @@ def _wordset(words: str) -> frozenset[str]:
     return frozenset(words.split())
 
 
-# Last words after which an English utterance is very unlikely to be finished.
+# Last words after which an English utterance is very unlikely to be finished. Subject pronouns only:
+# object pronouns end sentences all the time ("Thank you." "Can you help me?" "I love it.").
 _INCOMPLETE_END = _wordset(
     """
     a an the this that these those my your his her its our their some any every each no
@@ -24,7 +25,7 @@ _INCOMPLETE_END = _wordset(
     during without within against toward towards like
     is are was were be been being am do does did have has had can could will would shall should
     may might must
-    i you he she we they it me him us them
+    i he she we they
     um uh er ah hmm mm well also just very really more most less
     what which who whom whose where how why
     """
@@ -48,18 +49,25 @@ def looks_complete(transcript: str) -> bool:
 FINISHED, UNCLEAR, UNFINISHED = "finished", "unclear", "unfinished"
 
 
-def verdict(raw: str) -> str:
+def verdict(raw: str, p_text: float | None = None, text_open: float = 0.02, text_done: float = 0.2) -> str:
     """What a punctuated transcript (Whisper's) says of the turn it heard:
     FINISHED: a sentence ends on a word that can end one ("... in Paris?");
     UNFINISHED: it trails off ("...") or ends on a word that needs a continuation ("... we could.");
-    UNCLEAR: neither (no closing punctuation after a word that can end a sentence, or no words)."""
+    UNCLEAR: neither (no closing punctuation after a word that can end a sentence, or no words).
+
+    `p_text`, the text model's P(the words are a finished message) (models.speech.text_turn), when
+    known, judges the words instead of the last-word list whenever it is sure: under `text_open` they
+    are cut short ("... that her neighbour."), at `text_done` or above they can end ("... to me?");
+    in between, and for a trailing "...", the rules above stand."""
     raw = raw.strip()
     if raw.endswith(("..", "\u2026")):
         return UNFINISHED
     words = re.sub(r"[^\w\s'-]", " ", raw).split()
     if not words:
         return UNCLEAR
-    if not looks_complete(" ".join(words)):
+    if p_text is not None and p_text < text_open:
+        return UNFINISHED
+    if (p_text is None or p_text < text_done) and not looks_complete(" ".join(words)):
         return UNFINISHED
     return FINISHED if raw[-1] in ".?!" else UNCLEAR
 

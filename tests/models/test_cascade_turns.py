@@ -12,7 +12,7 @@ from models.cascade import CascadeModel, load_cascade
 from models.cascade.level import peak_db
 from models.cascade.options import CascadeOptions
 from models.cascade.policy import PauseCues, TurnPolicy, TurnState
-from models.cascade.text import FINISHED
+from models.cascade.text import FINISHED, UNFINISHED, verdict
 from models.speech.tts import list_voices, synthesize
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES
@@ -114,19 +114,28 @@ def test_a_long_turn_restarts_the_recogniser_and_keeps_its_words(model: CascadeM
 
 
 def test_the_text_models_verdict_overrides_punctuation_and_stands_in_for_smart_turn() -> None:
-    """Pure policy: Whisper punctuated the words as a sentence (FINISHED) after 400 ms of silence."""
+    """Pure rules: what the words say (text.verdict) and when a pause after them ends the turn."""
+    # Whisper closed a fragment with a full stop: the text model reads it as cut short.
+    assert verdict("My sister told me that her neighbour.") == FINISHED
+    assert verdict("My sister told me that her neighbour.", p_text=0.001) == UNFINISHED
+    # A last word the list distrusts, in a sentence the model reads as whole; "..." always trails off.
+    assert verdict("Where did you get that from?") == UNFINISHED
+    assert verdict("Where did you get that from?", p_text=0.7) == FINISHED
+    assert verdict("So what I mean is...", p_text=0.7) == UNFINISHED
+    assert verdict("Thank you.") == FINISHED  # object pronouns end sentences (the list has subject ones)
+
     policy = TurnPolicy(CascadeOptions(), smart_turn=True)
     state = TurnState(turn=True, silence_ms=400.0)
 
-    def ends(p_end: float, p_text: float | None) -> bool:
-        return policy.turn_ends(state, "", PauseCues(p_end=p_end, words=FINISHED, p_text=p_text))
+    def ends(p_end: float, p_text: float | None, words: str = FINISHED) -> bool:
+        return policy.turn_ends(state, "", PauseCues(p_end=p_end, words=words, p_text=p_text))
 
     assert ends(0.9, None) and ends(0.9, 0.5)  # prosody and words agree
-    assert not ends(0.9, 0.001)  # the words read as cut short: wait whatever the prosody says
     assert ends(0.01, 0.5)  # words finished twice over: Smart Turn's doubt does not delay the reply
     assert not ends(0.01, None) and not ends(0.01, 0.05)  # neither sure: wait for eot_unsure_ms
+    assert not ends(0.9, 0.001, UNFINISHED)
     state.silence_ms = 3000.0
-    assert ends(0.9, 0.001)  # but never longer than the eagerness' longest silence
+    assert ends(0.9, 0.001, UNFINISHED)  # but never longer than the eagerness' longest silence
 
 
 def test_a_cut_whose_last_word_can_end_a_sentence_is_not_answered_in_its_pause(model: CascadeModel) -> None:

@@ -290,7 +290,7 @@ class CascadeModel:
             if s.asr.waiting():
                 LATE.note("streaming partial")
             if s.utterance_ticks >= _UTTERANCE_TICKS:  # bounds the decoder's memory
-                s.heard = _joined(s.heard, self._end_utterance(s, partial))
+                s.heard = self._end_utterance(s, _joined(s.heard, partial))
                 s.asr.start()
                 s.utterance_ticks = 0
                 partial = ""
@@ -361,8 +361,9 @@ class CascadeModel:
 
     # --- actions ---------------------------------------------------------------------------------
 
-    def _end_utterance(self, s: CascadeState, partial: str) -> str:
-        """End the recogniser's utterance and return its words (`partial`: its latest partial).
+    def _end_utterance(self, s: CascadeState, words: str) -> str:
+        """End the recogniser's utterance; returns the turn's words through it (`words`: as the
+        partials have them, `s.heard` and the latest partial).
 
         With Whisper making the final transcripts, pocketsphinx's words are only a fallback and a cue,
         so the latest partial (a micro-turn old) stands in for its final search: that search runs
@@ -371,12 +372,12 @@ class CascadeModel:
         (pocketsphinx final 137 ms, ...)"). Without Whisper the final is the question: waited for."""
         if self.whisper is not None:
             s.asr.abort()
-            return partial
+            return words
         with self.clock.timed("pocketsphinx final"):
-            return s.asr.finish().text
+            return _joined(s.heard, s.asr.finish().text)
 
     def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
-        text = _joined(s.heard, self._end_utterance(s, s.partial[len(s.heard) :].strip()))
+        text = self._end_utterance(s, s.partial)
         s.partial = s.heard = ""
         pause_text, text_job, whole = s.pause_text, s.text_job, s.pause_whole
         s.text_job = None  # kept (below) as the final transcript's job, not cancelled
@@ -388,11 +389,11 @@ class CascadeModel:
         if s.turn.turn_speech_ms < self.opts.min_turn_speech_ms:
             return text  # noise
         # Whisper heard the whole turn at this pause: its words are the turn's; else pocketsphinx's.
-        heard_all = self.whisper is not None and pause_text is not None and whole
-        words = pause_text.text if heard_all and pause_text is not None else text
+        whole_text = pause_text.text if self.whisper is not None and pause_text is not None and whole else None
+        words = text if whole_text is None else whole_text
         # A lone "mm-hm" while we wait, or no words at all (unless Whisper is still to hear the whole
         # turn): not a turn to answer; held answers go on.
-        if only_backchannel(words) and (words or heard_all or self.whisper is None):
+        if only_backchannel(words) and (words or whole_text is not None or self.whisper is None):
             return words
         if level is not None:  # the user's own level, for telling background speech apart
             s.user_db = level if s.user_db is None else 0.7 * s.user_db + 0.3 * level
@@ -402,7 +403,7 @@ class CascadeModel:
         if not whole and text_job is not None:
             text_job.future.cancel()  # the pause's transcript hears only the turn's end: transcribe it all
             text_job = None
-        if heard_all:
+        if whole_text is not None:
             self._delegate(s, words, ev)  # Whisper already heard this pause: ask now
             return words
         # Take the floor now (the acknowledgment starts this micro-turn); the question goes to the

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from models.cascade.options import CascadeOptions
+
 
 def _wordset(words: str) -> frozenset[str]:
     return frozenset(words.split())
@@ -49,7 +51,12 @@ def looks_complete(transcript: str) -> bool:
 FINISHED, UNCLEAR, UNFINISHED = "finished", "unclear", "unfinished"
 
 
-def verdict(raw: str, p_text: float | None = None, text_open: float = 0.02, text_done: float = 0.2) -> str:
+def verdict(
+    raw: str,
+    p_text: float | None = None,
+    text_open: float = CascadeOptions.text_open,
+    text_done: float = CascadeOptions.text_done,
+) -> str:
     """What a punctuated transcript (Whisper's) says of the turn it heard:
     FINISHED: a sentence ends on a word that can end one ("... in Paris?");
     UNFINISHED: it trails off ("...") or ends on a word that needs a continuation ("... we could.");

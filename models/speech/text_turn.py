@@ -52,7 +52,7 @@ class TextTurn:
 
     def __init__(self, path: Path | None = None, contexts: int = 2) -> None:
         try:
-            from llama_cpp import Llama
+            from llama_cpp import Llama, llama_get_logits_ith
         except ImportError as e:
             raise TextTurnError(
                 f"the text end-of-turn model needs llama-cpp-python ({e}): `pip install llama-cpp-python`, "
@@ -81,14 +81,13 @@ class TextTurn:
         if any(len(t) != 1 for t in ends):
             raise TextTurnError(f"{path} is not a SmolLM2-style chat model (its end tokens are {ends})")
         self._ends = [t[0] for t in ends]
+        self._last_logits = llama_get_logits_ith
 
     def probability(self, text: str) -> float:
         """P(the message ends after `text`): of the end-of-message token or a sentence closer next."""
         words = normalise(text)
         if not words:
             return 0.0
-        import llama_cpp
-
         llm = self._free.get()
         try:
             toks = self._prompt + llm.tokenize(words.encode(), add_bos=False, special=False)
@@ -102,7 +101,7 @@ class TextTurn:
             llm.n_tokens = keep
             llm.eval(toks[keep:])
             # Only the last position's logits exist (logits_all=False); Llama.scores is not filled then.
-            raw = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+            raw = self._last_logits(llm.ctx, -1)
             logits = np.ctypeslib.as_array(raw, shape=(llm.n_vocab(),)).astype(np.float64)
         finally:
             self._free.put(llm)

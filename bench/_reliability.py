@@ -5,7 +5,8 @@
   died without killing the process), and can restart it after a crash.
 - `proc_sample`: RSS, open descriptors and threads of a process and its descendants, read from /proc
   (no server endpoint).
-- `fit_slope`: least-squares slope of samples against time.
+- `fit_slope` / `fit_line`: least-squares slope of samples against time (and its standard error).
+- `rss_bytes`: the resident set of a list of processes, cheaply.
 - `LoopLag`: how much of a lateness the measuring client's own event loop accounts for.
 - `table`: a plain text table for the reports.
 """
@@ -43,6 +44,7 @@ FAULT_PATTERNS = re.compile(
 HANDLED_BY_DEPENDENCY = ("Invalid UTF-8 sequence received from client",)
 LOG_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d|ERROR:|WARNING:|INFO:|DEBUG:|CRITICAL:)")  # a new log record starts
 UNRETRIEVED = "Task exception was never retrieved:"  # prefix of such faults in `new_faults`
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _exit_on_sigterm() -> None:
@@ -242,12 +244,39 @@ def proc_sample(pid: int) -> ProcSample | None:
     return total
 
 
-def fit_slope(ts: list[float], ys: list[float]) -> float | None:
-    """Least-squares slope dy/dt; None with fewer than 3 points."""
+def fit_line(ts: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """Least-squares slope dy/dt and its standard error; None with fewer than 3 points.
+
+    The standard error assumes independent residuals; samples taken closer together than the signal's
+    own bursts are not, so read it as a lower bound on how far the slope could be from the truth."""
     if len(ts) < 3 or max(ts) - min(ts) <= 0:
         return None
-    slope, _ = np.polyfit(np.asarray(ts, float), np.asarray(ys, float), 1)
-    return float(slope)
+    t, y = np.asarray(ts, float), np.asarray(ys, float)
+    dt = t - t.mean()
+    sxx = float(dt @ dt)
+    slope = float(dt @ (y - y.mean())) / sxx
+    residual = y - y.mean() - slope * dt
+    se = float(np.sqrt(float(residual @ residual) / (len(t) - 2) / sxx))
+    return slope, se
+
+
+def fit_slope(ts: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope dy/dt; None with fewer than 3 points."""
+    line = fit_line(ts, ys)
+    return None if line is None else line[0]
+
+
+def rss_bytes(pids: list[int]) -> int | None:
+    """Summed resident set of `pids` from /proc/PID/statm (cheap enough to read every second); None if
+    the first (the server) is gone. Processes that ended meanwhile count 0."""
+    total = 0
+    for i, p in enumerate(pids):
+        try:
+            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE_BYTES
+        except (OSError, IndexError, ValueError):
+            if i == 0:
+                return None
+    return total
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

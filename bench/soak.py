@@ -11,8 +11,14 @@ At random (seeded) intervals of about `--churn` seconds a slot leaves (close 100
 drops its connection without a close and resumes it (token in `X-Duplex-Resume-Token`; it is rotated on
 every resume, so the client keeps the newest) after a short outage, or
 keeps going; a slot that left opens a fresh session. Every `--sample-every` seconds the server's
-RSS, open descriptors and threads (/proc/PID) and its missed deadlines (/metrics) are sampled; RSS
-and descriptors get the slope of a least-squares line over the samples after `--warmup`.
+RSS, open descriptors and threads (/proc/PID) and its missed deadlines (/metrics) are sampled, and
+every `--rss-every` seconds (1) its RSS alone (the server and its worker processes, /proc/PID/statm).
+RSS and descriptors get the slope of a least-squares line over the samples after `--warmup`: RSS over
+the dense series, because a model's working memory comes and goes in bursts of tens of MB (a Whisper
+call) and a line through a few hundred samples of that moves by MB per 10 min either way; a second
+each, the bursts average out. The RSS slope is reported with its standard error, and beside it the
+slope of a line through each minute's lowest RSS (what stays resident between bursts, where a leak
+shows first); the pass/fail criterion is the least-squares slope of the whole series.
 
 At the end every slot leaves, and descriptors and threads are compared with their values before
 the first session, and so is the server's asyncio task count (`duplex_asyncio_tasks` in /metrics).
@@ -42,7 +48,17 @@ import httpx
 import numpy as np
 
 from bench._echo_client import EchoClient
-from bench._reliability import LoopLag, ServerUnderTest, fit_slope, proc_sample, progress, table
+from bench._reliability import (
+    LoopLag,
+    ServerUnderTest,
+    descendants,
+    fit_line,
+    fit_slope,
+    proc_sample,
+    progress,
+    rss_bytes,
+    table,
+)
 from bench._server import histogram_above, scrape
 
 MAX_SESSIONS = 256
@@ -85,6 +101,9 @@ class SoakReport:
     rss_end_mb: float = 0.0
     rss_slope_mb_per_10min: float | None = None
     rss_slope_second_half_mb_per_10min: float | None = None  # tells a plateau (warming allocator) from a leak
+    rss_slope_se_mb_per_10min: float | None = None  # standard error of rss_slope (independent residuals assumed)
+    rss_floor_slope_mb_per_10min: float | None = None  # line through each minute's lowest RSS after warm-up
+    rss_points: int = 0  # RSS readings the slopes were fitted to
     fds_start: int = 0
     fds_end: int = 0
     fds_slope_per_10min: float | None = None
@@ -110,6 +129,7 @@ class SoakReport:
     # Why deadlines were missed, in the server's words: its missed-deadline and slow-step lines.
     miss_log: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
+    rss_series: list[tuple[float, float]] = field(default_factory=list)  # (s since start, MB) every --rss-every s
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -189,6 +209,47 @@ async def _sampler(server_pid: int, base: str, t0: float, until: float, every: f
             await asyncio.sleep(every)
 
 
+async def _rss_probe(server_pid: int, t0: float, until: float, every: float, report: SoakReport) -> None:
+    """The server's RSS (with its worker processes) every `every` s: cheap reads, so the slope can be fitted
+    to thousands of points. The worker list is refreshed every 10 s (workers may be restarted)."""
+    pids: list[int] = []
+    listed = 0.0
+    while True:
+        now = time.monotonic()
+        if now - listed >= 10.0:
+            pids, listed = [server_pid, *descendants(server_pid)], now
+        total = rss_bytes(pids)
+        if total is not None:
+            report.rss_series.append((round(now - t0, 2), round(total / 2**20, 2)))
+        if now >= until:
+            return
+        await asyncio.sleep(every)
+
+
+def _fit_rss(report: SoakReport, warmup: float) -> None:
+    """The RSS slopes after `warmup` (MB per 10 min): least squares over the dense series (or the samples
+    when there is none), with its standard error; its second half; and the per-minute floor."""
+    series = [(t, mb) for t, mb in report.rss_series if t >= warmup] or \
+        [(s.t, s.rss_mb) for s in report.samples if s.t >= warmup]
+    report.rss_points = len(series)
+    line = fit_line([t for t, _ in series], [mb for _, mb in series])
+    if line is None:
+        return
+    report.rss_slope_mb_per_10min = round(line[0] * 600, 3)
+    report.rss_slope_se_mb_per_10min = round(line[1] * 600, 3)
+    mid = (series[0][0] + series[-1][0]) / 2
+    half = [(t, mb) for t, mb in series if t >= mid]
+    hslope = fit_slope([t for t, _ in half], [mb for _, mb in half])
+    report.rss_slope_second_half_mb_per_10min = None if hslope is None else round(hslope * 600, 3)
+    floors: dict[int, tuple[float, float]] = {}
+    for t, mb in series:
+        minute = int((t - series[0][0]) // 60)
+        if minute not in floors or mb < floors[minute][1]:
+            floors[minute] = (t, mb)
+    fslope = fit_slope([t for t, _ in floors.values()], [mb for _, mb in floors.values()])
+    report.rss_floor_slope_mb_per_10min = None if fslope is None else round(fslope * 600, 3)
+
+
 def conversation_clip(gap: float) -> np.ndarray:
     """What a client of a talking model says, looped: a TTS question, then `gap` s of silence for the answer
     (int16 at the server's rate). Without the gap the user never yields and the model never speaks."""
@@ -203,7 +264,7 @@ def conversation_clip(gap: float) -> np.ndarray:
 
 
 def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, seed: int, churn: float,
-         every: float, warmup: float, max_rss_slope: float, gap: float = 4.0) -> SoakReport:
+         every: float, warmup: float, max_rss_slope: float, gap: float = 4.0, rss_every: float = 1.0) -> SoakReport:
     health = server.healthz()
     capacity = int(health.get("capacity", 0))
     n = sessions or min(capacity, MAX_SESSIONS)
@@ -228,6 +289,7 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
         t0 = time.monotonic()
         until = t0 + minutes * 60
         sampler = asyncio.create_task(_sampler(pid, server.url, t0, until, every, report, missed0))
+        rss_probe = asyncio.create_task(_rss_probe(pid, t0, until, rss_every, report))
         lag_probe = asyncio.create_task(lag.run(until))
 
         async def slot_run(slot: Slot) -> None:
@@ -236,6 +298,7 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
 
         await asyncio.gather(*(slot_run(s) for s in slots))
         await sampler
+        await rss_probe
         await lag_probe
 
     t_wall0 = time.time()
@@ -250,13 +313,9 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
     if after:
         report.missed_after_warmup = report.missed_deadlines - after[0].missed
         report.threads_after_warmup = after[0].threads
-        slope = fit_slope([s.t for s in after], [s.rss_mb for s in after])
-        report.rss_slope_mb_per_10min = None if slope is None else round(slope * 600, 3)
-        half = [s for s in after if s.t >= (after[0].t + after[-1].t) / 2]
-        hslope = fit_slope([s.t for s in half], [s.rss_mb for s in half])
-        report.rss_slope_second_half_mb_per_10min = None if hslope is None else round(hslope * 600, 3)
         fslope = fit_slope([s.t for s in after], [float(s.fds) for s in after])
         report.fds_slope_per_10min = None if fslope is None else round(fslope * 600, 3)
+    _fit_rss(report, warmup)
     if end is not None:
         report.rss_end_mb, report.fds_end, report.threads_end = round(end.rss_bytes / 2**20, 2), end.fds, end.threads
     clients = [c for slot in slots for c in slot.clients]
@@ -325,7 +384,7 @@ def _judge(r: SoakReport, max_rss_slope: float) -> None:
 
 
 def _print(r: SoakReport) -> None:
-    skip = ("samples", "failures", "server_errors", "faults", "miss_log")
+    skip = ("samples", "rss_series", "failures", "server_errors", "faults", "miss_log")
     row = {k: v for k, v in asdict(r).items() if k not in skip}
     print(table([{"figure": k, "value": v} for k, v in row.items()], ["figure", "value"]))
     for line in r.miss_log:
@@ -345,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=float, default=4.0,
                     help="models other than echo: seconds of silence after each spoken question, for the answer")
     ap.add_argument("--sample-every", type=float, default=5.0, help="seconds between RSS/fds/threads samples")
+    ap.add_argument("--rss-every", type=float, default=1.0,
+                    help="seconds between the RSS-only readings the RSS slope is fitted to")
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds excluded from the fitted slopes (default: a fifth of the run, at most 120)")
     ap.add_argument("--max-rss-slope", type=float, default=1.0, help="failing RSS slope, MB per 10 minutes")
@@ -355,12 +416,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.minutes <= MAX_MINUTES:
         print(f"error: --minutes must be within (0, {MAX_MINUTES:.0f}]", file=sys.stderr)
         return 2
+    if args.sample_every <= 0 or args.rss_every <= 0:
+        print("error: --sample-every and --rss-every must be positive seconds", file=sys.stderr)
+        return 2
     warmup = args.warmup if args.warmup is not None else min(120.0, args.minutes * 60 / 5)
     progress("bench.soak", f"starting duplex serve --model {args.model} ...")
     server_args = ["--model", args.model, "--background", "none", "--log-level", "warning", *args.server_arg]
     with ServerUnderTest(*server_args) as server:
         report = soak(server, args.model, args.sessions, args.minutes, args.seed, args.churn, args.sample_every,
-                      warmup, args.max_rss_slope, args.gap)
+                      warmup, args.max_rss_slope, args.gap, args.rss_every)
         progress("bench.soak", f"{report.sessions} slots x {args.minutes} min done; stopping the server")
     if args.json:
         out = asdict(report)
@@ -373,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def summary(r: SoakReport) -> dict[str, Any]:
     """The figures without the samples (for tests and logs)."""
-    return {k: v for k, v in asdict(r).items() if k != "samples"}
+    return {k: v for k, v in asdict(r).items() if k not in ("samples", "rss_series")}
 
 
 if __name__ == "__main__":

@@ -8,15 +8,43 @@ working, descriptors and threads back at their start values, nothing in the serv
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from bench import soak
-from bench._reliability import LoopLag, ServerUnderTest, fit_slope
+from bench._reliability import LoopLag, ServerUnderTest, fit_line, fit_slope
 
 
 def test_fit_slope() -> None:
     assert fit_slope([0, 1, 2, 3], [5, 7, 9, 11]) == pytest.approx(2.0)
     assert fit_slope([0, 1], [0, 1]) is None  # too few points
+    assert fit_line([0, 1, 2, 3], [5, 7, 9, 11]) == pytest.approx((2.0, 0.0))
+    # Residuals +-1 around a flat line: se = sqrt(sum r^2 / (n - 2) / sum (t - mean)^2) = sqrt(4 / 2 / 5).
+    assert fit_line([0, 1, 2, 3], [1, -1, -1, 1]) == pytest.approx((0.0, (4 / 2 / 5) ** 0.5))
+
+
+def test_rss_slopes_are_fitted_to_the_dense_series_and_its_per_minute_floor() -> None:
+    """A flat resident floor with bursts of working memory (as a Whisper call makes) on top: the least-
+    squares slope of the dense series is what is judged, the floor's slope is reported beside it, and a
+    burst-free rise is seen by both."""
+    rng = np.random.default_rng(0)
+    t = np.arange(0.0, 1800.0, 1.0)
+    bursts = np.where(rng.random(t.size) < 0.05, rng.uniform(50, 250, t.size), 0.0)
+    r = soak.SoakReport(model="cascade", sessions=1, minutes=30, seed=1, capacity=1)
+    r.rss_series = [(float(x), 900.0 + float(b)) for x, b in zip(t, bursts, strict=True)]
+    soak._fit_rss(r, warmup=600.0)
+    assert r.rss_points == 1200
+    assert r.rss_floor_slope_mb_per_10min == pytest.approx(0.0)
+    assert r.rss_slope_mb_per_10min is not None and r.rss_slope_se_mb_per_10min is not None
+    assert abs(r.rss_slope_mb_per_10min) < 4 * r.rss_slope_se_mb_per_10min  # bursts are noise, not growth
+    leak = soak.SoakReport(model="cascade", sessions=1, minutes=30, seed=1, capacity=1)
+    leak.rss_series = [(float(x), 900.0 + x / 60) for x in t]  # 10 MB per 10 min
+    soak._fit_rss(leak, warmup=600.0)
+    assert leak.rss_slope_mb_per_10min == pytest.approx(10.0)
+    assert leak.rss_floor_slope_mb_per_10min == pytest.approx(10.0)
+    assert leak.rss_slope_second_half_mb_per_10min == pytest.approx(10.0)
+    soak._judge(leak, max_rss_slope=1.0)
+    assert any("RSS grows 10.0 MB per 10 min" in f for f in leak.failures), leak.failures
 
 
 def test_short_soak_of_echo() -> None:
@@ -34,6 +62,9 @@ def test_short_soak_of_echo() -> None:
     assert r.threads_end <= max(r.threads_start, r.threads_after_warmup), summary
     assert not r.faults and not r.server_errors, summary
     assert len(r.samples) >= 25
+    # The RSS-only readings, one a second, are what the slope is fitted to.
+    assert len(r.rss_series) >= 50 and r.rss_points >= 40 and all(mb > 10 for _, mb in r.rss_series), summary
+    assert r.rss_slope_mb_per_10min is not None and r.rss_slope_se_mb_per_10min is not None, summary
     # The server's loop-lag probe ran (10 a second) and the loop never stalled for a micro-turn.
     assert r.server_loop_probes >= 100 and r.server_loop_lag_over_200ms == 0, summary
 

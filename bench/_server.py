@@ -57,8 +57,13 @@ def local_server(*args: str, ready_timeout: float = 180.0) -> Iterator[str]:
 
 def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     """Prometheus text -> {'name{labels}': value} (enough for our own counters and histograms)."""
+    return parse_metrics(httpx.get(url + "/metrics", headers=headers, timeout=5).text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The samples of a Prometheus text exposition: {'name{labels}': value}."""
     out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", headers=headers, timeout=5).text.splitlines():
+    for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)

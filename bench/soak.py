@@ -59,7 +59,7 @@ from bench._reliability import (
     rss_bytes,
     table,
 )
-from bench._server import histogram_above, scrape
+from bench._server import histogram_above, parse_metrics, scrape
 
 MAX_SESSIONS = 256
 MAX_MINUTES = 600.0
@@ -188,13 +188,19 @@ async def _sampler(server_pid: int, base: str, t0: float, until: float, every: f
                    missed0: float) -> None:
     async with httpx.AsyncClient(timeout=5) as http:
         while True:
-            s = proc_sample(server_pid)
-            metrics = scrape(base)
+            # Off this loop: it also times the echoes, and a blocking /proc walk or HTTP round trip to a
+            # busy server would be a stall of the measuring client, charged to nobody.
+            s = await asyncio.to_thread(proc_sample, server_pid)
+            try:
+                metrics = parse_metrics((await http.get(base + "/metrics")).text)
+            except httpx.HTTPError as exc:
+                progress("bench.soak", f"/metrics unavailable ({exc!r}); sample skipped")
+                metrics = None
             try:
                 held = int((await http.get(base + "/healthz")).json().get("sessions", 0))
             except (httpx.HTTPError, ValueError):
                 held = -1
-            if s is not None:
+            if s is not None and metrics is not None:
                 sample = Sample(round(time.monotonic() - t0, 1), round(s.rss_bytes / 2**20, 2), s.fds, s.threads,
                                 int(metrics.get("duplex_missed_deadlines_total", 0) - missed0), held,
                                 int(metrics.get("duplex_asyncio_tasks", -1)),
@@ -217,7 +223,7 @@ async def _rss_probe(server_pid: int, t0: float, until: float, every: float, rep
     while True:
         now = time.monotonic()
         if now - listed >= 10.0:
-            pids, listed = [server_pid, *descendants(server_pid)], now
+            pids, listed = [server_pid, *await asyncio.to_thread(descendants, server_pid)], now
         total = rss_bytes(pids)
         if total is not None:
             report.rss_series.append((round(now - t0, 2), round(total / 2**20, 2)))

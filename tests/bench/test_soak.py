@@ -88,6 +88,14 @@ def test_late_echoes_are_split_between_the_client_loop_and_the_server() -> None:
     assert any("2 late (and 1 late while the soak client" in f for f in r.failures), r.failures
 
 
+def test_stalls_of_the_clients_loop_add_up_while_an_echo_is_awaited() -> None:
+    lag = LoopLag()
+    lag.stalls = [(10.1, 90.0), (10.3, 80.0), (10.45, 60.0)]  # three stalls, none alone 200 ms
+    assert lag.explained([(10.5, 420.0)], 200.0) == 1  # 230 ms of them while it was awaited: the client's
+    assert lag.explained([(10.5, 460.0)], 200.0) == 0  # 260 ms still unexplained: the server's
+    assert lag.explained([(12.0, 300.0)], 200.0) == 0  # no stall while it was awaited
+
+
 def test_a_talking_model_is_given_questions_with_room_to_answer() -> None:
     from streaming.types import SAMPLE_RATE
 

@@ -116,6 +116,9 @@ class LlamaCppReasoner:
             initializer=_lower_priority,
             initargs=(self.config.nice,),
         )
+        # The thread starts now (the executor would start it on the first request): a server's thread
+        # count must not grow with its first question, or a soak cannot tell that from a leak.
+        self._thread.submit(lambda: None).result()
         self._llm: Any = None  # loaded lazily on the thread: a server that never delegates never pays
         self.load_seconds: float | None = None
 

@@ -52,6 +52,24 @@ async def test_generation_thread_is_niced_and_off_the_event_loop(reasoner: Llama
     assert nice == min(19, base + reasoner.config.nice)
 
 
+async def test_the_generation_thread_exists_before_the_first_request() -> None:
+    """A server's thread count must not grow with its first question (bench.soak compares the count at
+    the end with the one before the first session; issue 13)."""
+    def generation_threads() -> int:
+        return sum(t.name.startswith("duplex-background") for t in threading.enumerate())
+
+    before = generation_threads()
+    fresh = LlamaCppReasoner(LlamaCppConfig(max_tokens=2))
+    try:
+        assert generation_threads() == before + 1
+        async for _ in fresh.stream([{"role": "user", "content": "Say hi."}], []):
+            pass
+        assert generation_threads() == before + 1
+    finally:
+        await fresh.aclose()
+    assert generation_threads() == before
+
+
 async def test_closing_the_stream_stops_generation_and_frees_the_thread(reasoner: LlamaCppReasoner) -> None:
     long = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
     stream = reasoner.stream(long, [])

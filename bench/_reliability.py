@@ -231,11 +231,9 @@ def proc_sample(pid: int) -> ProcSample | None:
     total = ProcSample(time.monotonic(), 0, 0, 0)
     for i, p in enumerate([pid, *descendants(pid)]):
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) * 1024
-                    total.rss_bytes += rss
-                    total.rss_parts.append(rss)
+            rss = _rss_of(p)
+            total.rss_bytes += rss
+            total.rss_parts.append(rss)
             total.fds += len(os.listdir(f"/proc/{p}/fd"))
             total.threads += len(os.listdir(f"/proc/{p}/task"))
         except OSError:
@@ -272,11 +270,16 @@ def rss_bytes(pids: list[int]) -> int | None:
     total = 0
     for i, p in enumerate(pids):
         try:
-            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE_BYTES
-        except (OSError, IndexError, ValueError):
+            total += _rss_of(p)
+        except OSError:
             if i == 0:
                 return None
     return total
+
+
+def _rss_of(pid: int) -> int:
+    """Resident bytes of one process (/proc/PID/statm: pages, second field); OSError if it is gone."""
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -233,10 +233,9 @@ async def _rss_probe(server_pid: int, t0: float, until: float, every: float, rep
 
 
 def _fit_rss(report: SoakReport, warmup: float) -> None:
-    """The RSS slopes after `warmup` (MB per 10 min): least squares over the dense series (or the samples
-    when there is none), with its standard error; its second half; and the per-minute floor."""
-    series = [(t, mb) for t, mb in report.rss_series if t >= warmup] or \
-        [(s.t, s.rss_mb) for s in report.samples if s.t >= warmup]
+    """The RSS slopes after `warmup` (MB per 10 min): least squares over the dense series, with its
+    standard error; its second half; and the per-minute floor."""
+    series = [(t, mb) for t, mb in report.rss_series if t >= warmup]
     report.rss_points = len(series)
     line = fit_line([t for t, _ in series], [mb for _, mb in series])
     if line is None:

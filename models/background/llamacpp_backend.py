@@ -32,12 +32,13 @@ import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolSpec
+from models.threads import started_pool
 
 log = logging.getLogger(__name__)
 
@@ -110,15 +111,7 @@ class LlamaCppReasoner:
         self.path = path
         self.name = f"llamacpp:{path.name}"
         # The one generation thread (see module docstring).
-        self._thread = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="duplex-background",
-            initializer=_lower_priority,
-            initargs=(self.config.nice,),
-        )
-        # The thread starts now (the executor would start it on the first request): a server's thread
-        # count must not grow with its first question, or a soak cannot tell that from a leak.
-        self._thread.submit(lambda: None).result()
+        self._thread = started_pool(1, "duplex-background", _lower_priority, (self.config.nice,))
         self._llm: Any = None  # loaded lazily on the thread: a server that never delegates never pays
         self.load_seconds: float | None = None
 

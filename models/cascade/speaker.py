@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from models.cascade.work import LATE, started_pool
+from models.cascade.work import LATE
 from models.speech.tts import TTSError, Voice, load_voice
+from models.threads import started_pool
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES
 

@@ -19,10 +19,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from models.threads import started_pool
 
 T = TypeVar("T")
 PATIENCE_TICKS = 25  # 5 s past its due micro-turn a job is given up (an overloaded or stuck worker)
@@ -126,18 +128,6 @@ class Job(Generic[T]):
         except Exception as e:  # a failed classifier/transcriber must not stop the session
             log.warning("off-thread job failed (%s: %s); using the fallback", type(e).__name__, e)
             return True, None
-
-
-def started_pool(threads: int, prefix: str) -> ThreadPoolExecutor:
-    """A thread pool whose threads all exist already. ThreadPoolExecutor starts them one per task
-    while it is busy, so a server's thread count would otherwise grow with its first sessions, and a
-    soak could not tell that growth from a leak (threads at the end must equal those at the start)."""
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=prefix)
-    gate = threading.Barrier(threads + 1)
-    for _ in range(threads):
-        pool.submit(gate.wait)  # each task holds its thread until all are there
-    gate.wait()
-    return pool
 
 
 class Workers:

@@ -143,3 +143,56 @@ TYPED = [
 def phrase_set() -> list[str]:
     """Every phrase the assistant can say: the closed set the voice is evaluated on."""
     return [*REPLIES, *BACKCHANNELS, FOUND, *RESULTS]
+
+# The overlap probe (train/overlap.py, models/speech/overlap.py): what a listener says over a speaker
+# to keep them going, and how people start to interrupt. The backchannel lexicon is small and closed
+# (the probe learns it, so one- and two-word entries are shared with any benchmark by nature);
+# the interruptions are sentences of their own, some starting with a backchannel word ("Okay, but").
+OVERLAP_BACKCHANNELS = [
+    "Mm-hm.", "Uh-huh.", "Yeah.", "Yep.", "Right.", "Okay.", "Sure.", "I see.", "Oh, wow.", "Really?",
+    "Got it.", "Mhm.", "True.", "Exactly.", "Oh, nice.", "Yes.", "Uh-huh, yeah.", "Oh okay.", "Yeah, yeah.",
+    "Mm.", "Wow.", "Of course.", "Totally.", "Sure, sure.", "Right, right.", "Okay, okay.", "Ah, I see.",
+    "Yes, yes.", "Oh, right.", "Cool.",
+]
+OVERLAP_INTERRUPTIONS = [
+    "Wait a second, that is not what I asked.",
+    "Hold it, can we go back to the start?",
+    "Stop, stop, I need something else.",
+    "Excuse me, could you repeat the last part?",
+    "No no, I meant the other one.",
+    "Sorry, but how much does it cost?",
+    "Hey, quick question about that.",
+    "Just a moment, what did you say?",
+    "Actually, let me ask you something.",
+    "But why is that?",
+    "Can I ask something first?",
+    "Listen, I have to go soon.",
+    "What do you mean by that?",
+    "Okay, but what about the price?",
+    "Yeah, but that does not make sense.",
+    "Right, and what happens after that?",
+    "Please skip that part.",
+    "I think you are wrong about that.",
+    "One more thing before you go on.",
+    "Never mind, tell me about dogs instead.",
+    "How about the weather tomorrow?",
+    "That is enough, thank you.",
+    "Pardon me, who said that?",
+    "Let me interrupt you for a moment.",
+    "Could you give me the number again?",
+    "Why would anyone do that?",
+    "Is there a cheaper option?",
+    "So what should I do now?",
+    "Hmm, no, I do not agree.",
+    "Sorry, I did not catch that.",
+    "Quick, what time is it?",
+    "Um, can you speak louder?",
+    "Oh wait, I forgot to tell you something.",
+    "Yes, but where is it exactly?",
+    "Really? Since when?",
+    "Go back to the part about the river.",
+    "Enough about that, what about lunch?",
+    "Are you sure about that number?",
+    "Tell me the answer first.",
+    "Another question, if I may.",
+]

@@ -60,6 +60,7 @@ from models.speech.asr import (
     shared_pool,
     whisper_available,
 )
+from models.speech.overlap import OverlapProbe, OverlapProbeError, onset_index
 from models.speech.smart_turn import SmartTurn, SmartTurnError, shared_smart_turn
 from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
 from models.speech.text_turn import TextTurn, TextTurnError
@@ -130,6 +131,8 @@ class CascadeState:
     partial: str = ""  # partial transcript of the open user turn
     heard: str = ""  # words of the open turn's earlier utterances (see `_UTTERANCE_TICKS`)
     utterance_ticks: int = 0  # micro-turns of audio sent into the current utterance
+    heard_samples: int = 0  # 16 kHz samples of input so far (places the VAD's onset in `turn_audio`)
+    p_interrupt: float | None = None  # the overlap probe's P(interruption) of the open overlap, once asked
     said: deque[tuple[float, list[str]]] = field(default_factory=deque)  # (media ms, words) we spoke
     seen: set[str] = field(default_factory=set)  # background request ids seen so far
     muted: set[str] = field(default_factory=set)  # request ids whose further chunks are dropped
@@ -175,6 +178,13 @@ class CascadeModel:
                 self.text_turn = TextTurn(contexts=o.whisper_workers)
             except TextTurnError as e:
                 log.warning("text end-of-turn model unavailable, judging words by their last word: %s", e)
+        # Interruption or backchannel, from the first few hundred ms of an overlap (models.speech.overlap).
+        self.overlap_probe: OverlapProbe | None = None
+        if o.barge_in_early_ms and self.whisper is not None:
+            try:
+                self.overlap_probe = OverlapProbe(self.whisper)
+            except OverlapProbeError as e:
+                log.warning("overlap probe unavailable, pausing for overlaps by their length alone: %s", e)
         self.policy = TurnPolicy(o, smart_turn=self.smart_turn is not None)
         self.workers = Workers({"eot": o.eot_workers, "asr": o.whisper_workers})
         self.clock = StepClock(_JOB_GRACE_S)  # the tick thread's: the waits' shared grace, a slow step's why
@@ -274,6 +284,7 @@ class CascadeModel:
         ev: list[Event] = []
         user_text = ""
         s.ticks += 1
+        s.heard_samples += len(x)
         if t.cancel:
             self._stop(s, "cancel", ev)
         for text in t.text:
@@ -312,12 +323,15 @@ class CascadeModel:
             s.utterance_ticks = len(s.preroll)
             s.turn_audio = deque(s.preroll)
             s.turn_levels = []
+            s.p_interrupt = None
             self._new_pause(s)
         if s.turn.turn:
             s.turn_audio.append(x)
             while len(s.turn_audio) > _TURN_AUDIO_TICKS:
                 s.turn_audio.popleft()
-            if len(probs) and float(probs.max()) >= o.vad_on:
+            # A tick that is mostly speech: one where speech begins or ends late in it has a lower
+            # peak, and an overlap's first such tick made its level look like background talk.
+            if len(probs) and float(np.mean(probs >= o.vad_on)) >= 0.5:
                 s.turn_levels.append(peak_db(x))
             s.asr.send(x)
             s.utterance_ticks += 1
@@ -329,8 +343,11 @@ class CascadeModel:
             s.preroll.popleft()
 
         cues = self._pause_cues(s)
+        background = self._background_overlap(s)
+        if not background:
+            self._judge_overlap(s)
         d = self.policy.decide(
-            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, self._background_overlap(s)
+            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, background, s.p_interrupt
         )
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
@@ -482,6 +499,25 @@ class CascadeModel:
                 s.cues.p_text = heard.p_text
         return s.cues
 
+    def _judge_overlap(self, s: CascadeState) -> None:
+        """Ask the overlap probe once per overlap, in the first micro-turn with `barge_in_early_ms` of its
+        speech. Inline on the tick thread (~4 ms of Whisper's encoder, which releases the GIL): its
+        answer is needed in this micro-turn, and overlaps are rare. A failure only loses the early cue."""
+        t = s.turn
+        if self.overlap_probe is None or not (t.turn and t.overlap) or s.p_interrupt is not None:
+            return
+        if t.turn_speech_ms < self.opts.barge_in_early_ms:
+            return
+        audio = np.concatenate(s.turn_audio)
+        with self.clock.timed("overlap probe"):
+            try:
+                s.p_interrupt = self.overlap_probe.probability(
+                    audio, onset_index(len(audio), s.heard_samples, t.turn_started_ms)
+                )
+            except Exception as e:  # never let a classifier stop a session
+                log.warning("overlap probe failed (%s: %s); judging this overlap by its length", type(e).__name__, e)
+                s.p_interrupt = 0.0
+
     def _hear(self, audio: Audio, judge: bool) -> Heard:
         """Whisper's transcript of `audio` (on a worker thread); with `judge`, also the text model's
         P(finished) of its words, in the same job, so both are due at the same micro-turn."""
@@ -499,9 +535,13 @@ class CascadeModel:
         return level < s.user_db - o.background_db
 
     def _background_overlap(self, s: CascadeState) -> bool:
+        """The open overlap is someone else's talk, by its level: the mean of its louder half of ticks.
+        Not the median: an overlap is judged from its first ticks, and one of them caught in a short
+        pause ("Wait, | stop.", VAD speech still holding) made a user's interruption look 30 dB down."""
         if not s.turn.overlap or not s.turn_levels:
             return False
-        return self._background_level(s, statistics.median(s.turn_levels))
+        levels = sorted(s.turn_levels, reverse=True)
+        return self._background_level(s, statistics.fmean(levels[: -(-len(levels) // 2)]))
 
     def _delegate(self, s: CascadeState, query: str, ev: list[Event]) -> None:
         self._take_floor(s)

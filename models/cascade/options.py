@@ -101,6 +101,12 @@ class CascadeOptions:
     # one-word backchannels reach 400 ms). pocketsphinx hears hums as random words ("mm-hm" -> "the
     # men make"), so the word rule is off by default (barge_in_words=0).
     barge_in_pause_ms: int = 400  # 0: never pause, only stop at barge-in
+    # Sooner, by what is said: at the first micro-turn in which the overlap holds `barge_in_early_ms` of
+    # speech, the overlap probe (models.speech.overlap: Whisper's encoder on its first few hundred ms,
+    # trained by train/overlap.py) gives P(interruption); at `barge_in_early_p` or above the assistant
+    # pauses then. Needs Whisper (asr=auto/whisper); 0 turns it off.
+    barge_in_early_ms: int = 200
+    barge_in_early_p: float = 0.5
     barge_in_ms: int = 500
     barge_in_words: int = 0
     barge_in_max_ms: int = 1000
@@ -137,6 +143,10 @@ class CascadeOptions:
             raise ValueError("eot_max_silence_ms must be >= eot_silence_ms")
         if self.barge_in_max_ms < self.barge_in_ms:
             raise ValueError("barge_in_max_ms must be >= barge_in_ms")
+        if not 0 <= self.barge_in_early_ms <= self.barge_in_max_ms:
+            raise ValueError("barge_in_early_ms must be between 0 (off) and barge_in_max_ms")
+        if not 0.0 <= self.barge_in_early_p <= 1.0:
+            raise ValueError(f"barge_in_early_p is a probability, got {self.barge_in_early_p}")
         if not 0 <= self.barge_in_pause_ms <= self.barge_in_max_ms:
             raise ValueError("barge_in_pause_ms must be between 0 and barge_in_max_ms")
         if self.typed_text not in ("ask", "say"):

@@ -14,6 +14,9 @@ Rules (all thresholds are `CascadeOptions` fields):
      `barge_in_max_ms` after it whatever the words; an overlap that falls silent for
      `OVERLAP_END_MS` before that was a backchannel (or echo): dropped, the assistant goes on
      from where it paused;
+  2a. it pauses the assistant sooner, at `barge_in_early_ms` of speech, when the overlap probe (what
+     the first few hundred ms say: "wait", "sorry, but" rather than "mm-hm", "yeah") gives
+     P(interruption) >= `barge_in_early_p`;
   2b. an overlap judged to be background speech (much quieter than the user's own voice, decided
      by the cascade from levels) never pauses nor stops the assistant; it just ends when it falls
      silent;
@@ -155,11 +158,13 @@ class TurnPolicy:
         echo_like: bool,
         cues: PauseCues | None = None,
         background: bool = False,
+        p_interrupt: float | None = None,
     ) -> Decision:
         """Given the partial transcript of the open turn, decide what happens this micro-turn.
 
         `cues`: what the end-of-turn models said about the current pause (see `turn_ends`);
-        `background`: the overlap is someone else's speech, not the user's (a level judgement).
+        `background`: the overlap is someone else's speech, not the user's (a level judgement);
+        `p_interrupt`: the overlap probe's P(the overlap is an interruption), once it has been asked.
         """
         o = self.o
         if not s.turn:
@@ -183,8 +188,11 @@ class TurnPolicy:
                 if spoken >= o.barge_in_max_ms or (spoken >= o.barge_in_ms and words_ok):
                     d.barge_in = True
                     s.overlap = s.paused = False
-                elif o.barge_in_pause_ms and s.turn_speech_ms >= o.barge_in_pause_ms:
-                    # Speech, not span: a pause inside the overlap must not count towards it.
+                elif (o.barge_in_pause_ms and s.turn_speech_ms >= o.barge_in_pause_ms) or (
+                    p_interrupt is not None and p_interrupt >= o.barge_in_early_p
+                ):
+                    # Speech, not span: a pause inside the overlap must not count towards it. Sooner
+                    # when what is being said sounds like an interruption (rule 2a).
                     s.paused = True
         if s.overlap:
             return d

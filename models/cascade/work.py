@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from models.threads import started_pool
@@ -47,6 +47,7 @@ class LateWork:
             self.count += 1
             now = time.monotonic()
             if now - self._logged < self._every:
+                log.debug("%s late past its micro-turn (%d late so far)", what, self.count)
                 return
             self._logged = now
         log.warning("%s late past its micro-turn (%d late so far): the machine is too busy for the budgets; "
@@ -106,10 +107,29 @@ class StepClock:
 
 
 @dataclass
+class Timing:
+    """When a job was submitted, started on its worker and finished (monotonic s; 0 = not yet)."""
+
+    submitted: float = 0.0
+    started: float = 0.0
+    finished: float = 0.0
+
+    def describe(self, now: float) -> str:
+        """Where a late job's time went, for the warning: queued behind other jobs, or running slowly."""
+        if not self.started:
+            return f"still queued after {(now - self.submitted) * 1e3:.0f} ms"
+        queued = (self.started - self.submitted) * 1e3
+        if not self.finished:
+            return f"queued {queued:.0f} ms, running for {(now - self.started) * 1e3:.0f} ms"
+        return f"queued {queued:.0f} ms, ran {(self.finished - self.started) * 1e3:.0f} ms"
+
+
+@dataclass
 class Job(Generic[T]):
     future: Future[T]
     due: int  # the session's micro-turn (CascadeState.ticks) at which the result is used
     name: str = ""  # the worker it runs on (for the overrun warning)
+    timing: Timing = field(default_factory=Timing)
 
     def take(self, tick: int, grace: float) -> tuple[bool, T | None]:
         """(taken, result or None on failure). Not due yet, or due but late within the patience:
@@ -120,7 +140,7 @@ class Job(Generic[T]):
             return True, self.future.result(timeout=grace)
         except FutureTimeout:
             if tick - self.due < PATIENCE_TICKS:
-                LATE.note(f"{self.name} job")
+                LATE.note(f"{self.name} job ({self.timing.describe(time.monotonic())})")
                 return False, None  # late: the decision waits a micro-turn, the tick does not
             log.warning("%s job is %d micro-turns past its budget; using the fallback", self.name, tick - self.due)
             self.future.cancel()
@@ -138,7 +158,16 @@ class Workers:
         self._pools = {n: started_pool(k, f"cascade-{n}") for n, k in threads.items()}
 
     def submit(self, name: str, due: int, fn: Callable[..., T], *args: object) -> Job[T]:
-        return Job(self._pools[name].submit(fn, *args), due, name)
+        timing = Timing(time.monotonic())
+
+        def timed() -> T:
+            timing.started = time.monotonic()
+            try:
+                return fn(*args)
+            finally:
+                timing.finished = time.monotonic()
+
+        return Job(self._pools[name].submit(timed), due, name, timing)
 
     def on_every_thread(self, name: str, fn: Callable[[], object]) -> None:
         """Run `fn` once on each thread of pool `name`, all at the same time, and wait (errors raise)."""

@@ -139,6 +139,11 @@ class WhisperTranscriber:
     ) -> None:
         self._model = _whisper_model(str(resolve_whisper_dir(model_dir)), compute_type, workers)
         self._window = WindowedWhisper(self._model) if window else None
+        self._encoder = self._window or WindowedWhisper(self._model)
+
+    def encode(self, audio: Audio, seconds: float, lead_s: float) -> Audio:
+        """Whisper's encoder output for a short clip (`WindowedWhisper.encode`): float32[frames, width]."""
+        return self._encoder.encode(audio, seconds, lead_s)
 
     def transcribe(self, audio: Audio) -> Transcript:
         x = np.asarray(audio, dtype=np.float32).reshape(-1)

@@ -30,6 +30,7 @@ import zlib
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from models.speech.sphinx import ASR_RATE, Audio
 
@@ -42,6 +43,7 @@ MAX_COMPRESSION = 2.4  # gzip ratio above which a transcript is a loop (faster-w
 LOOP_WORDS = 5  # a run of this many words said twice is taken for a decoding loop
 TOKENS_PER_S = 12  # decode bound: speech is ~3-4 tokens a second; a loop stops here, not at 448
 MAX_TOKENS = 448  # Whisper's decoder context
+_ENCODER_HOP = 320  # samples per encoder frame (10 ms mel frames, stride-2 convolution)
 
 
 def window_seconds(samples: int) -> int:
@@ -95,15 +97,26 @@ class WindowedWhisper:
             text = self._decode(x, FULL_S)
         return text
 
-    def _decode(self, x: Audio, seconds: int) -> str:
+    def encode(self, audio: Audio, seconds: float, lead_s: float = LEAD_S) -> npt.NDArray[np.float32]:
+        """The encoder's output for the clip placed `lead_s` into a `seconds` window (its end kept if it
+        does not fit): float32[frames, width], 20 ms a frame; only the frames that hold the clip."""
+        lead = round(lead_s * ASR_RATE)
+        x = np.asarray(audio, dtype=np.float32).reshape(-1)[-(round(seconds * ASR_RATE) - lead) :]
+        encoded = np.asarray(self._encode(x, seconds, lead, to_cpu=True))[0]
+        first, last = lead // _ENCODER_HOP, -(-(lead + len(x)) // _ENCODER_HOP)
+        return encoded[first : max(first + 1, last)].astype(np.float32)
+
+    def _encode(self, x: Audio, seconds: float, lead: int, to_cpu: bool) -> Any:
         import ctranslate2
 
-        padded = np.zeros(seconds * ASR_RATE, dtype=np.float32)
-        lead = round(LEAD_S * ASR_RATE)
+        padded = np.zeros(round(seconds * ASR_RATE), dtype=np.float32)
         padded[lead : lead + len(x)] = x
-        mel = self._features(padded, padding=0)[:, : seconds * 100]  # [80, frames], 10 ms frames
+        mel = self._features(padded, padding=0)[:, : round(seconds * 100)]  # [80, frames], 10 ms frames
         features = ctranslate2.StorageView.from_array(np.ascontiguousarray(mel[None], dtype=np.float32))
-        encoded = self._ct2.encode(features, to_cpu=False)
+        return self._ct2.encode(features, to_cpu=to_cpu)
+
+    def _decode(self, x: Audio, seconds: int) -> str:
+        encoded = self._encode(x, seconds, round(LEAD_S * ASR_RATE), to_cpu=False)
         limit = min(MAX_TOKENS, len(self._prompt) + 8 + int(TOKENS_PER_S * len(x) / ASR_RATE))
         result = self._ct2.generate(
             encoded, [self._prompt], beam_size=1, max_length=limit, suppress_blank=True, suppress_tokens=[-1]

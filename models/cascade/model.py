@@ -22,7 +22,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -35,7 +34,7 @@ import numpy.typing as npt
 
 from models.base import BackgroundChunk, Event, TickInput, TickOutput
 from models.cascade.echo import EchoCanceller
-from models.cascade.level import peak_db
+from models.cascade.level import SpeechLevel
 from models.cascade.options import CascadeOptions
 from models.cascade.policy import PauseCues, TurnPolicy, TurnState
 from models.cascade.speaker import Speaker, Synthesizer
@@ -84,7 +83,13 @@ _PAUSE_AUDIO_TICKS = 40
 # leaving it to a later micro-turn (work.py, StepClock). Media pace never needs it: the engine steps a
 # media session once its due work is done.
 _JOB_GRACE_S = 0.05
+# Mostly-speech micro-turns an overlap needs before its level says whose voice it is (`_background_overlap`).
+_LEVEL_TICKS = 2
 log = logging.getLogger(__name__)
+
+
+def _rounded(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
 
 
 def _joined(earlier: str, text: str) -> str:
@@ -119,7 +124,7 @@ class CascadeState:
     speaker: Speaker  # the assistant's queued phrases
     preroll: deque[Audio] = field(default_factory=deque)  # recent cleaned 16 kHz ticks (ASR pre-roll)
     turn_audio: deque[Audio] = field(default_factory=deque)  # the open turn's cleaned 16 kHz ticks
-    turn_levels: list[float] = field(default_factory=list)  # peak dBFS of the open turn's speech ticks
+    turn_level: SpeechLevel = field(default_factory=SpeechLevel)  # the open turn's speech level so far
     user_db: float | None = None  # the user's own speech level (their delegated turns), dBFS
     eot_job: Job[float] | None = None  # Smart Turn asked in the current pause, not yet due
     text_job: Job[Heard] | None = None  # Whisper (and the text model) on the turn so far, asked in the current pause
@@ -322,17 +327,17 @@ class CascadeModel:
             s.partial = s.heard = ""
             s.utterance_ticks = len(s.preroll)
             s.turn_audio = deque(s.preroll)
-            s.turn_levels = []
+            s.turn_level = SpeechLevel()
             s.p_interrupt = None
             self._new_pause(s)
         if s.turn.turn:
             s.turn_audio.append(x)
             while len(s.turn_audio) > _TURN_AUDIO_TICKS:
                 s.turn_audio.popleft()
-            # A tick that is mostly speech: one where speech begins or ends late in it has a lower
-            # peak, and an overlap's first such tick made its level look like background talk.
+            # Only ticks that are mostly speech: one where speech begins or ends late in it is mostly
+            # silence or the tail of a word, and an overlap's first such tick made it look like background.
             if len(probs) and float(np.mean(probs >= o.vad_on)) >= 0.5:
-                s.turn_levels.append(peak_db(x))
+                s.turn_level.add(x)
             s.asr.send(x)
             s.utterance_ticks += 1
         self.clock.add("asr send", t0)
@@ -344,10 +349,18 @@ class CascadeModel:
 
         cues = self._pause_cues(s)
         background = self._background_overlap(s)
-        if not background:
+        if background is False:  # the user's own voice: is it an interruption or a backchannel?
             self._judge_overlap(s)
+        if s.turn.overlap and log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "overlap at %.0f ms: %.0f ms speech, level %s dB over %d ticks (user %s), background %s, "
+                "P(interruption) %s",
+                s.turn.now_ms, s.turn.turn_speech_ms, _rounded(s.turn_level.db, 1), s.turn_level.ticks,
+                _rounded(s.user_db, 1), background,
+                _rounded(s.p_interrupt, 2),
+            )
         d = self.policy.decide(
-            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, background, s.p_interrupt
+            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, bool(background), s.p_interrupt
         )
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
@@ -400,7 +413,7 @@ class CascadeModel:
         s.text_job = None  # kept (below) as the final transcript's job, not cancelled
         self._new_pause(s)
         ev.append(Event("speech_stopped", {"audio_ms": round(s.turn.now_ms - s.turn.silence_ms)}))
-        level = statistics.median(s.turn_levels) if s.turn_levels else None
+        level = s.turn_level.db
         if self._background_level(s, level):
             return ""  # someone else talking near the microphone, not a turn
         if s.turn.turn_speech_ms < self.opts.min_turn_speech_ms:
@@ -466,7 +479,8 @@ class CascadeModel:
         if self.smart_turn is None or not t.turn or t.overlap:
             return s.cues
         if t.silence_ms < o.eot_check_ms:  # talking (again): the next pause is asked afresh
-            if s.eot_job is not None or s.text_job is not None or s.pause_text is not None:
+            # (Smart Turn's answer too: without Whisper it is all a pause leaves behind.)
+            if s.eot_job is not None or s.text_job is not None or s.pause_text is not None or s.cues.p_end is not None:
                 self._new_pause(s)
             return s.cues
         if s.eot_job is None and s.cues.p_end is None:
@@ -534,14 +548,14 @@ class CascadeModel:
             return False
         return level < s.user_db - o.background_db
 
-    def _background_overlap(self, s: CascadeState) -> bool:
-        """The open overlap is someone else's talk, by its level: the mean of its louder half of ticks.
-        Not the median: an overlap is judged from its first ticks, and one of them caught in a short
-        pause ("Wait, | stop.", VAD speech still holding) made a user's interruption look 30 dB down."""
-        if not s.turn.overlap or not s.turn_levels:
+    def _background_overlap(self, s: CascadeState) -> bool | None:
+        """The open overlap is someone else's talk, by its speech level so far against the user's; None
+        while it has fewer than `_LEVEL_TICKS` mostly-speech ticks: one tick is no level."""
+        if not s.turn.overlap:
             return False
-        levels = sorted(s.turn_levels, reverse=True)
-        return self._background_level(s, statistics.fmean(levels[: -(-len(levels) // 2)]))
+        if s.turn_level.ticks < _LEVEL_TICKS:
+            return None
+        return self._background_level(s, s.turn_level.db)
 
     def _delegate(self, s: CascadeState, query: str, ev: list[Event]) -> None:
         self._take_floor(s)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from models.cascade import CascadeModel, load_cascade
-from models.cascade.level import peak_db
+from models.cascade.level import speech_db
 from models.cascade.options import CascadeOptions
 from models.cascade.policy import PauseCues, TurnPolicy, TurnState
 from models.cascade.text import FINISHED, UNFINISHED, verdict
@@ -27,9 +27,10 @@ def model() -> Iterator[CascadeModel]:
 
 
 def _level(x: np.ndarray) -> float:
-    """Speech level as the cascade measures it: median over micro-turns of the loudest 20 ms frame."""
-    ticks = [peak_db(x[i : i + 4800]) for i in range(0, len(x) - 4799, 4800)]
-    return float(np.median([t for t in ticks if t > -60]))
+    """Speech level as the cascade measures it (the mean power of its speech frames)."""
+    level = speech_db(x)
+    assert level is not None, "no speech in the clip"
+    return level
 
 
 def _first_reply_after(c: Conversation, t: float) -> float:
@@ -160,3 +161,28 @@ def test_the_end_of_a_turn_never_waits_for_pocketsphinx_in_the_tick(model: Casca
         stages |= set(model.clock.spent)
     assert [d["query"] for _, d in c.events("delegate")] == ["what is the capital of france"]
     assert "partial" in stages and "pocketsphinx final" not in stages, stages
+
+
+def test_every_pause_of_a_turn_is_judged_afresh_without_whisper() -> None:
+    """With pocketsphinx alone (asr=sphinx), Smart Turn's answer is all a pause leaves behind: the user
+    talking on must drop it, so the next pause of the same turn is asked again (not judged stale)."""
+    m = load_cascade("asr=sphinx")
+    try:
+        assert m.smart_turn is not None and m.whisper is None
+        smart_turn = m.smart_turn
+        asked: list[int] = []
+        real = smart_turn.probability
+
+        def counted(audio: np.ndarray) -> float:
+            asked.append(len(audio))
+            return real(audio)
+
+        smart_turn.probability = counted  # type: ignore[method-assign]
+        c = Conversation(m)
+        c.feed(np.concatenate([silence(0.4), speech("I was wondering if you could tell me about the"), silence(0.8),
+                               speech("old train station in the town."), silence(3.0)]))
+        assert len(asked) >= 2, f"Smart Turn asked {len(asked)} time(s) over a turn with two pauses"
+        assert asked[1] > asked[0], "the second pause was judged on the first pause's audio"
+        assert c.events("speech_stopped"), "the turn never ended"
+    finally:
+        m.shutdown()

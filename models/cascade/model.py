@@ -349,10 +349,10 @@ class CascadeModel:
 
         cues = self._pause_cues(s)
         background = self._background_overlap(s)
-        # The user's own voice, or not judged yet and its one tick sounds like theirs: an interruption or
-        # a backchannel? Asked without waiting for the level (a pause it brings is resumed when the level
-        # later says background).
-        if background is False or (background is None and not self._background_level(s, s.turn_level.db)):
+        # Sounds like the user so far (even on one tick, before `_background_overlap` will say): an
+        # interruption or a backchannel? Asked without waiting for the level's verdict (a pause it
+        # brings is resumed when the verdict is background).
+        if not self._background_level(s, s.turn_level.db):
             self._judge_overlap(s)
         if s.turn.overlap and log.isEnabledFor(logging.DEBUG):
             log.debug(

@@ -87,6 +87,40 @@ TAILS = [
     "he is afraid of small birds.",
     "maybe swim in a cold lake.",
 ]
+# Unfinished clauses built from parts, so the cue is the last word ("... because") and not a memorised
+# sentence: 10 heads let the first trained model take the floor in pauses after heads it had never
+# heard. The same clauses said as finished statements (STATEMENTS) get a reply, so the clause alone
+# is no reason to wait.
+_CLAUSES = [
+    "I stayed up late last night",
+    "My sister moved into a new flat",
+    "We cancelled the picnic on Sunday",
+    "The bus was full this morning",
+    "I started learning the piano",
+    "Our kitchen tap keeps dripping",
+    "My brother lent me his bike",
+    "The bakery closed early today",
+    "I finally finished that long book",
+    "We planted tomatoes in the garden",
+    "My phone fell into the sink",
+    "The neighbours had a party",
+    "I forgot to water the plants",
+    "Our team lost the final game",
+    "I bought a second hand camera",
+    "The printer at work broke down",
+    "My friend is visiting next week",
+    "We painted the bedroom green",
+    "I walked home through the park",
+    "The heating stopped working",
+    "My aunt sent me a letter",
+    "I skipped breakfast again",
+    "The museum was very crowded",
+    "We booked a cabin by the lake",
+]
+_CONNECTIVES = ["because", "and", "but", "so", "although", "when", "until", "since", "while", "and then",
+                "which means that", "so that"]
+HEADS += [f"{c} {k}" for c in _CLAUSES for k in _CONNECTIVES]
+STATEMENTS = [f"{c}." for c in _CLAUSES]
 # User: a longer telling, sentence by sentence (the assistant backchannels at the breaks).
 STORY = [
     "My cousin bought an old sailing boat last month.",

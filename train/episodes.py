@@ -100,6 +100,8 @@ class Episode:
     typed: list[tuple[int, str]] = field(default_factory=list)  # (turn it arrives, text)
     background: list[tuple[int, str]] = field(default_factory=list)  # (turn it arrives, result text)
     scenes: list[str] = field(default_factory=list)
+    # (first silent micro-turn, first micro-turn of the continuation) of each mid-sentence pause
+    pauses: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.control = np.full(self.turns, SILENT, dtype=np.int8)
@@ -185,12 +187,16 @@ def _question(b: _Builder) -> str:
 
 
 def scene_qa(b: _Builder) -> None:
-    b.reply_after(b.user_says(_question(b)))
+    # Now and then a finished statement instead of a question: the same clauses end the pause scene's
+    # unfinished heads, so only their last words tell the two apart.
+    text = b.rng.choice(tx.STATEMENTS) if b.rng.random() < 0.3 else _question(b)
+    b.reply_after(b.user_says(text))
 
 
 def scene_pause(b: _Builder) -> None:
     end = b.user_says(b.rng.choice(tx.HEADS))
     b.t = end + int(b.rng.uniform(1.2, 3.0) * RATE)  # labels stay silent through the pause
+    b.ep.pauses.append((b.turn_of(end) + 1, b.turn_of(b.t)))
     b.reply_after(b.user_says(b.rng.choice(tx.TAILS)))
 
 

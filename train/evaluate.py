@@ -64,6 +64,7 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
     conf = np.zeros((na, na), dtype=np.int64)
     onsets = [0, 0]  # [taken on the labelled micro-turn, labelled onsets]
     starts = [0, 0]  # [spoke although the label stays silent (not continuing speech), such micro-turns]
+    pauses = [0, 0]  # [mid-sentence pauses in which it took the floor, pauses] (caches that record them)
     gl = vocoder.GriffinLim(net.cfg.mel_bins, net.cfg.griffin_lim_iters, torch.device("cpu"))
     errs = {"model": [0, 0], "target": [0, 0]}
     samples: list[dict[str, str]] = []
@@ -83,6 +84,11 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         quiet = (lab == silent) & was_quiet
         starts[0] += int(np.sum(quiet & (pr == speak)))
         starts[1] += int(np.sum(quiet))
+        # Through a pause after an unfinished clause every row is a real decision (the labels keep the
+        # assistant silent, so teacher forcing feeds it no speech of its own).
+        for a, z in meta[e].get("pauses", []):
+            pauses[0] += int(np.any(pr[a:z] == speak))
+            pauses[1] += int(z > a)
         if voice:
             for seg in meta[e]["assistant"]:
                 turns = [t for t in range(seg["start"], seg["start"] + seg["turns"]) if bool(b.mel_mask[t])]
@@ -115,6 +121,9 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         "onsets": onsets[1],
         "false_start_rate": round(starts[0] / max(starts[1], 1), 4),
     }
+    if pauses[1]:
+        result["pause_taken_rate"] = round(pauses[0] / pauses[1], 3)  # lower is better
+        result["pauses"] = pauses[1]
     if voice:
         result["voice_wer"] = round(errs["model"][0] / max(errs["model"][1], 1), 3)
         result["vocoder_floor_wer"] = round(errs["target"][0] / max(errs["target"][1], 1), 3)

@@ -159,7 +159,7 @@ def build_cache(
             ep = make_episode(seed * 1_000_003 + i, turns, spk)
             for k, v in feat(ep).items():
                 rows[k].append(v)
-            meta.append({"seed": ep.seed, "scenes": ep.scenes, "assistant": [
+            meta.append({"seed": ep.seed, "scenes": ep.scenes, "pauses": ep.pauses, "assistant": [
                 {"start": g.start, "turns": g.turns, "text": g.text, "kind": int(g.kind)} for g in ep.assistant]})
             if keep_audio:
                 audio.append(ep.user.astype(np.float16))

@@ -138,6 +138,9 @@ class CascadeState:
     utterance_ticks: int = 0  # micro-turns of audio sent into the current utterance
     heard_samples: int = 0  # 16 kHz samples of input so far (places the VAD's onset in `turn_audio`)
     p_interrupt: float | None = None  # the overlap probe's P(interruption) of the open overlap, once asked
+    overlap_job: Job[Heard] | None = None  # Whisper on the open overlap so far, not yet due
+    overlap_heard_ms: float = 0.0  # the overlap's speech (TurnState.turn_speech_ms) when that job was asked
+    overlap_words: str | None = None  # the latest non-empty transcript of the open overlap
     said: deque[tuple[float, list[str]]] = field(default_factory=deque)  # (media ms, words) we spoke
     seen: set[str] = field(default_factory=set)  # background request ids seen so far
     muted: set[str] = field(default_factory=set)  # request ids whose further chunks are dropped
@@ -243,7 +246,7 @@ class CascadeModel:
         """Off-thread work the session's next micro-turn uses (`models.base.OffThreadWork`): jobs due
         then, the partial of the audio sent last micro-turn, the next phrase's synthesis once due."""
         nxt = s.ticks + 1
-        jobs = (s.eot_job, s.text_job, s.final_job)
+        jobs = (s.eot_job, s.text_job, s.final_job, s.overlap_job)
         work: list[Future[Any]] = [j.future for j in jobs if j is not None and j.due <= nxt]
         work += s.asr.waiting()
         work += s.speaker.waiting()
@@ -329,6 +332,7 @@ class CascadeModel:
             s.turn_audio = deque(s.preroll)
             s.turn_level = SpeechLevel()
             s.p_interrupt = None
+            self._forget_overlap_words(s)
             self._new_pause(s)
         if s.turn.turn:
             s.turn_audio.append(x)
@@ -354,16 +358,18 @@ class CascadeModel:
         # brings is resumed when the verdict is background).
         if not self._background_level(s, s.turn_level.db):
             self._judge_overlap(s)
+        backchannel_words = self._hear_overlap(s)
         if s.turn.overlap and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "overlap at %.0f ms: %.0f ms speech, level %s dB over %d ticks (user %s), background %s, "
-                "P(interruption) %s",
+                "P(interruption) %s, words %r",
                 s.turn.now_ms, s.turn.turn_speech_ms, _rounded(s.turn_level.db, 1), s.turn_level.ticks,
                 _rounded(s.user_db, 1), background,
-                _rounded(s.p_interrupt, 2),
+                _rounded(s.p_interrupt, 2), s.overlap_words,
             )
         d = self.policy.decide(
-            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, bool(background), s.p_interrupt
+            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, bool(background), s.p_interrupt,
+            backchannel_words,
         )
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
@@ -534,6 +540,40 @@ class CascadeModel:
             except Exception as e:  # never let a classifier stop a session
                 log.warning("overlap probe failed (%s: %s); judging this overlap by its length", type(e).__name__, e)
                 s.p_interrupt = 0.0
+
+    def _hear_overlap(self, s: CascadeState) -> bool:
+        """Whisper on the open overlap, asked every micro-turn whose speech has grown since the last ask
+        (from `barge_in_early_ms` of it on) and used the micro-turn after, like every Whisper job.
+        Returns whether its latest words are all backchannels (policy rule 2c). Overlaps are short and
+        rare, so a few ~0.1 s transcriptions each; an overlap that already sounds like someone else's
+        talk is not transcribed (it pauses nothing anyway)."""
+        t, o = s.turn, self.opts
+        if self.whisper is None or not o.overlap_words:
+            return False
+        if not (t.turn and t.overlap):
+            self._forget_overlap_words(s)
+            return False
+        if s.overlap_job is not None:
+            with self.clock.timed("whisper"):
+                due, heard = s.overlap_job.take(s.ticks, self.clock.left())
+            if due:
+                s.overlap_job = None
+                if heard is not None and heard.transcript.text:
+                    s.overlap_words = heard.transcript.text
+        if (
+            s.overlap_job is None
+            and t.turn_speech_ms >= o.barge_in_early_ms
+            and t.turn_speech_ms > s.overlap_heard_ms
+            and not self._background_level(s, s.turn_level.db)
+        ):
+            s.overlap_heard_ms = t.turn_speech_ms
+            s.overlap_job = self.workers.submit("asr", s.ticks + 1, self._hear, np.concatenate(s.turn_audio), False)
+        return s.overlap_words is not None and only_backchannel(s.overlap_words)
+
+    def _forget_overlap_words(self, s: CascadeState) -> None:
+        if s.overlap_job is not None:
+            s.overlap_job.future.cancel()
+        s.overlap_job, s.overlap_heard_ms, s.overlap_words = None, 0.0, None
 
     def _hear(self, audio: Audio, judge: bool) -> Heard:
         """Whisper's transcript of `audio` (on a worker thread); with `judge`, also the text model's

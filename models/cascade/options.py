@@ -107,6 +107,15 @@ class CascadeOptions:
     # pauses then. Needs Whisper (asr=auto/whisper); 0 turns it off.
     barge_in_early_ms: int = 200
     barge_in_early_p: float = 0.5
+    # From `barge_in_early_ms` of overlap speech on, Whisper transcribes the overlap every micro-turn
+    # (due the next one); while its words are all backchannels ("mm-hm", "oh, really?", "I see") the
+    # 400 ms pause waits (one taken on a misheard half word ends) and the overlap may last twice
+    # `barge_in_max_ms` (policy rule 2c). Measured with `python -m bench.overlap` (train/_texts.py
+    # texts, not the benchmark's; one random voice each; media pace), off -> on: backchannels never
+    # paused 3 -> 15 of 30, replies cut by a backchannel 6 -> 2; interruptions' pause 0.358 -> 0.383 s
+    # mean, p90 0.454 -> 0.460 s (those that open with "okay," / "yeah, but" wait for their next word).
+    # Needs Whisper; false turns it off.
+    overlap_words: bool = True
     barge_in_ms: int = 500
     barge_in_words: int = 0
     barge_in_max_ms: int = 1000

@@ -37,7 +37,7 @@ _INCOMPLETE_END = _wordset(
 BACKCHANNEL_WORDS = _wordset(
     """
     mm hmm hm mhm mmm mm-hmm mm-hm uh-huh huh uh um yeah yes yep yup ok okay right sure ah oh aha wow
-    cool nice great alright
+    cool nice great alright really true totally exactly indeed gotcha definitely absolutely
     """
 )
 

@@ -132,3 +132,59 @@ def test_the_probe_tells_interruptions_it_was_not_trained_on_from_backchannels()
     backchannels = judged(["Uh-huh.", "Mm-hm.", "Yeah."])
     assert sum(interruptions) >= 0.75 * len(interruptions), interruptions
     assert sum(backchannels) <= 0.25 * len(backchannels), backchannels
+
+
+def test_the_policy_holds_the_pause_while_the_overlaps_words_are_backchannels() -> None:
+    """Pure rule 2c: backchannel words hold off the pause by length (and end one taken on a misheard
+    half word) and double the span after which the overlap is a barge-in; other words, or none, change
+    nothing; the probe's early pause stands."""
+    o = CascadeOptions()
+    policy = TurnPolicy(o)
+
+    def decide(
+        speech_ms: float, span_ms: float, words: bool, p: float = 0.1, paused: bool = False
+    ) -> tuple[TurnState, Decision]:
+        s = TurnState(turn=True, overlap=True, paused=paused, turn_speech_ms=speech_ms, now_ms=5000.0,
+                      turn_started_ms=5000.0 - span_ms)
+        d = policy.decide(s, Decision(), "", True, False, p_interrupt=p, backchannel_words=words)
+        return s, d
+
+    assert decide(o.barge_in_pause_ms, 600, words=False)[0].paused
+    assert not decide(o.barge_in_pause_ms, 600, words=True)[0].paused
+    assert not decide(o.barge_in_pause_ms + 300, 900, words=True, paused=True)[0].paused  # resumed
+    assert decide(o.barge_in_pause_ms, 600, words=True, p=0.9)[0].paused  # rule 2a still pauses
+    assert decide(600, o.barge_in_max_ms, words=False)[1].barge_in
+    s, d = decide(600, o.barge_in_max_ms, words=True)
+    assert not d.barge_in and s.overlap
+    assert decide(600, 2 * o.barge_in_max_ms, words=True)[1].barge_in
+
+
+def _overlap_over_reply(m: CascadeModel, said: str) -> tuple[list[bool], bool]:
+    """The assistant's audibility per micro-turn while `said` (then 0.6 s of silence) plays over its
+    reply, and whether it yielded (dropped the rest of the reply)."""
+    c = _talking(m)
+    t0 = c.n
+    c.feed(np.concatenate([speech(said), np.zeros(round(0.6 * TICK_SAMPLES / TICK), dtype=np.float32)]))
+    return [c.loud(i) for i in range(t0, c.n)], bool(c.events("yielded"))
+
+
+def test_a_two_word_backchannel_does_not_stop_the_reply(model: CascadeModel) -> None:
+    """"Oh wow, really?" is longer than the 400 ms pause by length (and, with its comma, spans most of
+    barge_in_max_ms): Whisper's words (rule 2c) keep the reply going; without them it pauses and is cut."""
+    loud, yielded = _overlap_over_reply(model, "Oh wow, really?")
+    # A half word misheard ("oh why") may pause it for a micro-turn; the next transcript resumes it.
+    assert not yielded and sum(loud) >= len(loud) - 1, loud
+    plain = load_cascade("overlap_words=false")
+    try:
+        loud, yielded = _overlap_over_reply(plain, "Oh wow, really?")
+        assert sum(loud) < len(loud) - 1, loud  # the rule by length alone pauses it
+    finally:
+        plain.shutdown()
+
+
+def test_an_interruption_that_opens_with_okay_still_stops_the_reply(model: CascadeModel) -> None:
+    """"Okay, but ...": Whisper hears "okay" first, so the pause waits for the next word, not longer."""
+    loud, yielded = _overlap_over_reply(model, "Okay, but what about the train?")
+    assert yielded, loud
+    first_quiet = loud.index(False)
+    assert first_quiet * TICK <= 1.2, loud  # the words after "okay" are heard within ~1 s of speech

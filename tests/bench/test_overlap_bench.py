@@ -1,0 +1,25 @@
+"""bench.overlap's driver on the real cascade: an interruption over the reply is measured as a pause,
+a clip without speech is left out."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from bench.overlap import _speech, _talking, run_one
+from models.cascade import load_cascade
+
+
+def test_the_overlap_bench_measures_an_interruptions_pause() -> None:
+    m = load_cascade("")
+    try:
+        question = _speech("What is the tallest tower in the world?")
+        s = _talking(m, question)
+        assert sum(s.loud) >= 10 and not s.yielded  # the reply the overlap will be played over
+        s.close()
+        r = run_one(m, question, _speech("Wait, stop, I need something else."), random.Random(0))
+        assert r is not None and r["paused"] is not None and 0.0 < r["paused"] < 1.2, r
+        assert run_one(m, question, np.zeros(24_000, dtype=np.float32), random.Random(0)) is None
+    finally:
+        m.shutdown()

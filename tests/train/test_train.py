@@ -71,6 +71,26 @@ def test_episodes_are_seeded_and_labelled(cache: Path) -> None:
     assert mask.any() and data.arrays["mel"][mask].mean() > data.arrays["mel"][~mask].mean() + 1.0
 
 
+def test_mid_sentence_pauses_are_recorded_silent_and_scored(tmp_path: Path) -> None:
+    """A pause scene records its pause: every micro-turn of it is labelled silent with the user quiet, and
+    train.evaluate counts a model that speaks in it as taking the floor there."""
+    from train.evaluate import evaluate as heldout_eval
+
+    spk = Speaker()
+    ep = next(e for e in (make_episode(s, 100, spk) for s in range(40)) if e.pauses)
+    for a, z in ep.pauses:
+        assert z - a >= 4, ep.pauses  # 1.2-3 s of pause, less the micro-turns the words' ends cover
+        assert (ep.control[a:z] == ACTIONS.index("silent")).all()
+        assert not ep.user_speaking[a + 1 : z - 1].any()
+    assert any(text.endswith(tuple(("because", "and", "but", "so", "that", "to", "when", "is", "then")))
+               for _, _, text in ep.user_text)
+    seed = next(s for s in range(40) if make_episode(s * 1_000_003, 40, spk).pauses)
+    build_cache(tmp_path, small_cfg(), seed=seed, episodes=1, turns=40, log=lambda m: None)
+    r = heldout_eval(client().net, EpisodeData(tmp_path, small_cfg()), 1, voice=False)
+    assert r["pauses"] == len(make_episode(seed * 1_000_003, 40, spk).pauses)
+    assert 0.0 <= r["pause_taken_rate"] <= 1.0
+
+
 def test_loss_falls_on_tiny_episode_set(cache: Path) -> None:
     tc = client()
     data = EpisodeData(cache, small_cfg())

@@ -47,6 +47,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--clip", type=float, default=1.0, help="max gradient norm")
     p.add_argument("--onset-weight", type=float, default=LossWeights().onset,
                    help="control-loss weight of the micro-turn where the assistant starts speaking")
+    p.add_argument("--hold-weight", type=float, default=LossWeights().hold,
+                   help="control-loss weight of staying silent in the 2 s after the user stops (pauses, the "
+                        "beat before a reply)")
     p.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters of this rank instead (0 = full)")
     p.add_argument("--eval-every", type=int, default=25, help="evaluate on held-out episodes every N steps")
     p.add_argument("--eval-episodes", type=int, default=8, help="held-out episodes per evaluation")
@@ -126,7 +129,8 @@ def run(a: argparse.Namespace) -> int:
     ensure_data(Path(a.heldout), a.heldout_episodes, a.data_seed + 1, a.turns, True, log)
     data = EpisodeData(Path(a.data), cfg, seed=a.seed)
     held = EpisodeData(Path(a.heldout), cfg)
-    tc = TrainingClient(a.preset, a.init, a.lora_rank, a.device, a.precision, a.seed, LossWeights(onset=a.onset_weight))
+    weights = LossWeights(onset=a.onset_weight, hold=a.hold_weight)
+    tc = TrainingClient(a.preset, a.init, a.lora_rank, a.device, a.precision, a.seed, weights)
     adam = AdamParams(lr=a.lr, weight_decay=a.weight_decay, clip=a.clip)
     state_path = out / "state.pt"
     trained_s = 0.0

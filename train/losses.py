@@ -18,6 +18,7 @@ from models.interaction.flow import TIME_DIM, FlowHead
 from models.interaction.model import HeadOutputs, TurnFeatures
 
 SPEAK = ACTIONS.index("speak")
+SILENT = ACTIONS.index("silent")
 
 
 @dataclass
@@ -60,6 +61,11 @@ class LossWeights:
     # extra weight on the micro-turn where speech starts: continuing is easy (the model hears and
     # reads itself), taking the floor at the right moment is the decision that matters
     onset: float = 4.0
+    # extra weight on staying silent in the first `hold_turns` micro-turns after the user stops (a
+    # mid-sentence pause, the beat before a reply): the other half of taking the floor at the right
+    # moment; 1.0 = none
+    hold: float = 1.0
+    hold_turns: int = 10
 
 
 def time_embeddings(t: Tensor) -> Tensor:
@@ -96,6 +102,12 @@ def sft_loss(
     c = batch.control.view(-1, batch.n_turns)
     onset = (c == SPEAK) & (F.pad(c, (1, 0), value=-1)[:, :-1] != SPEAK)  # [B, N]
     rw = cw * torch.where(onset.reshape(-1), w.onset, 1.0)
+    if w.hold != 1.0:
+        us = batch.user_speaking.view(-1, batch.n_turns)
+        # the user spoke in one of the hold_turns micro-turns before this one, and is quiet now
+        recent = F.max_pool1d(F.pad(us, (w.hold_turns, 0))[:, None, :-1], w.hold_turns, stride=1)[:, 0]
+        hold = (c == SILENT) & (recent > 0) & (us == 0)
+        rw = rw * torch.where(hold.reshape(-1), w.hold, 1.0)
     ctrl = (F.cross_entropy(logits[:, :na], batch.control, reduction="none") * rw).sum() / rw.sum()
     vad = F.binary_cross_entropy_with_logits(logits[:, na], batch.user_speaking)
     speak = batch.control == SPEAK

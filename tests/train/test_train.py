@@ -21,7 +21,7 @@ from train.data import EpisodeData
 from train.episodes import Speaker, make_episode
 from train.features import build_cache
 from train.lora import LoRALin, apply_lora, merge_lora
-from train.losses import Batch
+from train.losses import Batch, LossWeights, sft_loss
 
 TURNS = 24
 
@@ -89,6 +89,32 @@ def test_mid_sentence_pauses_are_recorded_silent_and_scored(tmp_path: Path) -> N
     r = heldout_eval(client().net, EpisodeData(tmp_path, small_cfg()), 1, voice=False)
     assert r["pauses"] == len(make_episode(seed * 1_000_003, 40, spk).pauses)
     assert 0.0 <= r["pause_taken_rate"] <= 1.0
+
+
+def test_hold_weight_counts_the_quiet_after_the_user_stops(cache: Path) -> None:
+    """LossWeights.hold multiplies exactly the control rows labelled silent in the hold_turns after user
+    speech: with a uniform model (every logit zero) the weighted control loss stays log(actions) whatever
+    the weights, and the rows it picks are the quiet ones right after the user spoke."""
+    data = EpisodeData(cache, small_cfg())
+    b = data.batch(list(range(data.episodes)))
+    us = b.user_speaking.view(-1, b.n_turns)
+    c = b.control.view(-1, b.n_turns)
+    tc = client()
+    out = tc.net.forward_batched(b.feats, b.n_turns)
+    zero = type(out)(**{**vars(out), "control": torch.zeros_like(out.control)})
+    for hold in (1.0, 5.0):
+        _, m = sft_loss(zero, b, tc.net.flow, LossWeights(hold=hold))
+        assert abs(m["control"] - float(np.log(len(ACTIONS)))) < 1e-4
+    # the rows: silent, user quiet, user speech within the 10 before
+    picked = [(i, t) for i in range(c.shape[0]) for t in range(b.n_turns)
+              if c[i, t] == ACTIONS.index("silent") and us[i, t] == 0 and bool(us[i, max(0, t - 10) : t].any())]
+    assert picked, "the tiny episodes have user speech followed by quiet"
+    one_hot_wrong = torch.zeros_like(out.control)
+    one_hot_wrong[:, ACTIONS.index("speak")] = 20.0  # confidently wrong wherever the label is silent
+    wrong = type(out)(**{**vars(out), "control": one_hot_wrong})
+    base = sft_loss(wrong, b, tc.net.flow, LossWeights(hold=1.0))[1]["control"]
+    more = sft_loss(wrong, b, tc.net.flow, LossWeights(hold=5.0))[1]["control"]
+    assert more > base  # silent rows (now wrong) weigh more
 
 
 def test_loss_falls_on_tiny_episode_set(cache: Path) -> None:

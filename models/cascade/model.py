@@ -358,7 +358,7 @@ class CascadeModel:
         # brings is resumed when the verdict is background).
         if not self._background_level(s, s.turn_level.db):
             self._judge_overlap(s)
-        backchannel_words = self._hear_overlap(s)
+        self._hear_overlap(s)
         if s.turn.overlap and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "overlap at %.0f ms: %.0f ms speech, level %s dB over %d ticks (user %s), background %s, "
@@ -369,7 +369,7 @@ class CascadeModel:
             )
         d = self.policy.decide(
             s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, bool(background), s.p_interrupt,
-            backchannel_words,
+            s.overlap_words,
         )
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
@@ -541,18 +541,18 @@ class CascadeModel:
                 log.warning("overlap probe failed (%s: %s); judging this overlap by its length", type(e).__name__, e)
                 s.p_interrupt = 0.0
 
-    def _hear_overlap(self, s: CascadeState) -> bool:
+    def _hear_overlap(self, s: CascadeState) -> None:
         """Whisper on the open overlap, asked every micro-turn whose speech has grown since the last ask
         (from `barge_in_early_ms` of it on) and used the micro-turn after, like every Whisper job.
-        Returns whether its latest words are all backchannels (policy rule 2c). Overlaps are short and
+        Its latest words (`s.overlap_words`) feed the policy's rule 2c. Overlaps are short and
         rare, so a few ~0.1 s transcriptions each; an overlap that already sounds like someone else's
         talk is not transcribed (it pauses nothing anyway)."""
         t, o = s.turn, self.opts
         if self.whisper is None or not o.overlap_words:
-            return False
+            return
         if not (t.turn and t.overlap):
             self._forget_overlap_words(s)
-            return False
+            return
         if s.overlap_job is not None:
             with self.clock.timed("whisper"):
                 due, heard = s.overlap_job.take(s.ticks, self.clock.left())
@@ -568,7 +568,7 @@ class CascadeModel:
         ):
             s.overlap_heard_ms = t.turn_speech_ms
             s.overlap_job = self.workers.submit("asr", s.ticks + 1, self._hear, np.concatenate(s.turn_audio), False)
-        return s.overlap_words is not None and only_backchannel(s.overlap_words)
+
 
     def _forget_overlap_words(self, s: CascadeState) -> None:
         if s.overlap_job is not None:

@@ -20,10 +20,11 @@ Rules (all thresholds are `CascadeOptions` fields):
   2b. an overlap judged to be background speech (much quieter than the user's own voice, decided
      by the cascade from levels) never pauses nor stops the assistant; it just ends when it falls
      silent;
-  2c. while the overlap's latest transcript (Whisper, asked every micro-turn of it) is made only of
-     backchannel words ("mm-hm", "oh, really?", "I see"), the pause by length waits and the overlap
-     may last twice `barge_in_max_ms` before it is a barge-in; the first other word ends that
-     ("yeah, but ..." pauses a micro-turn later);
+  2c. Whisper transcribes the overlap every micro-turn; while its latest words are all backchannels
+     ("yeah, yeah", "mm-hm, I see") the overlap may last twice `barge_in_max_ms` before it is a
+     barge-in, and while they are clearly one (at least one word or phrase that does not also open a
+     turn: "mm-hm", "oh, really?", "I see", not "okay" or "yeah" alone, which open "okay, stop") the
+     pause by length waits too, and one taken on a misheard half word ends;
   3. with Smart Turn, a turn ends when the words of the turn so far (Whisper's transcript) end a
      sentence and Smart Turn agrees, or a little later when Smart Turn does not, else after the
      eagerness' maximum silence (`TurnPolicy.turn_ends`). Without Smart Turn: after
@@ -42,7 +43,14 @@ import numpy as np
 import numpy.typing as npt
 
 from models.cascade.options import EAGERNESS, CascadeOptions
-from models.cascade.text import BACKCHANNEL_WORDS, FINISHED, UNCLEAR, looks_complete
+from models.cascade.text import (
+    BACKCHANNEL_WORDS,
+    FINISHED,
+    UNCLEAR,
+    clearly_backchannel,
+    looks_complete,
+    only_backchannel,
+)
 from models.speech.vad import WINDOW_SECONDS
 
 WINDOW_MS = WINDOW_SECONDS * 1000.0  # 32 ms per Silero window
@@ -163,14 +171,14 @@ class TurnPolicy:
         cues: PauseCues | None = None,
         background: bool = False,
         p_interrupt: float | None = None,
-        backchannel_words: bool = False,
+        overlap_words: str | None = None,
     ) -> Decision:
         """Given the partial transcript of the open turn, decide what happens this micro-turn.
 
         `cues`: what the end-of-turn models said about the current pause (see `turn_ends`);
         `background`: the overlap is someone else's speech, not the user's (a level judgement);
         `p_interrupt`: the overlap probe's P(the overlap is an interruption), once it has been asked;
-        `backchannel_words`: the overlap's latest transcript (Whisper's) has words, and all are backchannels.
+        `overlap_words`: the overlap's latest non-empty transcript (Whisper's), once there is one.
         """
         o = self.o
         if not s.turn:
@@ -191,19 +199,21 @@ class TurnPolicy:
                 # Single letters are how pocketsphinx spells hums ("mm-hm" -> "m m h"): not words.
                 content = [w for w in partial.split() if len(w) > 1 and w not in BACKCHANNEL_WORDS]
                 words_ok = 0 < o.barge_in_words <= len(content) and not echo_like
-                # Words that are only backchannels so far ("mm-hm", "oh, really?") hold off the pause
-                # by length and give the overlap twice as long before it counts as a barge-in (rule 2c).
-                longest = o.barge_in_max_ms * (2 if backchannel_words else 1)
+                # What the overlap's words say so far (rule 2c): only backchannels give it twice as long
+                # before it counts as a barge-in; clearly a backchannel also holds off the pause by length.
+                only_bc = overlap_words is not None and only_backchannel(overlap_words)
+                clearly_bc = overlap_words is not None and clearly_backchannel(overlap_words)
+                longest = o.barge_in_max_ms * (2 if only_bc else 1)
                 if spoken >= longest or (spoken >= o.barge_in_ms and words_ok):
                     d.barge_in = True
                     s.overlap = s.paused = False
-                elif (o.barge_in_pause_ms and s.turn_speech_ms >= o.barge_in_pause_ms and not backchannel_words) or (
+                elif (o.barge_in_pause_ms and s.turn_speech_ms >= o.barge_in_pause_ms and not clearly_bc) or (
                     p_interrupt is not None and p_interrupt >= o.barge_in_early_p
                 ):
                     # Speech, not span: a pause inside the overlap must not count towards it. Sooner
                     # when what is being said sounds like an interruption (rule 2a).
                     s.paused = True
-                elif backchannel_words:
+                elif clearly_bc:
                     # A pause by length taken on a misheard half word ("oh, wh-" read "oh why") ends
                     # when the next transcript reads backchannels again.
                     s.paused = False

@@ -90,12 +90,32 @@ def sentence_finished(raw: str) -> bool:
 BACKCHANNEL_PHRASES = ("i see", "got it", "i know", "makes sense", "that's right", "of course", "no way")
 
 
+# Backchannel words that also open a turn ("okay, stop", "yeah, but", "oh wait", "right, and"): alone
+# they say nothing about what follows.
+OPENERS = _wordset("yeah yes yep yup ok okay right sure alright oh ah uh um huh")
+
+
+def _backchannel_parts(transcript: str) -> tuple[list[str], int]:
+    """(the transcript's words once backchannel phrases are removed, how many phrases were removed)."""
+    text = " " + " ".join(re.sub(r"[^\w\s'-]", " ", transcript.lower()).split()) + " "
+    phrases = 0
+    for phrase in BACKCHANNEL_PHRASES:
+        phrases += text.count(f" {phrase} ")
+        text = text.replace(f" {phrase} ", " ")
+    return text.split(), phrases
+
+
 def only_backchannel(transcript: str) -> bool:
     """True for an empty transcript or one made only of backchannel words and phrases."""
-    text = " " + " ".join(re.sub(r"[^\w\s'-]", " ", transcript.lower()).split()) + " "
-    for phrase in BACKCHANNEL_PHRASES:
-        text = text.replace(f" {phrase} ", " ")
-    return all(w in BACKCHANNEL_WORDS for w in text.split())
+    words, _ = _backchannel_parts(transcript)
+    return all(w in BACKCHANNEL_WORDS for w in words)
+
+
+def clearly_backchannel(transcript: str) -> bool:
+    """Only backchannel words and phrases, and at least one that does not also open a turn: "mm-hm",
+    "oh, really?", "uh-huh, yeah", "I see" are; "okay", "yeah", "oh" (or nothing) are not."""
+    words, phrases = _backchannel_parts(transcript)
+    return all(w in BACKCHANNEL_WORDS for w in words) and (phrases > 0 or any(w not in OPENERS for w in words))
 
 
 def words_of(text: str) -> list[str]:

@@ -134,29 +134,36 @@ def test_the_probe_tells_interruptions_it_was_not_trained_on_from_backchannels()
     assert sum(backchannels) <= 0.25 * len(backchannels), backchannels
 
 
-def test_the_policy_holds_the_pause_while_the_overlaps_words_are_backchannels() -> None:
-    """Pure rule 2c: backchannel words hold off the pause by length (and end one taken on a misheard
-    half word) and double the span after which the overlap is a barge-in; other words, or none, change
-    nothing; the probe's early pause stands."""
+def test_the_policy_reads_the_overlaps_words() -> None:
+    """Pure rule 2c: words that are clearly a backchannel hold off the pause by length (and end one
+    taken on a misheard half word); backchannel words that also open a turn ("okay", "yeah") do not,
+    but like them give the overlap twice barge_in_max_ms before it is a barge-in; other words, or none,
+    change nothing, and the probe's early pause stands."""
     o = CascadeOptions()
     policy = TurnPolicy(o)
 
     def decide(
-        speech_ms: float, span_ms: float, words: bool, p: float = 0.1, paused: bool = False
+        speech_ms: float, span_ms: float, words: str | None, p: float = 0.1, paused: bool = False
     ) -> tuple[TurnState, Decision]:
         s = TurnState(turn=True, overlap=True, paused=paused, turn_speech_ms=speech_ms, now_ms=5000.0,
                       turn_started_ms=5000.0 - span_ms)
-        d = policy.decide(s, Decision(), "", True, False, p_interrupt=p, backchannel_words=words)
+        d = policy.decide(s, Decision(), "", True, False, p_interrupt=p, overlap_words=words)
         return s, d
 
-    assert decide(o.barge_in_pause_ms, 600, words=False)[0].paused
-    assert not decide(o.barge_in_pause_ms, 600, words=True)[0].paused
-    assert not decide(o.barge_in_pause_ms + 300, 900, words=True, paused=True)[0].paused  # resumed
-    assert decide(o.barge_in_pause_ms, 600, words=True, p=0.9)[0].paused  # rule 2a still pauses
-    assert decide(600, o.barge_in_max_ms, words=False)[1].barge_in
-    s, d = decide(600, o.barge_in_max_ms, words=True)
-    assert not d.barge_in and s.overlap
-    assert decide(600, 2 * o.barge_in_max_ms, words=True)[1].barge_in
+    pause = o.barge_in_pause_ms
+    for words in (None, "okay", "yeah", "oh wait", "okay but what"):
+        assert decide(pause, 600, words)[0].paused, words
+    for words in ("mm-hmm i see", "oh really", "uh-huh yeah"):
+        assert not decide(pause, 600, words)[0].paused, words
+    assert not decide(pause + 300, 900, "oh really", paused=True)[0].paused  # resumed
+    assert decide(pause + 300, 900, "okay", paused=True)[0].paused  # not resumed by an opener
+    assert decide(pause, 600, "oh really", p=0.9)[0].paused  # rule 2a still pauses
+    assert decide(600, o.barge_in_max_ms, None)[1].barge_in
+    assert decide(600, o.barge_in_max_ms, "okay stop")[1].barge_in
+    for words in ("yeah yeah", "oh really"):
+        s, d = decide(600, o.barge_in_max_ms, words)
+        assert not d.barge_in and s.overlap, words
+        assert decide(600, 2 * o.barge_in_max_ms, words)[1].barge_in, words
 
 
 def _overlap_over_reply(m: CascadeModel, said: str) -> tuple[list[bool], bool]:

@@ -356,9 +356,10 @@ class CascadeModel:
         # Sounds like the user so far (even on one tick, before `_background_overlap` will say): an
         # interruption or a backchannel? Asked without waiting for the level's verdict (a pause it
         # brings is resumed when the verdict is background).
-        if not self._background_level(s, s.turn_level.db):
+        sounds_like_user = not self._background_level(s, s.turn_level.db)
+        if sounds_like_user:
             self._judge_overlap(s)
-        self._hear_overlap(s)
+        self._hear_overlap(s, sounds_like_user)
         if s.turn.overlap and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "overlap at %.0f ms: %.0f ms speech, level %s dB over %d ticks (user %s), background %s, "
@@ -541,7 +542,7 @@ class CascadeModel:
                 log.warning("overlap probe failed (%s: %s); judging this overlap by its length", type(e).__name__, e)
                 s.p_interrupt = 0.0
 
-    def _hear_overlap(self, s: CascadeState) -> None:
+    def _hear_overlap(self, s: CascadeState, sounds_like_user: bool) -> None:
         """Whisper on the open overlap, asked every micro-turn whose speech has grown since the last ask
         (from `barge_in_early_ms` of it on) and used the micro-turn after, like every Whisper job.
         Its latest words (`s.overlap_words`) feed the policy's rule 2c. Overlaps are short and
@@ -564,11 +565,10 @@ class CascadeModel:
             s.overlap_job is None
             and t.turn_speech_ms >= o.barge_in_early_ms
             and t.turn_speech_ms > s.overlap_heard_ms
-            and not self._background_level(s, s.turn_level.db)
+            and sounds_like_user
         ):
             s.overlap_heard_ms = t.turn_speech_ms
             s.overlap_job = self.workers.submit("asr", s.ticks + 1, self._hear, np.concatenate(s.turn_audio), False)
-
 
     def _forget_overlap_words(self, s: CascadeState) -> None:
         if s.overlap_job is not None:

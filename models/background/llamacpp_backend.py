@@ -53,6 +53,10 @@ class LlamaCppConfig:
     nice: int = 10  # added to the generation thread's niceness (0 = leave it)
     max_tokens: int = 160  # answers are spoken: keep them short
     temperature: float = 0.2
+    # Every request samples from this seed: the same conversation gets the same answer whatever was
+    # asked before it (llama-cpp-python otherwise derives each request's seed from the previous one, so
+    # an answer depended on every earlier request of every session, and a benchmark's run with an
+    # overlap and its clean run got different answers to the same question).
     seed: int = 0
 
 
@@ -181,7 +185,11 @@ class LlamaCppReasoner:
         llm = self._ensure_loaded()
         cfg = self.config
         chunks = llm.create_chat_completion(
-            messages=_plain(messages), max_tokens=cfg.max_tokens, temperature=cfg.temperature, stream=True
+            messages=_plain(messages),
+            max_tokens=cfg.max_tokens,
+            temperature=cfg.temperature,
+            seed=cfg.seed,
+            stream=True,
         )
         tokens, finish = 0, ""
         try:

@@ -94,3 +94,24 @@ def test_setup_check_generates_in_a_child_process(capsys: pytest.CaptureFixture[
     assert llamacpp_check.main(["--tokens", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("embedded reasoner ok: ") and len(out.strip()) > len("embedded reasoner ok: ''")
+
+
+async def test_the_same_conversation_gets_the_same_answer_whatever_came_before() -> None:
+    """Each request samples from the configured seed, so an answer depends on its own messages only: not on
+    how many requests (of any session) came before it. A benchmark's run with an overlap and its clean run
+    must hear the same reply to the same question."""
+    warm = LlamaCppReasoner(LlamaCppConfig(max_tokens=24, temperature=1.0))
+    question = [{"role": "user", "content": "Name a colour and an animal."}]
+
+    async def answer(messages: list[dict[str, str]]) -> str:
+        return "".join([d.text async for d in warm.stream(messages, []) if isinstance(d, TextDelta)])
+
+    try:
+        first = await answer(question)
+        others = {await answer([{"role": "user", "content": f"Tell me a fact about the number {n}."}])
+                  for n in range(3)}
+        again = await answer(question)
+    finally:
+        await warm.aclose()
+    assert first and again == first, (first, again)
+    assert len(others) > 1, others  # temperature 1.0 does sample: different prompts, different answers

@@ -83,7 +83,7 @@ _PAUSE_AUDIO_TICKS = 40
 # leaving it to a later micro-turn (work.py, StepClock). Media pace never needs it: the engine steps a
 # media session once its due work is done.
 _JOB_GRACE_S = 0.05
-# Mostly-speech micro-turns an overlap needs before its level says whose voice it is (`_background_overlap`).
+# Mostly-speech micro-turns an overlap needs before its level says whose voice it is (`_someone_else`).
 _LEVEL_TICKS = 2
 log = logging.getLogger(__name__)
 
@@ -352,8 +352,8 @@ class CascadeModel:
             s.preroll.popleft()
 
         cues = self._pause_cues(s)
-        background = self._background_overlap(s)
-        # Sounds like the user so far (even on one tick, before `_background_overlap` will say): an
+        background = self._someone_else(s)
+        # Sounds like the user so far (even on one tick, before `_someone_else` will say): an
         # interruption or a backchannel? Asked without waiting for the level's verdict (a pause it
         # brings is resumed when the verdict is background).
         sounds_like_user = not self._background_level(s, s.turn_level.db)
@@ -388,8 +388,10 @@ class CascadeModel:
             ev.append(Event("backchannel", {"text": phrase}))
 
         # While the user holds a normal turn, or may be interrupting (a paused overlap), answers
-        # wait where they are; only backchannels may play.
-        hold = s.turn.turn and (not s.turn.overlap or s.turn.paused)
+        # wait where they are; only backchannels may play. Talk much quieter than the user's own (a
+        # television that starts between our acknowledgment and the answer) holds nothing: the answer
+        # would otherwise wait for the next pause in it.
+        hold = s.turn.turn and (not s.turn.overlap or s.turn.paused) and not background
         with self.clock.timed("synthesis"):
             speech = s.speaker.tick(hold=hold, grace=self.clock.left())
         s.echo.played(s.ref.process(speech.audio))
@@ -591,10 +593,11 @@ class CascadeModel:
             return False
         return level < s.user_db - o.background_db
 
-    def _background_overlap(self, s: CascadeState) -> bool | None:
-        """The open overlap is someone else's talk, by its speech level so far against the user's; None
-        while it has fewer than `_LEVEL_TICKS` mostly-speech ticks: one tick is no level."""
-        if not s.turn.overlap:
+    def _someone_else(self, s: CascadeState) -> bool | None:
+        """The open turn (an overlap, or a turn opened while an answer is on its way) is someone else's
+        talk, by its speech level so far against the user's; None while it has fewer than `_LEVEL_TICKS`
+        mostly-speech ticks: one tick is no level."""
+        if not s.turn.turn:
             return False
         if s.turn_level.ticks < _LEVEL_TICKS:
             return None

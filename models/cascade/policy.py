@@ -19,7 +19,7 @@ Rules (all thresholds are `CascadeOptions` fields):
      P(interruption) >= `barge_in_early_p`;
   2b. an overlap judged to be background speech (much quieter than the user's own voice, decided
      by the cascade from levels) never pauses nor stops the assistant; it just ends when it falls
-     silent;
+     silent; such a turn opened while the assistant was quiet gets no backchannel either;
   2c. Whisper transcribes the overlap every micro-turn; while its latest words are all backchannels
      ("yeah, yeah", "mm-hm, I see") the overlap may last twice `barge_in_max_ms` before it is a
      barge-in, and while they are clearly one (at least one word or phrase that does not also open a
@@ -176,7 +176,7 @@ class TurnPolicy:
         """Given the partial transcript of the open turn, decide what happens this micro-turn.
 
         `cues`: what the end-of-turn models said about the current pause (see `turn_ends`);
-        `background`: the overlap is someone else's speech, not the user's (a level judgement);
+        `background`: the turn is someone else's speech, not the user's (a level judgement);
         `p_interrupt`: the overlap probe's P(the overlap is an interruption), once it has been asked;
         `overlap_words`: the overlap's latest non-empty transcript (Whisper's), once there is one.
         """
@@ -228,6 +228,7 @@ class TurnPolicy:
             return d
         if (
             o.backchannel
+            and not background  # no "mm-hm" to the television
             and s.silence_ms >= o.backchannel_pause_ms
             # A pause whose words look finished is about to be our turn: no "mm-hm" right before it.
             and cues.words not in (FINISHED, UNCLEAR)

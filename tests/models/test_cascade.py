@@ -62,6 +62,7 @@ class Conversation:
         self.outs: list[TickOutput] = []
         self.pending: dict[int, list[BackgroundChunk]] = {}
         self.requests = 0
+        self.answer_after = 2  # micro-turns from a delegate to the answer's first words
 
     @property
     def n(self) -> int:
@@ -74,7 +75,7 @@ class Conversation:
         bg = self.pending.pop(self.n, [])
         out = self.m.step([(self.s, TickInput(tick, TICK_SAMPLES, text=list(text), background=bg, cancel=cancel))])[0]
         if any(e.type == "delegate" for e in out.events):
-            self._answer_from(self.n + 2)
+            self._answer_from(self.n + self.answer_after)
         self.outs.append(out)
         return out
 

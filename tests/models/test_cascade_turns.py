@@ -33,6 +33,13 @@ def _level(x: np.ndarray) -> float:
     return level
 
 
+def _other_voice(text: str) -> tuple[np.ndarray, int, int]:
+    """`text` in a voice other than the user's (an espeak-ng one where installed), ready for `resample`."""
+    voices = [v for v in list_voices() if v.startswith("espeak:")]
+    audio, rate = synthesize(text, voices[0] if voices else "piper:joe")
+    return audio, rate, SAMPLE_RATE
+
+
 def _first_reply_after(c: Conversation, t: float) -> float:
     """Seconds from `t` to the start of the first output micro-turn with sound (where it is heard)."""
     first = next(i for i in range(c.n) if c.loud(i) and (i + 1) * TICK > t)
@@ -57,10 +64,7 @@ def test_finished_question_is_answered_sooner_than_an_unfinished_one(model: Casc
 
 def test_background_speech_12_db_down_does_not_stop_the_reply(model: CascadeModel) -> None:
     c = _talking(model)  # the user asked at full level, so the model knows the user's level
-    voices = [v for v in list_voices() if v.startswith("espeak:")]
-    other = voices[0] if voices else "piper:joe"
-    tv, sr = synthesize("And in other news, the city council met on Tuesday to discuss the new park.", other)
-    tv = resample(tv, sr, SAMPLE_RATE)
+    tv = resample(*_other_voice("And in other news, the city council met on Tuesday to discuss the new park."))
     tv *= 10 ** ((_level(speech("Tell me about Paris.")) - 12 - _level(tv)) / 20)  # 12 dB below the user
     start = c.n
     c.feed(tv)
@@ -75,6 +79,32 @@ def test_background_speech_12_db_down_does_not_stop_the_reply(model: CascadeMode
             break
     assert "Many visitors walk along the river" in c.spoken_text()
     assert len(c.events("delegate")) == 1
+
+
+def test_background_speech_that_starts_before_the_answer_does_not_hold_it_back(model: CascadeModel) -> None:
+    """The television starts in the gap between our acknowledgment and the answer (the assistant is quiet,
+    so it opens a turn, not an overlap): the answer is spoken when it arrives, not at the next pause in
+    the television's talk."""
+    c = Conversation(model)
+    c.answer_after = 10  # the answer arrives 2 s after the question is delegated
+    c.feed(np.concatenate([silence(0.4), speech("Tell me about Paris."), silence(0.8)]))
+    while not c.events("delegate"):
+        assert c.n < 40, "the question was never delegated"
+        c.step(silence(TICK))
+    arrives = c.events("delegate")[0][0] + c.answer_after
+    while c.loud(c.n - 1):  # the acknowledgment
+        c.step(silence(TICK))
+    tv = resample(*_other_voice("And in other news, the city council met on Tuesday to discuss the plans for "
+                                "a new park beside the river, and the library will open later on Sundays."))
+    tv *= 10 ** ((_level(speech("Tell me about Paris.")) - 12 - _level(tv)) / 20)  # 12 dB below the user
+    start = c.n
+    c.feed(tv)
+    assert arrives < c.n - 10, "the answer must arrive while the television is still talking"
+    # Heard from its arrival on (two micro-turns for its first sentence's synthesis), not held back.
+    heard = range(arrives + 2, c.n)
+    assert sum(c.loud(i) for i in heard) >= 0.9 * len(heard), [c.loud(i) for i in range(start, c.n)]
+    assert "It is famous for the Eiffel Tower" in c.spoken_text()
+    assert not c.events("backchannel"), "a backchannel to the television"
 
 
 def test_the_same_speech_at_the_users_level_still_interrupts(model: CascadeModel) -> None:

@@ -83,7 +83,7 @@ _PAUSE_AUDIO_TICKS = 40
 # leaving it to a later micro-turn (work.py, StepClock). Media pace never needs it: the engine steps a
 # media session once its due work is done.
 _JOB_GRACE_S = 0.05
-# Mostly-speech micro-turns an overlap needs before its level says whose voice it is (`_someone_else`).
+# Mostly-speech micro-turns a turn needs before its level says whose voice it is (`_someone_else`).
 _LEVEL_TICKS = 2
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import pytest
 from models.cascade import CascadeModel, load_cascade
 from models.cascade.level import speech_db
 from models.cascade.options import CascadeOptions
-from models.cascade.policy import PauseCues, TurnPolicy, TurnState
+from models.cascade.policy import Decision, PauseCues, TurnPolicy, TurnState
 from models.cascade.text import FINISHED, UNFINISHED, verdict
 from models.speech.tts import list_voices, synthesize
 from streaming.resample import resample
@@ -167,6 +167,20 @@ def test_the_text_models_verdict_overrides_punctuation_and_stands_in_for_smart_t
     assert not ends(0.9, 0.001, UNFINISHED)
     state.silence_ms = 3000.0
     assert ends(0.9, 0.001, UNFINISHED)  # but never longer than the eagerness' longest silence
+
+
+def test_the_policy_backchannels_a_long_turn_of_the_user_but_not_of_someone_else() -> None:
+    """Pure rule 4 with 2b: a pause in a long turn after unfinished words gets a backchannel, unless the
+    turn's level says it is someone else's talk (the television is not nodded at)."""
+    o = CascadeOptions()
+    policy = TurnPolicy(o, smart_turn=True)
+    cues = PauseCues(p_end=0.1, words=UNFINISHED)
+    for background, expected in ((False, True), (True, False)):
+        s = TurnState(turn=True, announced=True, silence_ms=float(o.backchannel_pause_ms), now_ms=20_000.0,
+                      turn_speech_ms=float(o.backchannel_after_ms))
+        d = policy.decide(s, Decision(), "and then we went down to the", assistant_busy=False, echo_like=False,
+                          cues=cues, background=background)
+        assert d.backchannel is expected and not d.end_of_turn, (background, d)
 
 
 def test_a_cut_whose_last_word_can_end_a_sentence_is_not_answered_in_its_pause(model: CascadeModel) -> None:

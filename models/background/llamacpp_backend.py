@@ -53,6 +53,11 @@ class LlamaCppConfig:
     nice: int = 10  # added to the generation thread's niceness (0 = leave it)
     max_tokens: int = 160  # answers are spoken: keep them short
     temperature: float = 0.2
+    # llama-cpp-python's chat default is 1.0 (no penalty), under which SmolLM2-135M loops on a fifth of
+    # everyday spoken questions ("... a great way to learn the guitar, it's a great way to ...", "1.1.1.1."
+    # with no space, which no sentence splitter can release: the answer was never spoken). 1.1 (llama.cpp's
+    # own long-time default) ended every loop on the same questions; measured with `python -m bench.answers`.
+    repeat_penalty: float = 1.1
     # Every request samples from this seed: the same conversation gets the same answer whatever was
     # asked before it (llama-cpp-python otherwise derives each request's seed from the previous one, so
     # an answer depended on every earlier request of every session, and a benchmark's run with an
@@ -188,6 +193,7 @@ class LlamaCppReasoner:
             messages=_plain(messages),
             max_tokens=cfg.max_tokens,
             temperature=cfg.temperature,
+            repeat_penalty=cfg.repeat_penalty,
             seed=cfg.seed,
             stream=True,
         )

@@ -134,15 +134,20 @@ class SentenceSplitter:
     a long first sentence does not wait for its full stop. A run of more than `hard_words` words with
     neither is cut after `hard_words`, at a word boundary: Piper's memory grows with a phrase's length
     (measured: +155 MB for 20 words, +470 MB for 80, +1,150 MB for 160) and a small reasoner does
-    write run-on sentences (the conversational cascade soak's RSS spiked by up to 700 MB).
+    write run-on sentences (the conversational cascade soak's RSS spiked by up to 700 MB). Text with no
+    space at all ("1.1.1.1." from a looping reasoner) is cut every `hard_chars` characters: it has no
+    word boundary, and held whole it was never spoken and blocked every sentence after it.
     """
 
-    def __init__(self, max_words: int = 12, hard_words: int = 20) -> None:
+    def __init__(self, max_words: int = 12, hard_words: int = 20, hard_chars: int = 160) -> None:
         if not 1 <= max_words <= hard_words:
             raise ValueError(f"need 1 <= max_words <= hard_words, got {max_words} and {hard_words}")
+        if hard_chars < 20:
+            raise ValueError(f"hard_chars must be at least 20, got {hard_chars}")
         self.buf = ""
         self.max_words = max_words
         self.hard_words = hard_words
+        self.hard_chars = hard_chars
 
     def push(self, delta: str) -> list[str]:
         self.buf += delta
@@ -156,8 +161,10 @@ class SentenceSplitter:
                     end = m.end()
             if end is None or len(self.buf[:end].split()) > self.hard_words:
                 end = self._run_end()
-                if end is None:
-                    break
+            if (end is None and len(self.buf) > self.hard_chars) or (end is not None and end > self.hard_chars):
+                end = self._char_end(self.buf)
+            if end is None:
+                break
             piece, self.buf = self.buf[:end].strip(), self.buf[end:]
             if piece:
                 out.append(piece)
@@ -168,6 +175,12 @@ class SentenceSplitter:
         words = list(_COMPLETE_WORD.finditer(self.buf))
         return words[self.hard_words - 1].end() if len(words) > self.hard_words else None
 
+    def _char_end(self, text: str) -> int:
+        """Where a piece of at most `hard_chars` characters ends: at its last space, else mid-run."""
+        space = text.rfind(" ", 0, self.hard_chars + 1)
+        return space + 1 if space > 0 else self.hard_chars
+
     def flush(self) -> list[str]:
+        # push never leaves more than hard_chars in the buffer, so only the word bound applies here.
         words, self.buf = self.buf.split(), ""
         return [" ".join(words[i : i + self.hard_words]) for i in range(0, len(words), self.hard_words)]

@@ -130,6 +130,24 @@ def test_streamed_answers_are_cut_into_sentences_clauses_and_bounded_runs() -> N
         SentenceSplitter(max_words=30, hard_words=20)
 
 
+def test_a_looping_answer_with_no_space_is_still_released_in_bounded_pieces() -> None:
+    """A reasoner stuck on "1." writes "1.1.1.1." with no space: no sentence end, no word boundary. Held
+    whole it was never spoken (and everything after it waited); it goes out in pieces of `hard_chars`."""
+    sp = SentenceSplitter(hard_chars=40)
+    out = [p for _ in range(50) for p in sp.push("1.")]
+    assert out and all(len(p) <= 40 for p in out) and "".join(out) + sp.buf == "1." * 50
+    out = sp.push(" Then a normal sentence follows. ")
+    assert out[-1] == "Then a normal sentence follows." and all(len(p) <= 40 for p in out)
+    # A long sentence of long words is cut at a space within the bound; flush bounds what is left too.
+    words = SentenceSplitter(hard_chars=40)
+    pieces = words.push("extraordinarily " * 4 + "long.  ")
+    assert all(len(p) <= 40 for p in pieces) and " ".join(pieces).split() == ["extraordinarily"] * 4 + ["long."]
+    tail = SentenceSplitter(hard_chars=40)
+    assert [len(p) for p in tail.push("x" * 100)] == [40, 40] and [len(p) for p in tail.flush()] == [20]
+    with pytest.raises(ValueError):
+        SentenceSplitter(hard_chars=5)
+
+
 def test_phrases_start_sounding_at_once_so_replies_are_not_late() -> None:
     """Piper's ~50-80 ms of leading near-silence would be added to every reply's latency."""
     silence_then_tone = np.concatenate([np.zeros(2400, np.float32), 0.5 * np.ones(2400, np.float32)])

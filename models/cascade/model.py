@@ -352,11 +352,12 @@ class CascadeModel:
             s.preroll.popleft()
 
         cues = self._pause_cues(s)
-        background = self._someone_else(s)
+        quieter = self._background_level(s, s.turn_level.db)  # the level so far, even of one tick
+        background = self._someone_else(s, quieter)
         # Sounds like the user so far (even on one tick, before `_someone_else` will say): an
         # interruption or a backchannel? Asked without waiting for the level's verdict (a pause it
         # brings is resumed when the verdict is background).
-        sounds_like_user = not self._background_level(s, s.turn_level.db)
+        sounds_like_user = not quieter
         if sounds_like_user:
             self._judge_overlap(s)
         self._hear_overlap(s, sounds_like_user)
@@ -593,15 +594,15 @@ class CascadeModel:
             return False
         return level < s.user_db - o.background_db
 
-    def _someone_else(self, s: CascadeState) -> bool | None:
-        """The open turn (an overlap, or a turn opened while an answer is on its way) is someone else's
-        talk, by its speech level so far against the user's; None while it has fewer than `_LEVEL_TICKS`
-        mostly-speech ticks: one tick is no level."""
+    def _someone_else(self, s: CascadeState, quieter: bool) -> bool | None:
+        """The open turn (an overlap, or any turn) is someone else's talk: `quieter`, its speech level so
+        far against the user's (`_background_level`), once it has `_LEVEL_TICKS` mostly-speech ticks;
+        None before that: one tick is no level."""
         if not s.turn.turn:
             return False
         if s.turn_level.ticks < _LEVEL_TICKS:
             return None
-        return self._background_level(s, s.turn_level.db)
+        return quieter
 
     def _delegate(self, s: CascadeState, query: str, ev: list[Event]) -> None:
         self._take_floor(s)

@@ -201,8 +201,9 @@ class TurnPolicy:
                 words_ok = 0 < o.barge_in_words <= len(content) and not echo_like
                 # What the overlap's words say so far (rule 2c): only backchannels give it twice as long
                 # before it counts as a barge-in; clearly a backchannel also holds off the pause by length.
-                only_bc = overlap_words is not None and only_backchannel(overlap_words)
-                clearly_bc = overlap_words is not None and clearly_backchannel(overlap_words)
+                only_bc = clearly_bc = False
+                if overlap_words is not None and only_backchannel(overlap_words):
+                    only_bc, clearly_bc = True, clearly_backchannel(overlap_words)
                 longest = o.barge_in_max_ms * (2 if only_bc else 1)
                 if spoken >= longest or (spoken >= o.barge_in_ms and words_ok):
                     d.barge_in = True

@@ -162,8 +162,8 @@ class SentenceSplitter:
                     end = m.end()
             if end is None or len(self.buf[:end].split()) > self.hard_words:
                 end = self._run_end()
-            if (end is None and len(self.buf) > self.hard_chars) or (end is not None and end > self.hard_chars):
-                end = self._char_end(self.buf)
+            if (len(self.buf) if end is None else end) > self.hard_chars:
+                end = self._char_end()
             if end is None:
                 break
             piece, self.buf = self.buf[:end].strip(), self.buf[end:]
@@ -176,9 +176,9 @@ class SentenceSplitter:
         words = list(_COMPLETE_WORD.finditer(self.buf))
         return words[self.hard_words - 1].end() if len(words) > self.hard_words else None
 
-    def _char_end(self, text: str) -> int:
+    def _char_end(self) -> int:
         """Where a piece of at most `hard_chars` characters ends: at its last space, else mid-run."""
-        space = text.rfind(" ", 0, self.hard_chars + 1)
+        space = self.buf.rfind(" ", 0, self.hard_chars + 1)
         return space + 1 if space > 0 else self.hard_chars
 
     def flush(self) -> list[str]:

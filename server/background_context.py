@@ -1,5 +1,5 @@
-"""What the background reasoner is told: the session's instructions, the conversation with times (both
-sides' transcripts, typed text), its own earlier answers, and the request.
+"""What the background reasoner is told: the session's instructions, the conversation (both sides'
+transcripts, typed text), its own earlier answers, and the request.
 
 The context is a chat that only ever grows at its end: each request adds one user turn (what was said
 since the previous request, with times, then the task) and, once answered, the answer as an assistant
@@ -9,10 +9,22 @@ turn. On the embedded CPU model prompt processing runs at ~100 tokens/s on one c
 keeps the delay from a delegate to the first token short as a conversation gets long.
 
 Bounded: the oldest turns are dropped past `max_turns` or `max_chars` (one cache miss, then stable).
+
+How the new user turn reads. When the request is the user's own last words (the voice delegates what
+the user asked), the turn is just what the user said since the previous request, as a chat user turn:
+the form every chat model is tuned on. Otherwise (a client's task, a model's own query) it is the
+transcript since the previous request, then the task. Measured with `python -m bench.answers` on
+SmolLM2-135M (the embedded reasoner): the transcript-then-task form, with the question written twice,
+made it repeat the question back instead of answering it on 13 of 34 spoken questions ("how do i
+look after a goldfish" -> "How do I look after a goldfish?"), against 1 of 34 in the plain form.
+No line carries a time: a transcript that arrives a micro-turn late (a busy machine) moved a 0.1 s time
+stamp, and so the answer, between two runs of the same conversation; the stamps were also copied into
+answers ("[   3.6s] User: ...").
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from models.background import Message
@@ -25,6 +37,11 @@ SYSTEM_PROMPT = (
 )
 
 _LABELS = {("user", "speech"): "User", ("user", "typed"): "User (typed)", ("assistant", "speech"): "Assistant"}
+
+
+def _words(text: str) -> str:
+    """Lower case words only: how a query and the transcript it came from are compared."""
+    return " ".join(re.sub(r"[^\w\s']", " ", text.lower()).split())
 
 
 @dataclass
@@ -55,8 +72,7 @@ class ReasonerContext:
         if instructions.strip():
             system += "\n\nInstructions for this conversation: " + instructions.strip()
         lines, last, last_len = self._new_lines(log)
-        task = query.strip()
-        content = f"Conversation so far:\n{chr(10).join(lines)}\n\nTask: {task}" if lines else task
+        content = _turn(lines, query.strip())
         messages: list[Message] = [{"role": "system", "content": system}]
         for t in self.turns:
             messages += [{"role": "user", "content": t.user}, {"role": "assistant", "content": t.answer}]
@@ -71,8 +87,9 @@ class ReasonerContext:
                 len(self.turns) > 1 and sum(len(t.user) + len(t.answer) for t in self.turns) > self.max_chars * 2 // 3):
             self.turns.pop(0)
 
-    def _new_lines(self, log: ConversationLog) -> tuple[list[str], Entry | None, int]:
-        """Log lines not yet in a committed turn (the last covered speech entry may have grown since)."""
+    def _new_lines(self, log: ConversationLog) -> tuple[list[tuple[Entry, str]], Entry | None, int]:
+        """Log entries not yet in a committed turn, each with its new text (the last covered speech
+        entry may have grown since)."""
         entries = [e for e in log.entries if e.role != "background"]  # our own answers are assistant turns
         start, prefix_len = 0, 0
         if self._last_entry is not None:
@@ -83,10 +100,23 @@ class ReasonerContext:
         lines = []
         budget = self.max_chars // 3
         for i, e in enumerate(entries[start:]):
-            text = e.text[prefix_len:].strip() if i == 0 else e.text
-            label = _LABELS.get((e.role, e.kind)) or e.role.capitalize()
-            lines.append(f"[{e.t:6.1f}s] {label}: {text}")
-        while lines and sum(len(line) + 1 for line in lines) > budget:
+            text = e.text[prefix_len:].strip() if i == 0 else e.text.strip()
+            if text:
+                lines.append((e, text))
+        while lines and sum(len(text) + 16 for _, text in lines) > budget:
             lines.pop(0)  # a long silence of the reasoner: keep the most recent part
         last = entries[-1] if entries else self._last_entry
         return lines, last, len(last.text) if last is not None else 0
+
+
+def _turn(lines: list[tuple[Entry, str]], task: str) -> str:
+    """The new user turn: the user's words when the task is what they said last, else the transcript
+    since the previous request and the task (module docstring)."""
+    said = [text for e, text in lines if e.role == "user"]
+    heard, asked = _words(" ".join(said)), _words(task)
+    if said and asked and (heard == asked or heard.endswith(" " + asked)):
+        return "\n".join(said)
+    if not lines:
+        return task
+    transcript = "\n".join(f"{_LABELS.get((e.role, e.kind)) or e.role.capitalize()}: {text}" for e, text in lines)
+    return f"Conversation so far:\n{transcript}\n\nTask: {task}"

@@ -11,14 +11,14 @@ def test_each_prompt_extends_the_previous_prompt_and_answer() -> None:
     log.add(0.2, "user", "what's the weather")
     first, pending = ctx.build(log, "be kind", "find the weather")
     assert first[0] == {"role": "system", "content": SYSTEM_PROMPT + "\n\nInstructions for this conversation: be kind"}
-    assert first[1]["content"] == "Conversation so far:\n[   0.2s] User: what's the weather\n\nTask: find the weather"
+    assert first[1]["content"] == "Conversation so far:\nUser: what's the weather\n\nTask: find the weather"
     ctx.commit(pending, "It is sunny.")
     log.add(1.0, "background", "It is sunny.", kind="background")  # already in the context as an answer
     log.add(1.4, "user", "thanks", kind="typed")
     second, _ = ctx.build(log, "be kind", "anything else?")
     assert second[: len(first)] == first
     assert second[len(first)] == {"role": "assistant", "content": "It is sunny."}
-    assert second[-1]["content"] == "Conversation so far:\n[   1.4s] User (typed): thanks\n\nTask: anything else?"
+    assert second[-1]["content"] == "Conversation so far:\nUser (typed): thanks\n\nTask: anything else?"
 
 
 def test_a_failed_request_leaves_its_lines_for_the_next_one() -> None:
@@ -39,3 +39,35 @@ def test_context_stays_bounded_over_a_long_conversation() -> None:
             chars = sum(len(m["content"]) for m in messages[1:])
             assert chars <= 3000 + 200, chars  # budget plus the short task line
             assert len(messages) <= 1 + 2 * 8 + 1
+
+
+def test_a_question_the_user_asked_is_their_own_chat_turn() -> None:
+    # The voice delegates what the user said; its acknowledgment carries nothing for the reasoner.
+    log, ctx = ConversationLog(), ReasonerContext()
+    log.add(3.6, "user", "how do i look after a goldfish")
+    log.add(3.6, "assistant", "Okay. ")
+    first, pending = ctx.build(log, "", "how do i look after a goldfish")
+    assert first[1:] == [{"role": "user", "content": "how do i look after a goldfish"}]
+    ctx.commit(pending, "Feed it a little every day.")
+    # A backchannel and the next question merge into one speech entry: the turn is all of it, as said,
+    # and matched however the query is cased or punctuated.
+    log.add(6.0, "assistant", "Feed it a little every day.")
+    log.add(8.0, "user", "mm-hm")
+    log.add(9.0, "user", "and how often should i clean the tank")
+    second, _ = ctx.build(log, "", "And how often should I clean the tank?")
+    assert second[:3] == [*first, {"role": "assistant", "content": "Feed it a little every day."}]
+    assert second[3:] == [{"role": "user", "content": "mm-hm and how often should i clean the tank"}]
+
+
+def test_no_time_stamp_reaches_the_reasoner() -> None:
+    # The same conversation logged a micro-turn later (a late transcript) is the same prompt.
+    prompts = []
+    for t in (3.6, 3.8):
+        log = ConversationLog()
+        log.add(t, "user", "tell me about the moon")
+        log.add(t + 0.2, "assistant", "Sure.")
+        messages, _ = ReasonerContext().build(log, "", "summarise the conversation")
+        prompts.append(messages)
+    assert prompts[0] == prompts[1]
+    assert prompts[0][1]["content"] == (
+        "Conversation so far:\nUser: tell me about the moon\nAssistant: Sure.\n\nTask: summarise the conversation")

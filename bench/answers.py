@@ -1,6 +1,7 @@
 """What the embedded background reasoner says to everyday spoken questions, and how soon it is speakable.
 
-    python -m bench.answers [--repeat-penalty 1.0,1.1] [--temperature 0.2] [--prompts 34] [--max-tokens 160] [--json]
+    python -m bench.answers [--repeat-penalty 1.0,1.1] [--temperature 0.2] [--prompts 34] [--max-tokens 160]
+                            [--max-sentences 3] [--json]
 
 Every question is written as the recogniser hands it over (lower case, no punctuation) and asked as
 the server asks it: the session's conversation log holds the question and the voice's spoken
@@ -14,7 +15,8 @@ none is a benchmark text. Reports, per repeat penalty:
     question's and most of the question's words are in it), which is no answer;
   - answers whose first sentence is only released when the answer ends (one sentence without a
     trailing space: spoken at the end, which is fine for a short answer);
-  - time from the request to the first sentence the cascade's splitter releases, and tokens per answer.
+  - time from the request to the first sentence the cascade's splitter releases, tokens per answer, and
+    how long an answer holds the one generation thread (every session's requests take turns on it).
 Wall-clock figures depend on the machine's load: run it on a quiet machine.
 """
 
@@ -91,13 +93,16 @@ async def _answer(reasoner: LlamaCppReasoner, question: str) -> dict[str, Any]:
             tokens += 1
             if first is None and splitter.push(d.text):
                 first = time.perf_counter() - t0
-    return {"question": question, "answer": text, "tokens": tokens, "first_sentence_s": first,
+    held = time.perf_counter() - t0
+    return {"question": question, "answer": text, "tokens": tokens, "first_sentence_s": first, "answer_s": held,
             "degenerate": degenerate(text), "echoed": echoed(question, text)}
 
 
 async def run(penalty: float, questions: Sequence[str], max_tokens: int, progress: bool,
-              temperature: float = LlamaCppConfig().temperature) -> dict[str, Any]:
-    cfg = LlamaCppConfig(max_tokens=max_tokens, repeat_penalty=penalty, temperature=temperature)
+              temperature: float = LlamaCppConfig().temperature,
+              max_sentences: int = LlamaCppConfig().max_sentences) -> dict[str, Any]:
+    cfg = LlamaCppConfig(max_tokens=max_tokens, repeat_penalty=penalty, temperature=temperature,
+                         max_sentences=max_sentences)
     reasoner = LlamaCppReasoner(cfg)
     rows = []
     try:
@@ -116,6 +121,8 @@ async def run(penalty: float, questions: Sequence[str], max_tokens: int, progres
         "first_sentence_only_at_the_end": len(rows) - len(firsts),
         "first_sentence_mean_s": round(sum(firsts) / len(firsts), 3) if firsts else None,
         "tokens_mean": round(sum(r["tokens"] for r in rows) / max(len(rows), 1), 1),
+        "answer_s_mean": round(sum(r["answer_s"] for r in rows) / max(len(rows), 1), 3),
+        "answer_s_max": round(max((r["answer_s"] for r in rows), default=0.0), 3),
         "degenerate_answers": [{"question": r["question"], "answer": r["answer"][:160]}
                                for r in rows if r["degenerate"]],
         "echoed_answers": [{"question": r["question"], "answer": r["answer"][:160]} for r in rows if r["echoed"]],
@@ -129,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=0, help="ask only the first N questions (0 = all)")
     ap.add_argument("--max-tokens", type=int, default=LlamaCppConfig().max_tokens)
     ap.add_argument("--temperature", type=float, default=LlamaCppConfig().temperature)
+    ap.add_argument("--max-sentences", type=int, default=LlamaCppConfig().max_sentences,
+                    help="stop an answer after this many sentences (0 = only --max-tokens)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     try:
@@ -139,17 +148,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error("--repeat-penalty needs at least one positive number")
     if a.temperature < 0:
         ap.error(f"--temperature must be >= 0, got {a.temperature}")
+    if a.max_sentences < 0:
+        ap.error(f"--max-sentences must be >= 0, got {a.max_sentences}")
     questions = prompts()[: a.prompts or None]
-    results = [asyncio.run(run(p, questions, a.max_tokens, not a.json, a.temperature)) for p in penalties]
+    results = [asyncio.run(run(p, questions, a.max_tokens, not a.json, a.temperature, a.max_sentences))
+               for p in penalties]
     if a.json:
         print(json.dumps({"questions": len(questions), "max_tokens": a.max_tokens, "temperature": a.temperature,
-                          "results": results}))
+                          "max_sentences": a.max_sentences, "results": results}))
         return
     for r in results:
         print(f"repeat_penalty {r['repeat_penalty']}: {r['degenerate']} of {r['answers']} answers degenerate, "
               f"{r['echoed']} say the question back, "
               f"{r['first_sentence_only_at_the_end']} spoken only at their end, first sentence after "
-              f"{r['first_sentence_mean_s']} s on average, {r['tokens_mean']} tokens per answer")
+              f"{r['first_sentence_mean_s']} s on average, {r['tokens_mean']} tokens per answer, holding the "
+              f"generation thread {r['answer_s_mean']} s on average ({r['answer_s_max']} s at most)")
         for kind in ("degenerate", "echoed"):
             for d in r[f"{kind}_answers"]:
                 print(f"    {kind}: {d['question']!r} -> {d['answer']!r}")

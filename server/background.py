@@ -389,6 +389,7 @@ def make_background_factory(cfg: Any) -> tuple[Reasoner | None, Callable[[Sessio
     worker factory. `cfg` is the ServerConfig (read with getattr, so older configs still work)."""
     spec = ReasonerSpec(kind=cfg.background, url=cfg.background_url, model=cfg.background_model,
                         max_tokens=getattr(cfg, "background_max_tokens", None),
+                        max_sentences=getattr(cfg, "background_max_sentences", None),
                         threads=getattr(cfg, "background_threads", None) or 1)
     reasoner = make_reasoner(spec)
     if reasoner is None:

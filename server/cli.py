@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--background-tool-timeout", type=float, default=None,
                        help="seconds to wait for a client-executed tool's output")
     serve.add_argument("--background-max-tokens", type=int, default=None, help="cap on a background answer's length")
+    serve.add_argument("--background-max-sentences", type=int, default=None,
+                       help="embedded (llamacpp) reasoner: stop an answer after N sentences (0 = no limit; "
+                            "default 3), which frees its one generation thread for other sessions sooner")
     serve.add_argument("--background-threads", type=int, default=1,
                        help="llama.cpp threads; 1 keeps a core free for the foreground model")
     serve.add_argument("--ice-server", action="append", default=[], metavar="URL",
@@ -178,7 +181,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         background_url=args.background_url, background_model=args.background_model,
         background_policy=args.background_policy, background_timeout=args.background_timeout,
         background_tool_timeout=args.background_tool_timeout, background_max_tokens=args.background_max_tokens,
-        background_threads=args.background_threads,
+        background_max_sentences=args.background_max_sentences, background_threads=args.background_threads,
         ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout,
         max_sessions_per_client=args.max_sessions_per_client, max_outbox_bytes=args.max_outbox_bytes,
         step_watchdog_s=args.step_watchdog_s, stalled_connection_s=args.stalled_connection_s,

@@ -34,6 +34,7 @@ class ServerConfig:
     background_timeout: float | None = None  # whole-request timeout (s); None = the worker's default
     background_tool_timeout: float | None = None  # client tool round-trip timeout (s)
     background_max_tokens: int | None = None  # answer length cap
+    background_max_sentences: int | None = None  # llamacpp: stop after N sentences (None = its default, 0 = off)
     background_threads: int = 1  # llama.cpp threads; 1 leaves a core to the foreground
     ice_servers: list[str] = field(default_factory=list)  # WebRTC STUN/TURN URLs
     rtc_connect_timeout: float = 15.0  # s for a WebRTC peer's first sign of life; then the call is closed
@@ -80,3 +81,6 @@ class ServerConfig:
             raise ValueError(f"--stalled-connection-s must be within 1..3600 seconds, got {self.stalled_connection_s}")
         if self.background_policy not in ("supersede", "queue"):
             raise ValueError(f"--background-policy must be supersede or queue; got {self.background_policy!r}")
+        if self.background_max_sentences is not None and self.background_max_sentences < 0:
+            raise ValueError("--background-max-sentences must be 0 (no limit) or more, got "
+                             f"{self.background_max_sentences}")

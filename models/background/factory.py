@@ -19,6 +19,7 @@ class ReasonerSpec:
     url: str | None = None  # openai: base URL
     model: str | None = None  # openai/sglang: model name or path; llamacpp: GGUF path
     max_tokens: int | None = None  # None = the backend's default
+    max_sentences: int | None = None  # llamacpp: stop an answer after N sentences; None = its default, 0 = off
     threads: int = 1  # llamacpp: generation threads (see llamacpp_backend's docstring)
 
 
@@ -46,6 +47,8 @@ def make_reasoner(spec: ReasonerSpec) -> Reasoner | None:
         cfg = LlamaCppConfig(model_path=spec.model, n_threads=spec.threads)
         if spec.max_tokens:
             cfg.max_tokens = spec.max_tokens
+        if spec.max_sentences is not None:
+            cfg.max_sentences = spec.max_sentences
         return LlamaCppReasoner(cfg)
     if kind == "openai":
         from models.background.openai_backend import OpenAIConfig, OpenAIReasoner

@@ -63,6 +63,46 @@ class LlamaCppConfig:
     # an answer depended on every earlier request of every session, and a benchmark's run with an
     # overlap and its clean run got different answers to the same question).
     seed: int = 0
+    # Stop after this many whole sentences (0 = only `max_tokens`). The system prompt asks for one or two,
+    # which SmolLM2-135M does not keep to ("tell me a story" ran to the 160-token cap, ~4.6 s of the one
+    # generation thread): every session's requests take turns on that thread, so a long answer made
+    # another session's answer wait as long (bench.fdbench, two sessions at once: answers arrived after
+    # the user had moved on). Three sentences are 10-20 s of speech; `python -m bench.answers` measures.
+    max_sentences: int = 3
+
+
+class SentenceEnds:
+    """Counts sentence ends in streamed text: `.`, `!` or `?` (a closing quote or bracket may follow)
+    and then whitespace. A period after a number of one or two digits ("1. Mix the flour") is taken for
+    a list number, not an end; a year ("in 1990. Then") ends a sentence."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._tail = ""  # the last characters seen (enough to judge the next whitespace)
+
+    def feed(self, text: str, limit: int) -> int | None:
+        """Take the next piece; returns where in it the `limit`-th sentence has ended (its whitespace,
+        so `text[:i]` completes the sentence), or None."""
+        for i, c in enumerate(text):
+            if c.isspace() and self._ends(self._tail):
+                self.count += 1
+                if limit and self.count >= limit:
+                    return i
+            self._tail = (self._tail + c)[-8:]
+        return None
+
+    @staticmethod
+    def _ends(tail: str) -> bool:
+        t = tail.rstrip("\"')]")
+        if not t or t[-1] not in ".!?":
+            return False
+        body = t[:-1]
+        digits = len(body) - len(body.rstrip("0123456789"))
+        if t[-1] == "." and 0 < digits <= 2:
+            before = body[:-digits]
+            if not before or before[-1].isspace():
+                return False  # "1." or "12." on its own: a list number
+        return True
 
 
 def bundled_gguf() -> Path:
@@ -197,7 +237,7 @@ class LlamaCppReasoner:
             seed=cfg.seed,
             stream=True,
         )
-        tokens, finish = 0, ""
+        tokens, finish, ends = 0, "", SentenceEnds()
         try:
             for chunk in chunks:
                 if stop.is_set():
@@ -206,6 +246,12 @@ class LlamaCppReasoner:
                 text = choice.get("delta", {}).get("content")
                 if text:
                     tokens += 1  # llama-cpp-python streams one token per chunk
+                    cut = ends.feed(text, cfg.max_sentences)
+                    if cut is not None:  # enough said: free the thread for the next request
+                        if text[:cut]:
+                            yield TextDelta(text[:cut])
+                        finish = "stop"
+                        break
                     yield TextDelta(text)
                 finish = choice.get("finish_reason") or finish
         finally:

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="the embedded background model needs llama-cpp-python")
 
 from models.background import Done, ReasonerError, TextDelta
-from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner, bundled_gguf
+from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner, SentenceEnds, bundled_gguf
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +115,55 @@ async def test_the_same_conversation_gets_the_same_answer_whatever_came_before()
         await warm.aclose()
     assert first and again == first, (first, again)
     assert len(others) > 1, others  # temperature 1.0 does sample: different prompts, different answers
+
+
+def test_sentence_ends_are_counted_and_list_numbers_are_not() -> None:
+    def said(pieces: list[str], limit: int) -> str:
+        ends, out = SentenceEnds(), ""
+        for p in pieces:
+            cut = ends.feed(p, limit)
+            if cut is not None:
+                return out + p[:cut]
+            out += p
+        return out
+
+    assert said(["Hello", " there", ".", " How", " are", " you", "?", " Fine", "."], 2) == "Hello there. How are you?"
+    # "1." and "2." number a list; "Bake." and "Done!" end sentences.
+    assert said(["Steps:", "\n", "1", ".", " Mix", " flour", ".", "\n", "2", ".", " Bake", ".", " Done", "!", " Yes"],
+                3) == "Steps:\n1. Mix flour.\n2. Bake. Done!"
+    assert said(['In 1990. Then', ' "Wow." she', " said."], 2) == 'In 1990. Then "Wow."'
+    assert said(["No end here", "."], 1) == "No end here."  # an end with nothing after it is the answer's end
+
+
+async def test_an_answer_stops_after_its_sentences() -> None:
+    # A story runs to the token cap unless stopped; stopped, it frees the one generation thread sooner.
+    messages = [{"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "tell me a long story about a dragon and a knight"}]
+    answers = {}
+    for limit in (0, 1):
+        r = LlamaCppReasoner(LlamaCppConfig(max_tokens=120, max_sentences=limit))
+        try:
+            deltas = [d async for d in r.stream(messages, [])]
+        finally:
+            await r.aclose()
+        done = deltas[-1]
+        assert isinstance(done, Done)
+        answers[limit] = ("".join(d.text for d in deltas if isinstance(d, TextDelta)), done)
+    whole, cut = answers[0][0], answers[1][0]
+    counted = SentenceEnds()
+    counted.feed(whole + " ", 0)
+    assert counted.count >= 2, whole  # the story has more than one sentence
+    assert whole.startswith(cut) and cut.rstrip().endswith((".", "!", "?")) and len(cut) < len(whole)
+    assert answers[1][1].finish_reason == "stop" and answers[1][1].tokens < answers[0][1].tokens
+
+
+def test_the_sentence_limit_is_a_server_option() -> None:
+    from models.background.factory import ReasonerSpec, make_reasoner
+    from server.config import ServerConfig
+
+    assert LlamaCppConfig().max_sentences == 3
+    for limit in (0, 5):
+        r = make_reasoner(ReasonerSpec(kind="llamacpp", max_sentences=limit))
+        assert isinstance(r, LlamaCppReasoner) and r.config.max_sentences == limit
+    with pytest.raises(ValueError, match="--background-max-sentences"):
+        ServerConfig(background_max_sentences=-1).check()

@@ -2,7 +2,7 @@
 transcripts, typed text), its own earlier answers, and the request.
 
 The context is a chat that only ever grows at its end: each request adds one user turn (what was said
-since the previous request, with times, then the task) and, once answered, the answer as an assistant
+since the previous request, and the task) and, once answered, the answer as an assistant
 turn. So every request's prompt starts with the previous request's prompt and answer, token for
 token, and the reasoner's prefix cache (llama.cpp's, SGLang's radix cache) only processes the new
 turn. On the embedded CPU model prompt processing runs at ~100 tokens/s on one core, so this is what
@@ -103,7 +103,7 @@ class ReasonerContext:
             text = e.text[prefix_len:].strip() if i == 0 else e.text.strip()
             if text:
                 lines.append((e, text))
-        while lines and sum(len(text) + 16 for _, text in lines) > budget:
+        while lines and sum(len(text) + 16 for _, text in lines) > budget:  # 16: a line's label
             lines.pop(0)  # a long silence of the reasoner: keep the most recent part
         last = entries[-1] if entries else self._last_entry
         return lines, last, len(last.text) if last is not None else 0

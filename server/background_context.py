@@ -114,7 +114,7 @@ def _turn(lines: list[tuple[Entry, str]], task: str) -> str:
     since the previous request and the task (module docstring)."""
     said = [text for e, text in lines if e.role == "user"]
     heard, asked = _words(" ".join(said)), _words(task)
-    if said and asked and (heard == asked or heard.endswith(" " + asked)):
+    if said and asked and f" {heard}".endswith(f" {asked}"):
         return "\n".join(said)
     if not lines:
         return task

@@ -131,6 +131,7 @@ class CascadeState:
     cues: PauseCues = field(default_factory=PauseCues)  # what those said, once due
     pause_text: Transcript | None = None  # Whisper's transcript of the turn up to the current pause
     pause_whole: bool = True  # pause_text covers the whole turn (not only its last `_PAUSE_AUDIO_TICKS`)
+    pause_start: float | None = None  # media time the asked pause began (None: this pause not asked yet)
     final_job: Job[Heard] | None = None  # Whisper on the last finished turn, not yet due
     final_fallback: str = ""  # pocketsphinx's transcript of that turn (used if Whisper fails)
     partial: str = ""  # partial transcript of the open user turn
@@ -479,10 +480,12 @@ class CascadeModel:
             if job is not None:
                 job.future.cancel()
         s.eot_job, s.text_job, s.cues, s.pause_text, s.pause_whole = None, None, PauseCues(), None, True
+        s.pause_start = None
 
     def _pause_cues(self, s: CascadeState) -> PauseCues:
         """Smart Turn and Whisper on the turn so far, both asked once per pause (after `eot_check_ms`
-        of silence) and used at their due micro-turns: Smart Turn one later, Whisper `whisper_ticks`.
+        of silence, or `eot_check_early_ms` when no off-thread job is in flight) and used at their due
+        micro-turns: Smart Turn one later, Whisper `whisper_ticks`.
 
         Whisper decodes in a window sized to the pause's audio (at most 8 s), ~0.15 s of a core a call
         (models.speech.whisper_window), so it can hear every pause; its transcript is then also the
@@ -491,12 +494,18 @@ class CascadeModel:
         t, o = s.turn, self.opts
         if self.smart_turn is None or not t.turn or t.overlap:
             return s.cues
-        if t.silence_ms < o.eot_check_ms:  # talking (again): the next pause is asked afresh
-            # (Smart Turn's answer too: without Whisper it is all a pause leaves behind.)
-            if s.eot_job is not None or s.text_job is not None or s.pause_text is not None or s.cues.p_end is not None:
-                self._new_pause(s)
-            return s.cues
-        if s.eot_job is None and s.cues.p_end is None:
+        # A pause is known by when it began: talking (again) since the ask makes another one, asked
+        # afresh (Smart Turn's answer too: without Whisper it is all a pause leaves behind).
+        pause_start = t.now_ms - t.silence_ms
+        if s.pause_start is not None and abs(pause_start - s.pause_start) > 1.0:
+            self._new_pause(s)
+        if s.pause_start is None:
+            # The sooner ask puts a micro-turn more of jobs on the workers (gaps between words reach it
+            # too): only when they have nothing else to do, so that a loaded machine keeps its sessions.
+            early = o.eot_check_early_ms > 0 and self.workers.idle()
+            if t.silence_ms < (o.eot_check_early_ms if early else o.eot_check_ms):
+                return s.cues
+            s.pause_start = pause_start
             audio = _pause_audio(s)
             s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, audio)
             if self.whisper is not None:

@@ -64,10 +64,15 @@ class CascadeOptions:
     # or pipecat-ai missing) the fixed `eot_silence_ms` / `eot_max_silence_ms` rule below applies.
     smart_turn: bool = True
     eagerness: str = "auto"  # "low", "medium", "high" or "auto" (= medium): how soon an unsure turn ends
-    # Silence after which Smart Turn and Whisper are asked. 100 ms asked them at gaps between words too:
-    # bench.load --find-max with every session talking nonstop held 5 sessions, 200 ms held 6 (the
-    # earlier Smart-Turn-first design: 8), for up to a micro-turn more to the end of a turn.
+    # Silence after which Smart Turn and Whisper are asked: `eot_check_early_ms` when no off-thread job
+    # is in flight (a quiet machine), else `eot_check_ms`. The ask comes at the end of a micro-turn, so
+    # a turn that ends early in one is asked a micro-turn sooner at 100 ms than at 200 ms (its answer
+    # a micro-turn sooner too). 100 ms asks at gaps between words as well: always at 100 ms,
+    # `bench.load --find-max` with every session talking nonstop held 5 sessions where 200 ms held 6
+    # (2026-12-03, this machine; 11 on an earlier, faster one); asked early only on idle workers, a
+    # loaded machine falls back to 200 ms by itself. 0 turns the early ask off.
     eot_check_ms: int = 200
+    eot_check_early_ms: int = 100
     eot_unsure_ms: int = 600  # silence that ends a turn where words and prosody do not both say finished
     # The words' own verdict: SmolLM2-135M (the embedded reasoner's GGUF, models.speech.text_turn) gives
     # P(the message ends here) of Whisper's words at each pause, in the same job. Measured with
@@ -155,6 +160,8 @@ class CascadeOptions:
             raise ValueError(f"need 0 < vad_off <= vad_on < 1, got vad_off={self.vad_off} vad_on={self.vad_on}")
         if self.eot_max_silence_ms < self.eot_silence_ms:
             raise ValueError("eot_max_silence_ms must be >= eot_silence_ms")
+        if not 0 <= self.eot_check_early_ms <= self.eot_check_ms:
+            raise ValueError("eot_check_early_ms must be between 0 (off) and eot_check_ms")
         if self.barge_in_max_ms < self.barge_in_ms:
             raise ValueError("barge_in_max_ms must be >= barge_in_ms")
         if not 0 <= self.barge_in_early_ms <= self.barge_in_max_ms:

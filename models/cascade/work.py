@@ -156,6 +156,8 @@ class Workers:
     def __init__(self, threads: dict[str, int]) -> None:
         self._threads = dict(threads)
         self._pools = {n: started_pool(k, f"cascade-{n}") for n, k in threads.items()}
+        self._in_flight = 0  # jobs submitted and not yet finished or cancelled, every pool together
+        self._lock = threading.Lock()
 
     def submit(self, name: str, due: int, fn: Callable[..., T], *args: object) -> Job[T]:
         timing = Timing(time.monotonic())
@@ -167,7 +169,20 @@ class Workers:
             finally:
                 timing.finished = time.monotonic()
 
-        return Job(self._pools[name].submit(timed), due, name, timing)
+        with self._lock:
+            self._in_flight += 1
+        future = self._pools[name].submit(timed)
+        future.add_done_callback(self._done)  # also called when the job is cancelled before it ran
+        return Job(future, due, name, timing)
+
+    def _done(self, _: object) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def idle(self) -> bool:
+        """No job is queued or running in any pool: the machine has room for work that is only worth
+        doing when it is free."""
+        return self._in_flight == 0
 
     def on_every_thread(self, name: str, fn: Callable[[], object]) -> None:
         """Run `fn` once on each thread of pool `name`, all at the same time, and wait (errors raise)."""

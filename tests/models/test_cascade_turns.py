@@ -4,6 +4,7 @@ of turn, background speech that is not the user, and the off-thread jobs' fixed 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -181,6 +182,32 @@ def test_the_policy_backchannels_a_long_turn_of_the_user_but_not_of_someone_else
         d = policy.decide(s, Decision(), "and then we went down to the", assistant_busy=False, echo_like=False,
                           cues=cues, background=background)
         assert d.backchannel is expected and not d.end_of_turn, (background, d)
+
+
+def test_a_turn_that_ends_early_in_a_micro_turn_is_answered_a_micro_turn_sooner_on_an_idle_machine(
+    model: CascadeModel,
+) -> None:
+    """Speech that stops just after a micro-turn begins leaves 100-200 ms of silence at its end: the
+    early ask (`eot_check_early_ms`, the workers being idle) is made there, the plain one (200 ms) a
+    micro-turn later, and the reply follows its ask by the same micro-turn in both."""
+    question = speech("What is the capital of France?")
+    end = speech_end(question)
+    lead = 0.4 + (0.01 - (0.4 + end)) % TICK  # the speech ends 10 ms into a micro-turn
+    mic = np.concatenate([silence(lead), question, silence(2.0)])
+    assert (speech_end(mic) % TICK) == pytest.approx(0.01, abs=0.002)
+    replies = {}
+    plain = model.opts
+    try:
+        for early in (plain.eot_check_early_ms, 0):
+            model.opts = replace(plain, eot_check_early_ms=early)
+            c = Conversation(model)
+            c.feed(mic)
+            replies[early] = _first_reply_after(c, speech_end(mic))
+    finally:
+        model.opts = plain
+    assert plain.eot_check_early_ms == 100
+    assert replies[100] == pytest.approx(replies[0] - TICK, abs=1e-6), replies
+    assert replies[100] <= 0.5, replies
 
 
 def test_a_cut_whose_last_word_can_end_a_sentence_is_not_answered_in_its_pause(model: CascadeModel) -> None:

@@ -63,3 +63,25 @@ def test_late_jobs_of_one_step_share_its_grace_and_a_slow_step_says_where_its_ti
     clock.start()
     clock.finish(batch=1)  # within a second of the last line: not logged again
     assert len([r for r in caplog.records if "slow cascade step" in r.getMessage()]) == 1
+
+
+def test_idle_counts_every_job_until_it_finishes_or_is_cancelled() -> None:
+    """`Workers.idle` gates work that is only worth doing on a free machine (the sooner end-of-turn ask)."""
+    workers = Workers({"a": 1})
+    release = threading.Event()
+    try:
+        assert workers.idle()
+        running = workers.submit("a", 0, release.wait, 5.0)
+        queued = workers.submit("a", 0, time.sleep, 0.0)  # behind the running one: a queued job counts too
+        assert not workers.idle()
+        assert queued.future.cancel()
+        assert not workers.idle()  # the running one is still there
+        release.set()
+        running.future.result(timeout=5.0)
+        deadline = time.monotonic() + 5.0  # the done callback runs just after the result is set
+        while not workers.idle() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert workers.idle()
+    finally:
+        release.set()
+        workers.close()

@@ -187,14 +187,17 @@ def test_the_policy_backchannels_a_long_turn_of_the_user_but_not_of_someone_else
 def test_a_turn_that_ends_early_in_a_micro_turn_is_answered_a_micro_turn_sooner_on_an_idle_machine(
     model: CascadeModel,
 ) -> None:
-    """Speech that stops just after a micro-turn begins leaves 100-200 ms of silence at its end: the
-    early ask (`eot_check_early_ms`, the workers being idle) is made there, the plain one (200 ms) a
-    micro-turn later, and the reply follows its ask by the same micro-turn in both."""
+    """Speech whose sound stops 150 ms into a micro-turn leaves 100-200 ms of VAD silence at the end of
+    the next one (Silero's ~90 ms hangover included): the early ask (`eot_check_early_ms`, the workers
+    being idle) is made there, the plain one (200 ms) a micro-turn later, and the reply follows its ask
+    by the same micro-turns in both."""
     question = speech("What is the capital of France?")
-    end = speech_end(question)
-    lead = 0.4 + (0.01 - (0.4 + end)) % TICK  # the speech ends 10 ms into a micro-turn
+    # Where its sound ends (the last sample above 1% of its peak; the VAD's segments move with the lead).
+    end = (np.flatnonzero(np.abs(question) > 0.01 * np.abs(question).max())[-1] + 1) / SAMPLE_RATE
+    lead = 0.4 + (0.15 - (0.4 + end)) % TICK  # the speech ends 150 ms into a micro-turn
+    lead = round(lead * SAMPLE_RATE) / SAMPLE_RATE
     mic = np.concatenate([silence(lead), question, silence(2.0)])
-    assert (speech_end(mic) % TICK) == pytest.approx(0.01, abs=0.002)
+    assert (lead + end) % TICK == pytest.approx(0.15, abs=0.001)
     replies = {}
     plain = model.opts
     try:
@@ -202,7 +205,7 @@ def test_a_turn_that_ends_early_in_a_micro_turn_is_answered_a_micro_turn_sooner_
             model.opts = replace(plain, eot_check_early_ms=early)
             c = Conversation(model)
             c.feed(mic)
-            replies[early] = _first_reply_after(c, speech_end(mic))
+            replies[early] = _first_reply_after(c, lead + end)
     finally:
         model.opts = plain
     assert plain.eot_check_early_ms == 100

@@ -194,6 +194,9 @@ class CascadeModel:
                 self.overlap_probe = OverlapProbe(self.whisper)
             except OverlapProbeError as e:
                 log.warning("overlap probe unavailable, pausing for overlaps by their length alone: %s", e)
+            mismatch = self.overlap_probe.mismatch(o.barge_in_early_ms) if self.overlap_probe else None
+            if mismatch:
+                log.warning("%s", mismatch)
         self.policy = TurnPolicy(o, smart_turn=self.smart_turn is not None)
         self.workers = Workers({"eot": o.eot_workers, "asr": o.whisper_workers})
         self.clock = StepClock(_JOB_GRACE_S)  # the tick thread's: the waits' shared grace, a slow step's why

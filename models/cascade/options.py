@@ -108,10 +108,16 @@ class CascadeOptions:
     barge_in_pause_ms: int = 400  # 0: never pause, only stop at barge-in
     # Sooner, by what is said: at the first micro-turn in which the overlap holds `barge_in_early_ms` of
     # speech, the overlap probe (models.speech.overlap: Whisper's encoder on its first few hundred ms,
-    # trained by train/overlap.py) gives P(interruption); at `barge_in_early_p` or above the assistant
-    # pauses then. Needs Whisper (asr=auto/whisper); 0 turns it off.
-    barge_in_early_ms: int = 200
-    barge_in_early_p: float = 0.5
+    # trained by train/overlap.py for this very setting) gives P(interruption); at `barge_in_early_p` or
+    # above the assistant pauses then, until the overlap's words say it is clearly a backchannel (rule
+    # 2c). Needs Whisper (asr=auto/whisper); 0 turns it off. At 200 ms the probe was asked a micro-turn
+    # after the onset's (an onset mid-micro-turn leaves less than 200 ms in it); at 100 ms, in the
+    # onset's own micro-turn whenever the onset falls in its first half. `python -m train.overlap`
+    # (voices held out), 200 ms at P >= 0.5 -> 100 ms at P >= 0.5 / 0.6 / 0.7: interruptions caught
+    # 0.89 -> 0.85 / 0.82 / 0.78, backchannels paused 0.13 -> 0.19 / 0.13 / 0.10 (the words resume
+    # those). 0.6 pauses backchannels as often as the 200 ms probe did, a micro-turn sooner.
+    barge_in_early_ms: int = 100
+    barge_in_early_p: float = 0.6
     # From `barge_in_early_ms` of overlap speech on, Whisper transcribes the overlap every micro-turn
     # (due the next one). While its words are all backchannels the overlap may last twice
     # `barge_in_max_ms` before it cuts the reply; while they are clearly one ("mm-hm", "oh, really?",

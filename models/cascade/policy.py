@@ -16,7 +16,7 @@ Rules (all thresholds are `CascadeOptions` fields):
      from where it paused;
   2a. it pauses the assistant sooner, at `barge_in_early_ms` of speech, when the overlap probe (what
      the first few hundred ms say: "wait", "sorry, but" rather than "mm-hm", "yeah") gives
-     P(interruption) >= `barge_in_early_p`;
+     P(interruption) >= `barge_in_early_p`, unless the words already say backchannel (2c);
   2b. an overlap judged to be background speech (much quieter than the user's own voice, decided
      by the cascade from levels) never pauses nor stops the assistant; it just ends when it falls
      silent; such a turn opened while the assistant was quiet gets no backchannel either;
@@ -24,7 +24,7 @@ Rules (all thresholds are `CascadeOptions` fields):
      ("yeah, yeah", "mm-hm, I see") the overlap may last twice `barge_in_max_ms` before it is a
      barge-in, and while they are clearly one (at least one word or phrase that does not also open a
      turn: "mm-hm", "oh, really?", "I see", not "okay" or "yeah" alone, which open "okay, stop") the
-     pause by length waits too, and one taken on a misheard half word ends;
+     pause waits too, and one already taken (by length on a misheard half word, or by the probe) ends;
   3. with Smart Turn, a turn ends when the words of the turn so far (Whisper's transcript) end a
      sentence and Smart Turn agrees, or a little later when Smart Turn does not, else after the
      eagerness' maximum silence (`TurnPolicy.turn_ends`). Without Smart Turn: after
@@ -208,11 +208,14 @@ class TurnPolicy:
                 if spoken >= longest or (spoken >= o.barge_in_ms and words_ok):
                     d.barge_in = True
                     s.overlap = s.paused = False
-                elif (o.barge_in_pause_ms and s.turn_speech_ms >= o.barge_in_pause_ms and not clearly_bc) or (
-                    p_interrupt is not None and p_interrupt >= o.barge_in_early_p
+                elif not clearly_bc and (
+                    (o.barge_in_pause_ms and s.turn_speech_ms >= o.barge_in_pause_ms)
+                    or (p_interrupt is not None and p_interrupt >= o.barge_in_early_p)
                 ):
                     # Speech, not span: a pause inside the overlap must not count towards it. Sooner
-                    # when what is being said sounds like an interruption (rule 2a).
+                    # when what is being said sounds like an interruption (rule 2a). The probe hears
+                    # the overlap's first 100-300 ms and pauses about one backchannel in eight:
+                    # the words, a micro-turn later, overrule it (rule 2c).
                     s.paused = True
                 elif clearly_bc:
                     # A pause by length taken on a misheard half word ("oh, wh-" read "oh why") ends

@@ -113,6 +113,17 @@ class OverlapProbe:
         self.encoder = encoder
         self.weights = ProbeWeights.load(path)
 
+    def mismatch(self, early_ms: int) -> str | None:
+        """Why these weights do not fit a cascade that asks at `early_ms` of overlap speech, or None.
+        They still run, on clips longer or shorter than they learned from: less accurate."""
+        trained = self.weights.meta.get("early_ms")
+        if trained is None or trained == early_ms:
+            return None
+        return (
+            f"the overlap probe was trained for barge_in_early_ms={trained}, not {early_ms}; retrain it "
+            f"with `python -m train.overlap --early-ms {early_ms}` for this setting"
+        )
+
     def probability(self, audio: Audio, onset: int) -> float:
         """`audio`: the session's recent 16 kHz input, ending now; `onset`: the overlap's first sample in it."""
         return self.weights.probability(features(self.encoder, clip_for(audio, onset)))

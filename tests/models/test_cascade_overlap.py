@@ -56,15 +56,19 @@ def test_an_interruption_pauses_the_reply_sooner_than_its_length_alone_would(mod
         late.shutdown()
 
 
-@pytest.mark.parametrize("backchannel", ["Uh-huh.", "Yeah."])
-def test_a_backchannel_does_not_pause_the_reply_early(model: CascadeModel, backchannel: str) -> None:
+@pytest.mark.parametrize("backchannel", ["Uh-huh.", "Mm-hm.", "Yeah."])
+def test_a_backchannel_never_stops_the_reply(model: CascadeModel, backchannel: str) -> None:
+    """The probe hears only the first 100-300 ms and pauses about one backchannel in eight (train.overlap,
+    voices held out); Whisper's words, a micro-turn or two later, resume those. Either way it goes on."""
     c = _talking(model)
     t0 = c.n
-    c.feed(speech(backchannel))
-    s = c.s
-    assert s.p_interrupt is not None and s.p_interrupt < model.opts.barge_in_early_p, s.p_interrupt
-    # It kept talking for as long as the rule by length allows (the backchannel is shorter than that).
-    assert all(c.loud(i) for i in range(t0, c.n)), [c.loud(i) for i in range(t0, c.n)]
+    c.feed(np.concatenate([speech(backchannel), np.zeros(round(0.6 * TICK_SAMPLES / TICK), dtype=np.float32)]))
+    assert c.s.p_interrupt is not None  # asked
+    loud = [c.loud(i) for i in range(t0, c.n)]
+    assert not c.events("yielded") and loud[-1], loud
+    # At most a short gap where the probe paused it: its micro-turn, the next (Whisper's first transcript
+    # of the overlap is due then) and one more (a first word such as "uh" may also open a turn).
+    assert loud.count(False) <= 3, loud
 
 
 def test_the_policy_pauses_at_the_probes_word_and_not_without_it() -> None:
@@ -100,13 +104,15 @@ def test_the_shipped_probe_says_how_it_was_made_and_refuses_a_broken_file(tmp_pa
 def test_training_clips_start_at_the_onset_and_the_fit_separates() -> None:
     """train.overlap's pieces: the clip is cut where the cascade cuts it (0.1 s before the VAD onset, at
     the end of the micro-turn holding barge_in_early_ms of speech); the logistic fit learns a split."""
+    early = CascadeOptions().barge_in_early_ms
     x = render("Excuse me, one question.", "piper:joe", random.Random(1))
-    clip = judged_clip(x, 200)
+    clip = judged_clip(x, early)
     assert clip is not None
     onset = speech_start(x)  # the utterance starts 0.4-0.6 s in
     end = onset + len(clip) / ASR_RATE - 0.1  # where the clip ends, if it starts 0.1 s before onset
-    assert 0.15 <= end - onset <= 0.5, (onset, len(clip) / ASR_RATE)
-    assert judged_clip(np.zeros_like(x), 200) is None  # silence never reaches it
+    # At least `early` of speech, at most a micro-turn (and the VAD's lag) more.
+    assert early / 1000 - 0.05 <= end - onset <= early / 1000 + 0.3, (onset, len(clip) / ASR_RATE)
+    assert judged_clip(np.zeros_like(x), early) is None  # silence never reaches it
     rng = np.random.default_rng(0)
     a, b = rng.normal(-1, 1, (60, 4)).astype(np.float32), rng.normal(1, 1, (60, 4)).astype(np.float32)
     mean, std, w, bias = fit(np.concatenate([a, b]), np.array([0] * 60 + [1] * 60, dtype=np.float32), 1e-2)
@@ -118,12 +124,16 @@ def test_the_probe_tells_interruptions_it_was_not_trained_on_from_backchannels()
     """Most of the time, not always (train.overlap measures ~0.88 with the voices held out): over a few
     renderings in several voices, the majority of each kind is judged right."""
     probe = OverlapProbe(WhisperTranscriber())
+    # The shipped weights were trained where the default cascade asks them; another setting is told how
+    # to retrain.
+    assert probe.mismatch(CascadeOptions().barge_in_early_ms) is None
+    assert "--early-ms 300" in (probe.mismatch(300) or "")
     voices = ["piper:joe", "espeak:en-us", "espeak:en-gb", "espeak:en-us+f3"]
 
     def judged(texts: list[str]) -> list[bool]:
         out = []
         for k, (text, voice) in enumerate((t, v) for t in texts for v in voices):
-            clip = judged_clip(render(text, voice, random.Random(k)), 200)
+            clip = judged_clip(render(text, voice, random.Random(k)), CascadeOptions().barge_in_early_ms)
             assert clip is not None
             out.append(probe.weights.probability(features(probe.encoder, clip)) >= 0.5)
         return out
@@ -138,7 +148,7 @@ def test_the_policy_reads_the_overlaps_words() -> None:
     """Pure rule 2c: words that are clearly a backchannel hold off the pause by length (and end one
     taken on a misheard half word); backchannel words that also open a turn ("okay", "yeah") do not,
     but like them give the overlap twice barge_in_max_ms before it is a barge-in; other words, or none,
-    change nothing, and the probe's early pause stands."""
+    change nothing."""
     o = CascadeOptions()
     policy = TurnPolicy(o)
 
@@ -157,7 +167,12 @@ def test_the_policy_reads_the_overlaps_words() -> None:
         assert not decide(pause, 600, words)[0].paused, words
     assert not decide(pause + 300, 900, "oh really", paused=True)[0].paused  # resumed
     assert decide(pause + 300, 900, "okay", paused=True)[0].paused  # not resumed by an opener
-    assert decide(pause, 600, "oh really", p=0.9)[0].paused  # rule 2a still pauses
+    # The probe's early pause (rule 2a) stands on no words yet or words that may open a turn; words that
+    # are clearly a backchannel overrule it, and end a pause it took.
+    assert decide(o.barge_in_early_ms, 300, None, p=0.9)[0].paused
+    assert decide(o.barge_in_early_ms, 300, "okay", p=0.9)[0].paused
+    assert not decide(o.barge_in_early_ms, 300, "mm-hmm", p=0.9)[0].paused
+    assert not decide(pause, 600, "oh really", p=0.9, paused=True)[0].paused
     assert decide(600, o.barge_in_max_ms, None)[1].barge_in
     assert decide(600, o.barge_in_max_ms, "okay stop")[1].barge_in
     for words in ("yeah yeah", "oh really"):

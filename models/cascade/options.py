@@ -67,10 +67,11 @@ class CascadeOptions:
     # Silence after which Smart Turn and Whisper are asked: `eot_check_early_ms` when no off-thread job
     # is in flight (a quiet machine), else `eot_check_ms`. The ask comes at the end of a micro-turn, so
     # a turn that ends early in one is asked a micro-turn sooner at 100 ms than at 200 ms (its answer
-    # a micro-turn sooner too). 100 ms asks at gaps between words as well: always at 100 ms,
-    # `bench.load --find-max` with every session talking nonstop held 5 sessions where 200 ms held 6
-    # (2026-12-03, this machine; 11 on an earlier, faster one); asked early only on idle workers, a
-    # loaded machine falls back to 200 ms by itself. 0 turns the early ask off.
+    # a micro-turn sooner too). 100 ms asks at gaps between words as well, so it asks only when the
+    # workers are idle: a loaded machine falls back to 200 ms by itself. `bench.load --find-max`, every
+    # session talking nonstop (2026-12-03, a machine that held 6 at 200 ms; 11 on an earlier, faster
+    # one): 5 sessions either way, always at 100 ms or idle only, but 8 sessions missed 727 deadlines
+    # always at 100 ms, 240 idle only, 323 at 200 ms. 0 turns the early ask off.
     eot_check_ms: int = 200
     eot_check_early_ms: int = 100
     eot_unsure_ms: int = 600  # silence that ends a turn where words and prosody do not both say finished

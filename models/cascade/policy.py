@@ -214,7 +214,7 @@ class TurnPolicy:
                 ):
                     # Speech, not span: a pause inside the overlap must not count towards it. Sooner
                     # when what is being said sounds like an interruption (rule 2a). The probe hears
-                    # the overlap's first 100-300 ms and pauses about one backchannel in eight:
+                    # the overlap's first 100-300 ms and pauses about one backchannel in five:
                     # the words, a micro-turn later, overrule it (rule 2c).
                     s.paused = True
                 elif clearly_bc:

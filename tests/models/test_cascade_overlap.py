@@ -58,7 +58,7 @@ def test_an_interruption_pauses_the_reply_sooner_than_its_length_alone_would(mod
 
 @pytest.mark.parametrize("backchannel", ["Uh-huh.", "Mm-hm.", "Yeah."])
 def test_a_backchannel_never_stops_the_reply(model: CascadeModel, backchannel: str) -> None:
-    """The probe hears only the first 100-300 ms and pauses about one backchannel in eight (train.overlap,
+    """The probe hears only the first 100-300 ms and pauses about one backchannel in five (train.overlap,
     voices held out); Whisper's words, a micro-turn or two later, resume those. Either way it goes on."""
     c = _talking(model)
     t0 = c.n

@@ -170,8 +170,12 @@ class Workers:
                 timing.finished = time.monotonic()
 
         with self._lock:
-            self._in_flight += 1
-        future = self._pools[name].submit(timed)
+            self._in_flight += 1  # before the job can finish: the count never dips below zero
+        try:
+            future = self._pools[name].submit(timed)
+        except BaseException:  # a closed pool: nothing was queued
+            self._done(None)
+            raise
         future.add_done_callback(self._done)  # also called when the job is cancelled before it ran
         return Job(future, due, name, timing)
 

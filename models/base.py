@@ -112,6 +112,23 @@ class InteractionModel(Protocol):
 
 
 @runtime_checkable
+class StepBudget(Protocol):
+    """Optional, beside `InteractionModel`: a model whose real-time step may wait (for late off-thread
+    work) is told how long the coming step may take.
+
+    One inference thread steps every batch: a step that runs past the moment the next batch is due (a
+    session in another phase slot, or this batch's own next micro-turn) delays that batch, and past a
+    micro-turn it is a missed deadline. The engine knows those moments; the model knows what it would
+    wait for. Called on the inference thread right before each `step`.
+    """
+
+    def step_budget(self, seconds: float | None) -> None:
+        """The coming step should return within `seconds` (>= 0) of now to delay no other step;
+        None: no limit (media pace, where nothing waits on the clock)."""
+        ...
+
+
+@runtime_checkable
 class OffThreadWork(Protocol):
     """Optional, beside `InteractionModel`: a model whose step uses results of work it started on
     other threads or processes (recognisers, classifiers, synthesis) at fixed micro-turns.

@@ -33,7 +33,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from models.base import Event, InteractionModel, OffThreadWork, SessionState, TickInput, TickOutput, silence
+from models.base import (
+    Event,
+    InteractionModel,
+    OffThreadWork,
+    SessionState,
+    StepBudget,
+    TickInput,
+    TickOutput,
+    silence,
+)
 from server.metrics import Metrics
 from server.sessions import Pace, Session
 from streaming.types import TICK_SAMPLES, TICK_SECONDS
@@ -43,6 +52,11 @@ T = TypeVar("T")
 
 _StepResult = tuple[list[TickOutput], float, float]  # outputs, step start, step end (engine clock)
 MAX_IN_FLIGHT = 2  # steps queued per session before its next deadline waits (bounded memory when overloaded)
+# How much later than its deadline a real-time step may start because an earlier batch's step waited
+# for late off-thread work (`StepBudget`): a pause's end-of-turn job a little past its micro-turn is
+# then used in it, not a micro-turn later, at the price of up to this much jitter in other sessions'
+# output (nothing they say changes).
+STEP_DELAY_S = 0.1
 CATCH_UP_STREAK = 3  # ticks a surplus must persist before an extra tick is stepped to drain it
 
 
@@ -94,6 +108,7 @@ class Engine:
         self._miss_logged_at = -float("inf")  # when the last missed deadline was logged (rate limit)
         self._hooked: set[int] = set()  # off-thread work whose completion will wake the media loop
         self._pending_work = model.pending_work if isinstance(model, OffThreadWork) else None
+        self._step_budget = model.step_budget if isinstance(model, StepBudget) else None
 
     def set_phase_groups(self, groups: int) -> None:
         """Choose the phase grid (server/admission.py decides it at start-up, before any session)."""
@@ -372,11 +387,24 @@ class Engine:
         # sessions (engine.close_state, also on that thread) may be queued before the task runs, and
         # would then free the state this step still uses (seen in a cascade soak: a session that left
         # right after its input was taken was stepped with its recogniser already returned).
-        first = asyncio.get_running_loop().run_in_executor(self._executor, self._step, inputs)
+        until = self._free_until(sessions) if realtime else None
+        first = asyncio.get_running_loop().run_in_executor(self._executor, self._step, inputs, until)
         task = asyncio.create_task(self._step_and_deliver(planned, inputs, realtime, first))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def _free_until(self, batch: Sequence[Session]) -> float:
+        """How long this batch may hold the inference thread (engine clock), for a model that would wait
+        (`StepBudget`): until the earliest next deadline of its sessions (ending past it is a missed
+        deadline), and until `STEP_DELAY_S` after the deadline of any other real-time session (whose
+        step would start that much later: its output leaves later within its micro-turn, the same
+        output; each batch's own bound keeps such delays from adding up)."""
+        inside = set(batch)
+        nexts = [self._deadline(s) for s in batch]  # their period_index has moved on: the next deadlines
+        nexts += [self._deadline(o) + STEP_DELAY_S for o in self._realtime
+                  if o not in inside and o.attached and not o.closed and o.sched.ticking]
+        return min(nexts)
 
     def _take_input(self, s: Session, realtime: bool) -> TickInput:
         chunk = s.inbox.chunker.pop()
@@ -487,9 +515,11 @@ class Engine:
                 outs.append(_failed(exc))
         return outs, t_start, self.clock()
 
-    def _step(self, inputs: list[tuple[SessionState, TickInput]]) -> _StepResult:
-        """Runs on the inference thread."""
+    def _step(self, inputs: list[tuple[SessionState, TickInput]], until: float | None = None) -> _StepResult:
+        """Runs on the inference thread. `until`: when the thread is next needed (real time), else None."""
         t_start = self.clock()
+        if self._step_budget is not None:
+            self._step_budget(None if until is None else max(0.0, until - t_start))
         outs = self.model.step(inputs)
         t_end = self.clock()
         if len(outs) != len(inputs):

@@ -79,10 +79,6 @@ _UTTERANCE_TICKS = 150
 # transcript end a sentence?) needs no more; transcribing a whole long turn at every pause cost up to
 # ~2 s of a core per call and queued Whisper jobs far past their budget in the cascade soak.
 _PAUSE_AUDIO_TICKS = 40
-# How long a real-time step waits, all its sessions together, for off-thread work due now before
-# leaving it to a later micro-turn (work.py, StepClock). Media pace never needs it: the engine steps a
-# media session once its due work is done.
-_JOB_GRACE_S = 0.05
 # Mostly-speech micro-turns a turn needs before its level says whose voice it is (`_someone_else`).
 _LEVEL_TICKS = 2
 log = logging.getLogger(__name__)
@@ -199,7 +195,7 @@ class CascadeModel:
                 log.warning("%s", mismatch)
         self.policy = TurnPolicy(o, smart_turn=self.smart_turn is not None)
         self.workers = Workers({"eot": o.eot_workers, "asr": o.whisper_workers})
-        self.clock = StepClock(_JOB_GRACE_S)  # the tick thread's: the waits' shared grace, a slow step's why
+        self.clock = StepClock(o.job_grace_ms / 1000)  # the tick thread's: the waits' shared grace, a slow step's why
         self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
         # Pre-rendered so that replies and backchannels start without waiting for synthesis.
         self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
@@ -277,6 +273,10 @@ class CascadeModel:
 
     # --- the micro-turn --------------------------------------------------------------------------
 
+    def step_budget(self, seconds: float | None) -> None:
+        """`models.base.StepBudget`: the coming step's waits for late work fit in what the engine allows."""
+        self.clock.limit = seconds
+
     def step(self, batch: Sequence[tuple[CascadeState, TickInput]]) -> list[TickOutput]:
         c = self.clock
         c.start()
@@ -308,7 +308,7 @@ class CascadeModel:
             # process) decoded it while this thread did other sessions' micro-turns, so the tick
             # waits only if the worker is more than a micro-turn behind. The same one-micro-turn
             # delay in-process keeps both modes, and media and real-time pace, in agreement.
-            with self.clock.timed("partial"):
+            with self.clock.timed("partial", wait=True):
                 partial = s.asr.collect(self.clock.left())
             if s.asr.waiting():
                 LATE.note("streaming partial")
@@ -397,7 +397,7 @@ class CascadeModel:
         # television that starts between our acknowledgment and the answer) holds nothing: the answer
         # would otherwise wait for the next pause in it.
         hold = s.turn.turn and (not s.turn.overlap or s.turn.paused) and not background
-        with self.clock.timed("synthesis"):
+        with self.clock.timed("synthesis", wait=True):
             speech = s.speaker.tick(hold=hold, grace=self.clock.left())
         s.echo.played(s.ref.process(speech.audio))
         for p in speech.started:
@@ -466,7 +466,7 @@ class CascadeModel:
         """Delegate the Whisper transcript of the last turn once it is due; returns it."""
         if s.final_job is None:
             return ""
-        with self.clock.timed("whisper"):
+        with self.clock.timed("whisper", wait=True):
             due, heard = s.final_job.take(s.ticks, self.clock.left())
         if not due:
             return ""
@@ -516,7 +516,7 @@ class CascadeModel:
                 s.pause_whole = len(s.turn_audio) <= _PAUSE_AUDIO_TICKS
             return s.cues
         if s.eot_job is not None:
-            with self.clock.timed("smart turn"):
+            with self.clock.timed("smart turn", wait=True):
                 due, p = s.eot_job.take(s.ticks, self.clock.left())
             if due:
                 s.eot_job = None
@@ -526,7 +526,7 @@ class CascadeModel:
             complete = looks_complete(s.partial)
             s.cues.words = UNFINISHED if not complete else FINISHED if t.silence_ms >= o.eot_silence_ms else UNCLEAR
         elif s.text_job is not None:
-            with self.clock.timed("whisper"):
+            with self.clock.timed("whisper", wait=True):
                 due, heard = s.text_job.take(s.ticks, self.clock.left())
             if due:
                 s.text_job = None
@@ -570,7 +570,7 @@ class CascadeModel:
             self._forget_overlap_words(s)
             return
         if s.overlap_job is not None:
-            with self.clock.timed("whisper"):
+            with self.clock.timed("whisper", wait=True):
                 due, heard = s.overlap_job.take(s.ticks, self.clock.left())
             if due:
                 s.overlap_job = None

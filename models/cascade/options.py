@@ -23,6 +23,17 @@ class CascadeOptions:
     # window sized to the clip costs ~0.15 s of one core for a pause's audio (at most 8 s) on a quiet
     # machine (0.55 s in Whisper's fixed 30 s window). Later work is used a micro-turn later in real time.
     whisper_ticks: int = 1
+    # How long a real-time step waits, all its sessions together, for off-thread work due now before
+    # leaving it to the next micro-turn (models.cascade.work.StepClock), and never longer than the
+    # micro-turn leaves after the step's own work (so waiting cannot miss a deadline). Media pace never
+    # waits: the engine steps a media session once its due work is done. A pause's Whisper + text-model
+    # job takes ~215 ms of a quiet core and 240-300 ms beside a second session: at 50 ms it was late on
+    # almost every pause and its decision came a micro-turn later than in media pace. Measured
+    # (2026-12-03, held-out seed 2222 turn-taking, 2 sessions, real time): 50 ms 0.603 s latency (20 jobs
+    # late), 120 ms 0.484 s (7), 150 ms 0.456 s (2); media pace 0.446 s. The cost: the micro-turn's
+    # output of every session in that step leaves up to this much later (a player's buffer absorbs
+    # it; delta lateness p50 12 ms at 50 and at 150).
+    job_grace_ms: int = 150
     # pocketsphinx decoders built at load per decoding process (~1 s and ~95 MB each). 0 = enough
     # for `max_sessions` users talking at once (2 per process when uncapped): one built later, inline,
     # stalls every utterance of its process for that second (models.speech.sphinx.DecoderPool).
@@ -198,6 +209,8 @@ class CascadeOptions:
             raise ValueError(f"whisper_workers must be >= 1, got {self.whisper_workers}")
         if self.eot_workers < 1:
             raise ValueError(f"eot_workers must be >= 1, got {self.eot_workers}")
+        if not 0 <= self.job_grace_ms < 200:
+            raise ValueError(f"job_grace_ms must be in [0, 200) (a micro-turn is 200 ms), got {self.job_grace_ms}")
         if self.whisper_ticks < 1:
             raise ValueError("whisper_ticks must be >= 1 (the transcript is made off the model thread)")
 

@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from models.threads import started_pool
+from streaming.types import TICK_SECONDS
 
 T = TypeVar("T")
+_WORK_DECAY = 0.9  # per step: a busy step's work bounds the waits of the next ~20 steps (4 s) less and less
 PATIENCE_TICKS = 25  # 5 s past its due micro-turn a job is given up (an overloaded or stuck worker)
 log = logging.getLogger(__name__)
 
@@ -63,41 +65,62 @@ class StepClock:
     A real-time tick may wait `grace` for off-thread work due now (above). The grace is the step's,
     not each session's: five sessions each waiting their own 50 ms for late partials would be a
     250 ms step, a missed deadline for all of them, on exactly the busy machine the grace is for.
+    It is also bounded by the step's budget: a step that ends more than a micro-turn after it began
+    is a missed deadline for every session in it, and one that runs past the moment another batch
+    (another phase slot) is due starts that one late; the engine says when that is (`limit`, from
+    models.base.StepBudget). The waits may only use what the budget leaves after the step's own work
+    (`reserve` of margin, and the recent steps' work: a decaying maximum, so a load that grows is
+    followed at once and one that shrinks a few steps later). On a quiet machine the waits get the
+    whole grace; on a machine at capacity they get less, down to nothing.
     The time each kind of wait (and each stage) takes is summed, so a slow step can say why.
     """
 
-    def __init__(self, grace: float, slow: float = 0.1, every: float = 1.0) -> None:
+    def __init__(self, grace: float, slow: float = 0.1, every: float = 1.0, period: float = TICK_SECONDS,
+                 reserve: float = 0.03) -> None:
         self.grace = grace
         self.slow = slow  # a step longer than this (s) is logged with its breakdown
         self._every = every  # at most one such line per `every` seconds
         self._logged = -every
+        self._budget = period - reserve  # what a step may take, waits and work together
+        self._reserve = reserve
+        self.limit: float | None = None  # the engine's bound on the coming step (s; models.base.StepBudget)
+        self.work = 0.0  # the recent steps' own work (s, their waits left out): a decaying maximum
         self.t0 = self._until = time.monotonic()
         self.spent: dict[str, float] = {}
+        self._waited = 0.0
 
     def start(self) -> None:
         self.t0 = time.monotonic()
-        self._until = self.t0 + self.grace
+        budget = self._budget if self.limit is None else min(self._budget, self.limit - self._reserve)
+        self._until = self.t0 + max(0.0, min(self.grace, budget - self.work))
         self.spent = {}
+        self._waited = 0.0
 
     def left(self) -> float:
         """How long a wait may still take in this step (s)."""
         return max(0.0, self._until - time.monotonic())
 
-    def add(self, what: str, since: float) -> None:
-        self.spent[what] = self.spent.get(what, 0.0) + time.monotonic() - since
+    def add(self, what: str, since: float, wait: bool = False) -> None:
+        took = time.monotonic() - since
+        self.spent[what] = self.spent.get(what, 0.0) + took
+        if wait:
+            self._waited += took
 
     @contextlib.contextmanager
-    def timed(self, what: str) -> Iterator[None]:
+    def timed(self, what: str, wait: bool = False) -> Iterator[None]:
+        """Time a stage; `wait`: it is a wait bounded by `left()` (not the step's own work)."""
         t0 = time.monotonic()
         try:
             yield
         finally:
-            self.add(what, t0)
+            self.add(what, t0, wait)
 
     def finish(self, batch: int) -> None:
-        """Log a slow step with where its time went (rate-limited)."""
+        """Note the step's own work (for the next steps' wait bound); log a slow step with where its
+        time went (rate-limited)."""
         now = time.monotonic()
         total = now - self.t0
+        self.work = max(total - self._waited, self.work * _WORK_DECAY)
         if total < self.slow or now - self._logged < self._every:
             return
         self._logged = now

@@ -65,6 +65,31 @@ def test_late_jobs_of_one_step_share_its_grace_and_a_slow_step_says_where_its_ti
     assert len([r for r in caplog.records if "slow cascade step" in r.getMessage()]) == 1
 
 
+def test_waits_get_what_the_micro_turn_leaves_after_the_steps_own_work() -> None:
+    """A step past its micro-turn is a missed deadline for every session in it: a long grace must not
+    make one on a busy machine. Waits themselves are not the step's work."""
+    clock = StepClock(grace=0.15, slow=10.0, period=0.2, reserve=0.03)
+    clock.start()
+    assert 0.14 < clock.left() <= 0.15  # nothing known about the work yet: the whole grace
+    with clock.timed("smart turn", wait=True):
+        Job(Future(), due=1, name="eot").take(1, clock.left())  # a late job: waits the whole grace
+    clock.finish(batch=1)
+    assert clock.work < 0.05, "the wait is not counted as the step's work"
+    clock.start()
+    assert clock.left() > 0.14, "after a step that only waited, the next one may wait the whole grace"
+    with clock.timed("vad"):
+        time.sleep(0.1)  # a step doing 100 ms of work
+    clock.finish(batch=8)
+    clock.start()
+    assert 0.03 < clock.left() <= 0.2 - 0.03 - 0.1 + 0.005, clock.left()  # what 200 ms leaves after 100 + 30
+    clock.finish(batch=8)
+    for _ in range(40):  # quiet steps: the bound relaxes again (decaying maximum)
+        clock.start()
+        clock.finish(batch=1)
+    clock.start()
+    assert clock.left() > 0.14
+
+
 def test_idle_counts_every_job_until_it_finishes_or_is_cancelled() -> None:
     """`Workers.idle` gates work that is only worth doing on a free machine (the sooner end-of-turn ask)."""
     workers = Workers({"a": 1})

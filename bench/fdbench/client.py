@@ -76,7 +76,14 @@ class StreamResult:
         """
         base = self.base or 0
         if tick in self.heard:
-            return self.heard[tick]
+            heard, total = self.heard[tick], self.ticks * TICK_SAMPLES
+            if heard < total:
+                return heard
+            # Past the end of our input the server ticks on (silence) while the answer is still being
+            # said, and every such micro-turn has heard the whole clip: each can be heard a micro-turn
+            # after the one before, not all at the clip's end (which read as deltas 1-2 s "late").
+            first = min(t for t, h in self.heard.items() if h >= total)
+            return heard + (tick - first) * TICK_SAMPLES
         return (tick - base + OUTPUT_TICK_OFFSET) * TICK_SAMPLES
 
     def underruns(self) -> list[int]:

@@ -20,7 +20,7 @@ from bench.fdbench.client import StreamResult, _append, _connect, _expect, _rece
 from bench.fdbench.generate import generate
 from bench.fdbench.layout import find_samples
 from bench.fdbench.runner import run
-from streaming.types import TICK_SAMPLES, TICK_SECONDS
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 from streaming.wav import read_wav
 
 TASKS = (
@@ -150,6 +150,17 @@ def test_realtime_tick_placement_follows_what_each_micro_turn_heard(duplex_serve
     # (PCM16 rounding aside); placed by index it would be shifted after the stall.
     want = np.concatenate([np.zeros(TICK_SAMPLES, np.float32), audio[:-TICK_SAMPLES]])
     assert np.abs(result.tick_placement(len(audio)) - want).max() < 1e-3
+
+
+def test_deltas_after_the_input_ended_are_timed_from_their_own_micro_turn() -> None:
+    """The answer goes on after the clip: those micro-turns all heard the whole clip, but each plays a
+    micro-turn after the one before, so a delta that arrives in its own micro-turn is not late."""
+    tick_s = TICK_SAMPLES / SAMPLE_RATE
+    result = StreamResult(ticks=3, base=0)
+    result.heard = {k: min(k + 1, 3) * TICK_SAMPLES for k in range(6)}  # ticks 2-5 heard all 3 chunks
+    result.by_tick = {k: [np.zeros(TICK_SAMPLES, np.float32)] for k in range(6)}
+    result.arrivals = [((k + 1) * tick_s + 0.01, k, 0) for k in range(6)]  # each 10 ms after it could play
+    assert result.lateness() == pytest.approx([0.01] * 6, abs=1e-6)
 
 
 def test_transcript_timestamps_survive_silence_cropping() -> None:

@@ -28,7 +28,7 @@ from models.threads import started_pool
 from streaming.types import TICK_SECONDS
 
 T = TypeVar("T")
-_WORK_DECAY = 0.9  # per step: a busy step's work bounds the waits of the next ~20 steps (4 s) less and less
+_WORK_DECAY = 0.9  # per step: a busy step's work bounds the waits of the next ~20 steps less and less
 PATIENCE_TICKS = 25  # 5 s past its due micro-turn a job is given up (an overloaded or stuck worker)
 log = logging.getLogger(__name__)
 

@@ -124,7 +124,8 @@ class StepBudget(Protocol):
 
     def step_budget(self, seconds: float | None) -> None:
         """The coming step should return within `seconds` (>= 0) of now to delay no other step;
-        None: no limit (media pace, where nothing waits on the clock)."""
+        None: the engine sets none (media pace, where nothing waits on the clock, or a session stepped
+        alone after its batch's step failed); the model keeps within a micro-turn by itself."""
         ...
 
 

@@ -24,15 +24,16 @@ class CascadeOptions:
     # machine (0.55 s in Whisper's fixed 30 s window). Later work is used a micro-turn later in real time.
     whisper_ticks: int = 1
     # How long a real-time step waits, all its sessions together, for off-thread work due now before
-    # leaving it to the next micro-turn (models.cascade.work.StepClock), and never longer than the
-    # micro-turn leaves after the step's own work (so waiting cannot miss a deadline). Media pace never
-    # waits: the engine steps a media session once its due work is done. A pause's Whisper + text-model
-    # job takes ~215 ms of a quiet core and 240-300 ms beside a second session: at 50 ms it was late on
-    # almost every pause and its decision came a micro-turn later than in media pace. Measured
-    # (2026-12-03, held-out seed 2222 turn-taking, 2 sessions, real time): 50 ms 0.603 s latency (20 jobs
-    # late), 120 ms 0.484 s (7), 150 ms 0.456 s (2); media pace 0.446 s. The cost: the micro-turn's
-    # output of every session in that step leaves up to this much later (a player's buffer absorbs
-    # it; delta lateness p50 12 ms at 50 and at 150).
+    # leaving it to the next micro-turn (models.cascade.work.StepClock), and never longer than the engine
+    # allows less the step's own work (models.base.StepBudget: before its sessions' next deadline, at
+    # most 100 ms past another phase slot's), so waiting misses no deadline. Media pace never waits: the
+    # engine steps a media session once its due work is done. A pause's Whisper + text-model job takes
+    # ~215 ms of a quiet core and 240-340 ms beside a second session: at 50 ms it was late on almost every
+    # pause and its decision came a micro-turn later than in media pace. Measured (2026-12-03, held-out
+    # seed 2222 turn-taking, 2 sessions, real time; media pace 0.446 s): without the engine's bound 50 ms
+    # 0.603 s latency (20 jobs late), 120 ms 0.484 s (7), 150 ms 0.456 s (2); with it, 150 ms 0.507 s
+    # (10). The cost: the output of every session in a step that waits leaves up to that much later in
+    # its micro-turn (a player's buffer absorbs it; delta lateness p50 12 ms at 50 and at 150).
     job_grace_ms: int = 150
     # pocketsphinx decoders built at load per decoding process (~1 s and ~95 MB each). 0 = enough
     # for `max_sessions` users talking at once (2 per process when uncapped): one built later, inline,

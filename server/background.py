@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from models.background import Reasoner, ReasonerError, TextDelta, ToolCall, ToolSpec
+from models.background.base import WorkClock
 from models.background.clock import RequestClock
 from models.background.factory import ReasonerSpec, make_reasoner
 from models.base import BackgroundChunk, TickOutput
@@ -81,7 +82,9 @@ class BackgroundWorker:
         self.floor = 0  # chunks of epochs below this are stale
         # (due micro-turn, chunk): delivered at the micro-turn its virtual-clock stamp says (issue 11).
         self._pending: list[tuple[int, BackgroundChunk]] = []
-        self.clock = RequestClock(TICK_SECONDS)  # the running request on the session's micro-turns
+        # The running request on the session's micro-turns; an in-process reasoner by its compute time.
+        work = reasoner.work_clock if isinstance(reasoner, WorkClock) else None
+        self.clock = RequestClock(TICK_SECONDS, work=work)
         self._clocked: _Request | None = None  # the request the clock is timing
         self._waiting: deque[_Request] = deque()  # queue policy
         self._current: _Request | None = None

@@ -69,3 +69,13 @@ class Reasoner(Protocol):
     async def aclose(self) -> None:
         """Release connections, threads and weights."""
         ...
+
+
+@runtime_checkable
+class WorkClock(Protocol):
+    """Optional, beside `Reasoner`: an in-process reasoner whose compute can be timed (its thread's CPU
+    seconds). Media pace counts a request's progress on it (models/background/clock.py)."""
+
+    def work_clock(self) -> float:
+        """Seconds of compute done so far (monotonic; only differences are used)."""
+        ...

@@ -135,6 +135,16 @@ def _lower_priority(nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
 
 
+def _thread_cpu_clock(ident: int) -> int | None:
+    """The CPU-time clock of thread `ident` (POSIX), or None where the OS has none."""
+    try:
+        clock = time.pthread_getcpuclockid(ident)
+        time.clock_gettime(clock)
+    except (AttributeError, OSError):
+        return None
+    return clock
+
+
 class LlamaCppReasoner:
     # A 135M model cannot call functions reliably; offering tools only makes it emit broken JSON.
     supports_tools = False
@@ -160,8 +170,16 @@ class LlamaCppReasoner:
         self.name = f"llamacpp:{path.name}"
         # The one generation thread (see module docstring).
         self._thread = started_pool(1, "duplex-background", _lower_priority, (self.config.nice,))
+        self._cpu_clock = _thread_cpu_clock(self._thread.submit(threading.get_ident).result())
         self._llm: Any = None  # loaded lazily on the thread: a server that never delegates never pays
         self.load_seconds: float | None = None
+
+    def work_clock(self) -> float:
+        """`WorkClock`: the generation thread's CPU seconds (llama.cpp computes on it with n_threads=1;
+        more threads would make this undercount, so then the wall clock)."""
+        if self._cpu_clock is None or self.config.n_threads != 1:
+            return time.monotonic()
+        return time.clock_gettime(self._cpu_clock)
 
     def preload(self) -> Future[None]:
         """Start loading the weights now on the generation thread (optional; the first request does it)."""

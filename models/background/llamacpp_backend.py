@@ -177,9 +177,10 @@ class LlamaCppReasoner:
     def work_clock(self) -> float:
         """`WorkClock`: the generation thread's CPU seconds (llama.cpp computes on it with n_threads=1;
         more threads would make this undercount, so then the wall clock)."""
-        if self._cpu_clock is None or self.config.n_threads != 1:
-            return time.monotonic()
-        return time.clock_gettime(self._cpu_clock)
+        if self._cpu_clock is not None and self.config.n_threads == 1:
+            with contextlib.suppress(OSError):  # the thread is gone (the reasoner was closed)
+                return time.clock_gettime(self._cpu_clock)
+        return time.monotonic()
 
     def preload(self) -> Future[None]:
         """Start loading the weights now on the generation thread (optional; the first request does it)."""

@@ -81,7 +81,7 @@ class StepClock:
         self.slow = slow  # a step longer than this (s) is logged with its breakdown
         self._every = every  # at most one such line per `every` seconds
         self._logged = -every
-        self._budget = period - reserve  # what a step may take, waits and work together
+        self._period = period
         self._reserve = reserve
         self.limit: float | None = None  # the engine's bound on the coming step (s; models.base.StepBudget)
         self.work = 0.0  # the recent steps' own work (s, their waits left out): a decaying maximum
@@ -91,7 +91,8 @@ class StepClock:
 
     def start(self) -> None:
         self.t0 = time.monotonic()
-        budget = self._budget if self.limit is None else min(self._budget, self.limit - self._reserve)
+        # What the step may take, waits and work together: a micro-turn, or less if the engine says so.
+        budget = (self._period if self.limit is None else min(self._period, self.limit)) - self._reserve
         self._until = self.t0 + max(0.0, min(self.grace, budget - self.work))
         self.spent = {}
         self._waited = 0.0

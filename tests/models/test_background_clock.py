@@ -8,18 +8,11 @@ import time
 import pytest
 
 from models.background.clock import WALL_FLOOR, RequestClock
-
-
-class Fake:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.manual_clock import ManualClock
 
 
 def test_a_request_is_stamped_by_the_compute_it_got_not_the_wall_time_it_waited() -> None:
-    wall, work = Fake(), Fake()
+    wall, work = ManualClock(), ManualClock()
     clock = RequestClock(0.2, clock=wall, work=work)
     clock.start(10)
     # Media pace: 1 s of wall time in which the niced generation thread got 0.3 s of a core.
@@ -37,7 +30,7 @@ def test_a_request_is_stamped_by_the_compute_it_got_not_the_wall_time_it_waited(
 
 
 def test_without_a_work_clock_the_wall_clock_times_it() -> None:
-    wall = Fake()
+    wall = ManualClock()
     clock = RequestClock(0.2, clock=wall)
     clock.start(0)
     wall.now += 0.45
@@ -45,8 +38,7 @@ def test_without_a_work_clock_the_wall_clock_times_it() -> None:
 
 
 def test_the_embedded_reasoner_times_its_generation_thread() -> None:
-    llamacpp = pytest.importorskip("llama_cpp")
-    assert llamacpp is not None
+    pytest.importorskip("llama_cpp")
     from models.background.base import WorkClock
     from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner
 

@@ -13,6 +13,7 @@ from server.engine import STEP_DELAY_S, Engine
 from server.metrics import Metrics
 from server.sessions import Pace, Session
 from streaming.types import TICK_SAMPLES
+from tests.manual_clock import ManualClock
 
 
 class BudgetRecorder(EchoModel):
@@ -46,14 +47,6 @@ class Sink:
         pass
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def _session(engine: Engine, sid: str, pace: Pace) -> Session:
     s = Session(id=sid, resume_token="tok-" + sid, state=None)
     s.state = await engine.open_state(s.id)
@@ -65,7 +58,7 @@ async def _session(engine: Engine, sid: str, pace: Pace) -> Session:
 
 async def test_a_step_may_wait_until_its_next_deadline_or_a_little_past_another_sessions() -> None:
     model = BudgetRecorder()
-    clock = Clock()
+    clock = ManualClock()
     engine = Engine(cast(InteractionModel, model), Metrics(), phase_groups=20, clock=clock)
     try:
         a = await _session(engine, "a", Pace.REALTIME)

@@ -43,7 +43,7 @@ def _turn_taking(sample: Sample, ctx: dict[str, Any]) -> dict[str, Any]:
 def _interruption(sample: Sample, ctx: dict[str, Any]) -> dict[str, Any]:
     start, end = interruption_span(sample)
     words = align.output_words(sample, crop_from=end, asr=ctx["asr"])
-    segments = align.speech_segments(align.read_output(sample))
+    segments = metrics.talk_spans(align.speech_segments(align.read_output(sample)))
     raw = metrics.raw_latency(words, end)
     return {
         "tor": metrics.takeover(words),
@@ -79,7 +79,7 @@ def _overlap(sample: Sample, ctx: dict[str, Any]) -> dict[str, Any]:
     for wav, prefix in (("clean_output.wav", "clean_"), ("output.wav", "")):
         if prefix and not sample.file(wav).exists():
             continue  # clean_output is optional for scoring: it is only a baseline
-        segments = segs[prefix] = list(align.speech_segments(align.read_output(sample, wav)))
+        segments = segs[prefix] = metrics.talk_spans(align.speech_segments(align.read_output(sample, wav)))
         out[prefix + "stop_latency"] = metrics.stop_latency(segments, start)
         out[prefix + "response_latency"] = metrics.response_latency(segments, end)
         out[prefix + "speaking_at_overlap"] = metrics.speaking_at(segments, start)

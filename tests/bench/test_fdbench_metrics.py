@@ -110,3 +110,19 @@ def test_kept_talking_counts_only_what_the_clean_run_was_still_saying() -> None:
     assert m.kept_talking(out, 5.0, 7.0, clean=[(3.0, 9.0)]) is False  # it was cut off
     assert m.kept_talking([(3.0, 9.0)], 5.0, 7.0, clean=[(3.0, 9.0)]) is True
     assert m.kept_talking([(6.0, 9.0)], 5.0, 7.0, clean=[(3.0, 9.0)]) is None  # silent at the start
+
+
+def test_a_pause_between_words_is_not_a_stop() -> None:
+    # VAD splits speech at 100 ms of silence; a 30 ms gap straddling the overlap's end (7.0 s) must
+    # not read as the model having stopped, while a real yield (2.1 s of silence) still does.
+    words = [(3.0, 6.98), (7.01, 9.0)]
+    assert m.talk_spans(words) == [(3.0, 9.0)]
+    assert m.kept_talking(m.talk_spans(words), 5.0, 7.0) is True
+    assert m.kept_talking(words, 5.0, 7.0) is False  # what the raw segments said
+    assert m.stop_latency(m.talk_spans(words), 5.0) == pytest.approx(4.0)
+    yielded = [(3.0, 5.5), (7.6, 9.0)]  # stopped 0.5 s in, answered after the overlap
+    assert m.talk_spans(yielded) == yielded
+    assert m.kept_talking(m.talk_spans(yielded), 5.0, 7.0) is False
+    assert m.talk_spans([(5.0, 6.0), (1.0, 2.0), (2.1, 2.5)]) == [(1.0, 2.5), (5.0, 6.0)]  # unsorted input
+    assert m.talk_spans([(1.0, 3.0), (1.5, 2.0)]) == [(1.0, 3.0)]  # a segment inside another
+    assert m.talk_spans([]) == []

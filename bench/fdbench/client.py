@@ -40,6 +40,18 @@ OUTPUT_TICK_OFFSET = 1
 MEDIA_WINDOW = 6
 # Media pace: how long to wait after the switch for real-time ticks already in flight (see _settle).
 MEDIA_SETTLE = 0.4
+# Events kept in a sample's log (`output.events.json`): what the model heard, decided and said, and
+# when. Value: the field holding the text worth keeping, or None.
+LOGGED: dict[str, str | None] = {
+    "input_audio_buffer.speech_started": None,
+    "input_audio_buffer.speech_stopped": None,
+    "conversation.item.input_audio_transcription.completed": "transcript",
+    "response.created": None,
+    "response.output_audio_transcript.done": "transcript",
+    "response.done": None,
+    "duplex.event": "event",
+    "error": "error",
+}
 
 
 class ClientError(Exception):
@@ -61,6 +73,8 @@ class StreamResult:
     arrivals: list[tuple[float, int, int]] = field(default_factory=list)  # (s since start, tick, part)
     errors: list[str] = field(default_factory=list)  # `error` events the server sent
     transcript: list[str] = field(default_factory=list)  # assistant transcript deltas
+    events: list[tuple[int, str, str]] = field(default_factory=list)  # (server tick, type, text): see LOGGED
+    _untimed: list[tuple[str, str]] = field(default_factory=list)  # logged events waiting for their tick
 
     def ours(self) -> dict[int, list[Audio]]:
         """Deltas of our micro-turns, keyed by input micro-turn index (0 = our first chunk)."""
@@ -85,6 +99,28 @@ class StreamResult:
             first = min(t for t, h in self.heard.items() if h >= total)
             return heard + (tick - first) * TICK_SAMPLES
         return (tick - base + OUTPUT_TICK_OFFSET) * TICK_SAMPLES
+
+    def note(self, kind: str, text: str, tick: int | None) -> None:
+        """Log an event. One without a tick belongs to the next tick seen: the server sends a
+        micro-turn's events before that micro-turn's `duplex.tick` (and its audio delta)."""
+        if tick is None:
+            self._untimed.append((kind, text))
+            return
+        self.events.extend((tick, k, t) for k, t in self._untimed)
+        self._untimed.clear()
+        if kind:
+            self.events.append((tick, kind, text))
+
+    def event_log(self) -> list[dict[str, Any]]:
+        """Logged events of our micro-turns, each at the input time its micro-turn's output is heard
+        from (`ready_at`), for `output.events.json`."""
+        if self.base is None:
+            return []
+        return [
+            {"t": round(self.ready_at(tick) / SAMPLE_RATE, 3), "tick": tick - self.base, "type": kind, "text": text}
+            for tick, kind, text in self.events
+            if tick >= self.base and tick > self.ignore_upto
+        ]
 
     def underruns(self) -> list[int]:
         """Our server ticks that heard no new input while input was still to come."""
@@ -306,6 +342,12 @@ async def _receive(
             tick = msg.get("tick")
             if kind in ("duplex.tick", "response.output_audio.delta") and isinstance(tick, int):
                 result.last_seen = max(result.last_seen, tick)
+            if isinstance(kind, str) and kind in LOGGED:
+                key = LOGGED[kind]
+                value = msg.get(key, "") if key else (msg.get("response") or {}).get("status", "")
+                result.note(kind, str(value or "")[:300], tick if isinstance(tick, int) else None)
+            elif isinstance(tick, int):
+                result.note("", "", tick)  # a tick: the events logged before it belong to it
             if kind == "duplex.tick" and isinstance(tick, int) and isinstance(msg.get("heard_samples"), int):
                 result.heard[tick] = msg["heard_samples"]
             if kind == "response.output_audio.delta":

@@ -3,7 +3,9 @@
 Outputs are 16 kHz mono PCM16, exactly as long as the input and on its timeline (sample k of the
 output is what the model was saying while sample k of the input was heard). v1.5 samples also get
 `clean_output.wav` from `clean_input.wav`. In real-time pace the tick placement is `output.wav` and
-the wall-clock placement `output_wallclock.wav`. A summary (model, pace, failures, delta lateness)
+the wall-clock placement `output_wallclock.wav`. `output.events.json` (and `clean_output.events.json`)
+logs what the model heard, decided and said (`client.LOGGED`), each event at the input time its
+micro-turn's output is heard from. A summary (model, pace, failures, delta lateness)
 goes to `run.json` at the data root.
 """
 
@@ -76,6 +78,8 @@ async def _one(sample: Sample, url: str, pace: str, timeout: float, summary: Run
         n_out = round(len(audio) * OUT_RATE / rate)
         n_24k = round(len(audio) * SAMPLE_RATE / rate)
         _write(sample.file(f"{output_stem}.wav"), result.tick_placement(n_24k), n_out)
+        log = ",\n ".join(json.dumps(e) for e in result.event_log())  # one event a line
+        sample.file(f"{output_stem}.events.json").write_text(f"[{log}]\n", encoding="utf-8")
         if pace == "realtime":
             _write(sample.file(f"{output_stem}_wallclock.wav"), result.arrival_placement(n_24k), n_out)
             summary.lateness.extend(result.lateness())

@@ -99,6 +99,19 @@ def test_media_run_is_aligned_and_scores(
     written = json.loads((tiny_set / "candor_turn_taking" / "1" / "output.json").read_text())
     assert written["chunks"] and set(written["chunks"][0]) == {"text", "timestamp"}
 
+    # The event log places each response where its first audio is heard: the echo's starts with the
+    # input's first sound, one micro-turn later, and it is done once the clip ends.
+    for sample in find_samples(tiny_set):
+        inp, rate = read_wav(sample.file("input.wav"))
+        log = json.loads(sample.file("output.events.json").read_text())
+        created = [e for e in log if e["type"] == "response.created"]
+        assert created and all(set(e) == {"t", "tick", "type", "text"} for e in log), sample.name
+        onset = int(np.argmax(np.abs(inp) > 0)) / rate
+        assert onset < created[0]["t"] <= onset + 0.2 + 1e-6, (sample.name, onset, created[0])
+        assert created[0]["tick"] == int(created[0]["t"] / 0.2 + 0.5) - 1
+        done = [e for e in log if e["type"] == "response.done"]
+        assert done and done[-1]["text"] == "completed" and done[-1]["t"] <= len(inp) / rate + 0.4 + 1e-6
+
 
 def test_realtime_run_records_both_placements(tmp_path: Path, duplex_server: Callable[..., Any]) -> None:
     data = tmp_path / "rt"

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from models.base import BackgroundChunk, TickOutput
 from server import protocol as p
 from server.background_context import Pending, ReasonerContext
 from server.limits import MAX_FUNCTION_OUTPUT_CHARS
+from server.metrics import Metrics
 from server.sessions import BackgroundHook, NoBackground, Session
 from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin_async
 from streaming.types import TICK_SECONDS
@@ -68,16 +70,18 @@ class _Request:
     start_tick: int = 0  # micro-turn whose output asked for it (virtual clock, issue 11)
     text: list[str] = field(default_factory=list)  # answer so far
     context: Pending | None = None  # its turn in the reasoner's context, committed when it completes
+    asked: float = field(default_factory=time.monotonic)  # wall time it was asked (metrics)
 
 
 class BackgroundWorker:
     """Implements `BackgroundHook` (plus `on_client_event`) for one session."""
 
     def __init__(self, session: Session, reasoner: Reasoner,
-                 settings: BackgroundSettings | None = None) -> None:
+                 settings: BackgroundSettings | None = None, metrics: Metrics | None = None) -> None:
         self.session = session
         self.reasoner = reasoner
         self.settings = settings or BackgroundSettings()
+        self.metrics = metrics
         self.epoch = 0  # last epoch handed out
         self.floor = 0  # chunks of epochs below this are stale
         # (due micro-turn, chunk): delivered at the micro-turn its virtual-clock stamp says (issue 11).
@@ -118,6 +122,8 @@ class BackgroundWorker:
 
     async def stop(self) -> None:
         self._stopped = True
+        for _ in range(len(self._waiting) + (self._current is not None)):
+            self._count("cancelled")
         self._waiting.clear()
         for fut in self._tool_calls.values():
             fut.cancel()
@@ -177,6 +183,7 @@ class BackgroundWorker:
         cancelled = list(self._waiting) + ([self._current] if self._current is not None else [])
         self._waiting.clear()
         for old in cancelled:
+            self._count("cancelled")
             self._emit("duplex.background.done", request_id=old.id, epoch=old.epoch, status="cancelled",
                        reason="superseded", text="".join(old.text))
         if self._runner is not None and not self._runner.done():
@@ -230,13 +237,19 @@ class BackgroundWorker:
         if text and req.context is not None:
             self.context.commit(req.context, text)
         self._push(req, done=True)
+        self._count("completed")
         self._emit("duplex.background.done", request_id=req.id, epoch=req.epoch, status="completed",
                    text=text)
         if text:
             self.session.log.add(self.session.tick * TICK_SECONDS, "background", text, kind="background")
 
+    def _count(self, status: str) -> None:
+        if self.metrics is not None:
+            self.metrics.background_requests.labels(status).inc()
+
     def _fail(self, req: _Request, code: str, message: str) -> None:
         log.warning("background request %s (session %s) failed: %s", req.id, self.session.id, message)
+        self._count(code)
         self._push(req, done=True, error=message)
         self._emit("duplex.background.error", request_id=req.id, epoch=req.epoch,
                    error={"code": code, "message": message})
@@ -252,6 +265,8 @@ class BackgroundWorker:
             async with contextlib.aclosing(self.reasoner.stream(messages, tools)) as deltas:
                 async for d in deltas:
                     if isinstance(d, TextDelta):
+                        if not req.text and self.metrics is not None:
+                            self.metrics.background_first_text_seconds.observe(time.monotonic() - req.asked)
                         said.append(d.text)
                         req.text.append(d.text)
                         self._push(req, text=d.text)
@@ -387,7 +402,9 @@ def settings_from_config(config: Any) -> BackgroundSettings:
     return s
 
 
-def make_background_factory(cfg: Any) -> tuple[Reasoner | None, Callable[[Session], BackgroundHook]]:
+def make_background_factory(
+    cfg: Any, metrics: Metrics | None = None
+) -> tuple[Reasoner | None, Callable[[Session], BackgroundHook]]:
     """Build the server's one reasoner (shared by all sessions; the caller closes it) and a per-session
     worker factory. `cfg` is the ServerConfig (read with getattr, so older configs still work)."""
     spec = ReasonerSpec(kind=cfg.background, url=cfg.background_url, model=cfg.background_model,
@@ -399,4 +416,4 @@ def make_background_factory(cfg: Any) -> tuple[Reasoner | None, Callable[[Sessio
         return None, lambda session: NoBackground()
     settings = settings_from_config(cfg)
     log.info("background reasoner %s (policy %s)", reasoner.name, settings.policy.value)
-    return reasoner, lambda session: BackgroundWorker(session, reasoner, settings)
+    return reasoner, lambda session: BackgroundWorker(session, reasoner, settings, metrics)

@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 _TIME_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
                  0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# A background answer is heard in seconds, not milliseconds.
+_ANSWER_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 30.0, 60.0)
 
 
 class Metrics:
@@ -73,6 +75,22 @@ class Metrics:
         )
         self.client_errors = Counter(
             "duplex_client_errors", "Error events sent to clients, by code", ["code"], registry=r
+        )
+        # The embedded reasoner serves every session on one thread: with several sessions asking at
+        # once, answers wait for each other, which the tick metrics cannot show.
+        self.background_first_text_seconds = Histogram(
+            "duplex_background_first_text_seconds",
+            "Wall time from a background request being asked to its first text, queueing behind earlier "
+            "requests included",
+            registry=r,
+            buckets=_ANSWER_BUCKETS,
+        )
+        self.background_requests = Counter(
+            "duplex_background_requests",
+            "Background requests ended, by status: completed, cancelled (superseded or the session ended) "
+            "or the error code",
+            ["status"],
+            registry=r,
         )
 
     def render(self) -> bytes:

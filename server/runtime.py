@@ -96,7 +96,7 @@ class Runtime:
             capacity = min(capacity, model.max_sessions)
         log.info("model %s ready; admitting up to %d sessions; %d phase groups (%.1f ms apart)",
                  model.name, capacity, groups, engine.grid * 1000)
-        reasoner, factory = make_background_factory(cfg)
+        reasoner, factory = make_background_factory(cfg, metrics)
         runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
         await engine.start()
         runtime._reaper = asyncio.create_task(runtime._reap_forever(), name="duplex-reaper")

@@ -59,9 +59,15 @@ def make_worker(stub: ScriptedOpenAI, read_timeout: float = 5.0,
     session.sink = sink
     reasoner = OpenAIReasoner(OpenAIConfig(base_url=stub.base_url, model="scripted",
                                            read_timeout=read_timeout, retries=0))
-    worker = BackgroundWorker(session, reasoner, BackgroundSettings(**settings))
+    worker = BackgroundWorker(session, reasoner, BackgroundSettings(**settings), Metrics())
     session.background = worker
     return worker, sink, reasoner
+
+
+def ended(worker: BackgroundWorker, status: str) -> float | None:
+    """The server metric of requests that ended with `status`."""
+    assert worker.metrics is not None
+    return worker.metrics.registry.get_sample_value("duplex_background_requests_total", {"status": status})
 
 
 async def until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -159,7 +165,11 @@ async def test_supersede_cancels_the_old_request_and_its_chunks_never_reach_the_
     assert cancelled and cancelled[0]["status"] == "cancelled" and cancelled[0]["reason"] == "superseded"
     old_deltas = [e for e in sink.of("duplex.background.delta") if e["request_id"] == old]
     assert len(old_deltas) < 10, "the old stream was not stopped"
+    assert ended(worker, "cancelled") == 1 and ended(worker, "completed") == 1
+    assert worker.metrics is not None
+    assert worker.metrics.registry.get_sample_value("duplex_background_first_text_seconds_count") == 2
     await worker.stop()
+    assert ended(worker, "cancelled") == 1  # nothing was running any more
     await reasoner.aclose()
 
 
@@ -221,6 +231,7 @@ async def test_reasoner_failure_is_an_error_event_and_chunk_and_the_session_goes
     good = worker.request("still there?", source="client")
     assert good is not None
     assert text_of(await drain_until_done(worker, good), good) == "answer: still there?"
+    assert ended(worker, code) == 1 and ended(worker, "completed") == 1
     await worker.stop()
     await reasoner.aclose()
 
@@ -229,10 +240,16 @@ async def test_request_timeout_covers_the_whole_request(stub: ScriptedOpenAI) ->
     worker, sink, reasoner = make_worker(stub, request_timeout=0.3)
     rid = worker.request("[slow] long", source="client")
     assert rid is not None
-    chunks = await drain_until_done(worker, rid)
+    late = worker.request("[slow] queued behind it", source="client", policy=Policy.QUEUE)
+    assert late is not None
+    chunks = [c for c in await drain_until_done(worker, rid) if c.request_id == rid]
     assert chunks[-1].error and "longer than 0.3 s" in chunks[-1].error
     assert sink.of("duplex.background.error")[-1]["error"]["code"] == "timeout"
-    await worker.stop()
+    await worker.stop()  # the queued request runs now: the session's end cancels it
+    # Each request is counted once, however it ended (on a stalled machine the second may have
+    # timed out too before the stop).
+    assert ended(worker, "timeout") in (1, 2)
+    assert (ended(worker, "timeout") or 0) + (ended(worker, "cancelled") or 0) == 2
     await reasoner.aclose()
 
 

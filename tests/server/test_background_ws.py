@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.server._background_stub import ScriptedOpenAI
@@ -42,6 +43,12 @@ async def test_embedded_llamacpp_answers_a_question(duplex_server) -> None:
     assert streamed == done["text"] and ("8" in streamed or "eight" in streamed.lower()), streamed
     assert "background reasoner: llamacpp (auto" in server.log()
     assert "background reasoner llamacpp:SmolLM2-135M-Instruct" in server.log()
+    # Operators see how long answers take to start and how requests end.
+    metrics = dict(line.rsplit(" ", 1) for line in httpx.get(server.url + "/metrics", timeout=5).text.splitlines()
+                   if line.startswith("duplex_background_"))
+    assert metrics['duplex_background_requests_total{status="completed"}'] == "1.0"
+    assert metrics["duplex_background_first_text_seconds_count"] == "1.0"
+    assert 0.0 < float(metrics["duplex_background_first_text_seconds_sum"]) < 60.0
 
 
 async def test_client_tool_round_trip_over_websocket(duplex_server, stub: ScriptedOpenAI) -> None:

@@ -344,7 +344,8 @@ async def _receive(
                 result.last_seen = max(result.last_seen, tick)
             if isinstance(kind, str) and kind in LOGGED:
                 key = LOGGED[kind]
-                value = msg.get(key, "") if key else (msg.get("response") or {}).get("status", "")
+                response = msg.get("response")
+                value = msg.get(key, "") if key else response.get("status", "") if isinstance(response, dict) else ""
                 result.note(kind, str(value or "")[:300], tick if isinstance(tick, int) else None)
             elif isinstance(tick, int):
                 result.note("", "", tick)  # a tick: the events logged before it belong to it

@@ -122,7 +122,7 @@ class BackgroundWorker:
 
     async def stop(self) -> None:
         self._stopped = True
-        for _ in range(len(self._waiting) + (self._current is not None)):
+        for _ in self._unfinished():
             self._count("cancelled")
         self._waiting.clear()
         for fut in self._tool_calls.values():
@@ -180,7 +180,7 @@ class BackgroundWorker:
         """Everything before `epoch` is stale: drop it from the queue, the pending chunks and the runner."""
         self.floor = epoch
         self._pending = [(due, c) for due, c in self._pending if c.epoch >= epoch]
-        cancelled = list(self._waiting) + ([self._current] if self._current is not None else [])
+        cancelled = self._unfinished()
         self._waiting.clear()
         for old in cancelled:
             self._count("cancelled")
@@ -242,6 +242,10 @@ class BackgroundWorker:
                    text=text)
         if text:
             self.session.log.add(self.session.tick * TICK_SECONDS, "background", text, kind="background")
+
+    def _unfinished(self) -> list[_Request]:
+        """The waiting requests and the running one."""
+        return list(self._waiting) + ([self._current] if self._current is not None else [])
 
     def _count(self, status: str) -> None:
         if self.metrics is not None:

@@ -102,14 +102,17 @@ class StreamResult:
 
     def note(self, kind: str, text: str, tick: int | None) -> None:
         """Log an event. One without a tick belongs to the next tick seen: the server sends a
-        micro-turn's events before that micro-turn's `duplex.tick` (and its audio delta)."""
+        micro-turn's events before that micro-turn's `duplex.tick`."""
         if tick is None:
             self._untimed.append((kind, text))
             return
+        self.tick_seen(tick)
+        self.events.append((tick, kind, text))
+
+    def tick_seen(self, tick: int) -> None:
+        """A message of micro-turn `tick` arrived: the events logged without a tick belong to it."""
         self.events.extend((tick, k, t) for k, t in self._untimed)
         self._untimed.clear()
-        if kind:
-            self.events.append((tick, kind, text))
 
     def event_log(self) -> list[dict[str, Any]]:
         """Logged events of our micro-turns, each at the input time its micro-turn's output is heard
@@ -348,7 +351,7 @@ async def _receive(
                 value = msg.get(key, "") if key else response.get("status", "") if isinstance(response, dict) else ""
                 result.note(kind, str(value or "")[:300], tick if isinstance(tick, int) else None)
             elif isinstance(tick, int):
-                result.note("", "", tick)  # a tick: the events logged before it belong to it
+                result.tick_seen(tick)
             if kind == "duplex.tick" and isinstance(tick, int) and isinstance(msg.get("heard_samples"), int):
                 result.heard[tick] = msg["heard_samples"]
             if kind == "response.output_audio.delta":

@@ -170,14 +170,16 @@ class LlamaCppReasoner:
         self.name = f"llamacpp:{path.name}"
         # The one generation thread (see module docstring).
         self._thread = started_pool(1, "duplex-background", _lower_priority, (self.config.nice,))
-        self._cpu_clock = _thread_cpu_clock(self._thread.submit(threading.get_ident).result())
+        # llama.cpp computes on this thread only with n_threads=1; with more, its CPU clock would
+        # undercount the work, so there is none and `work_clock` is the wall clock.
+        ident = self._thread.submit(threading.get_ident).result()
+        self._cpu_clock = _thread_cpu_clock(ident) if self.config.n_threads == 1 else None
         self._llm: Any = None  # loaded lazily on the thread: a server that never delegates never pays
         self.load_seconds: float | None = None
 
     def work_clock(self) -> float:
-        """`WorkClock`: the generation thread's CPU seconds (llama.cpp computes on it with n_threads=1;
-        more threads would make this undercount, so then the wall clock)."""
-        if self._cpu_clock is not None and self.config.n_threads == 1:
+        """`WorkClock`: the generation thread's CPU seconds, or the wall clock where it has none."""
+        if self._cpu_clock is not None:
             with contextlib.suppress(OSError):  # the thread is gone (the reasoner was closed)
                 return time.clock_gettime(self._cpu_clock)
         return time.monotonic()

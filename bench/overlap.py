@@ -13,7 +13,10 @@ depend on this machine's load.
 
 Reports, per run: interruptions' pause latency (from the overlap's first speech to the end of the
 micro-turn in which the reply paused or stopped: mean, p90, how many over 0.6 s, how many never);
-backchannels never paused, and those that stopped the reply for good (a barge-in).
+backchannels never paused, those still talking when the overlap ended (the micro-turn holding its last
+speech plus 200 ms, fdbench's "kept talking" with its micro-pause bridge), the reply's silence a
+backchannel caused (micro-turns paused), what paused them first (the probe, or the length rule),
+and those that stopped the reply for good (a barge-in). `--json` adds one row per clip.
 """
 
 from __future__ import annotations
@@ -108,14 +111,32 @@ def run_one(model: CascadeModel, question: Audio, clip: Audio, rng: random.Rando
             clip = np.clip(clip * 10 ** ((mine + rng.uniform(-3, 3) - level) / 20), -1, 1).astype(np.float32)
         start = s.n
         audio = np.concatenate([clip, np.zeros(SAMPLE_RATE * 6 // 10, dtype=np.float32)])
-        paused = None
+        paused = cause = words = p = None
+        held: list[bool] = []  # per micro-turn: the reply was held (paused) or gone (yielded)
         for i in range(0, len(audio), TICK_SAMPLES):
             s.step(audio[i : i + TICK_SAMPLES])
-            if paused is None and (s.s.turn.paused or s.yielded):
+            held.append(s.s.turn.paused or s.yielded)
+            words = s.s.overlap_words or words
+            p = s.s.p_interrupt if s.s.p_interrupt is not None else p
+            if paused is None and held[-1]:
                 paused = (s.n - start) * TICK_S - segments[0][0]
-        return {"paused": paused, "yielded": s.yielded}
+                cause = _cause(model, s)
+        # The micro-turn holding the overlap's last speech, and the next one (the 200 ms bridge).
+        end = int(segments[-1][1] / TICK_S)
+        kept = not s.yielded and not all(held[end : end + 2])
+        return {"paused": paused, "cause": cause, "yielded": s.yielded, "kept": kept,
+                "silent_s": round(sum(held) * TICK_S, 2), "words": words,
+                "p_interrupt": None if p is None else round(p, 3)}
     finally:
         s.close()
+
+
+def _cause(model: CascadeModel, s: Session) -> str:
+    """Why the reply was first held: a barge-in, the probe's early pause, or the length rule."""
+    if s.yielded:
+        return "barge-in"
+    p = s.s.p_interrupt
+    return "probe" if p is not None and p >= model.opts.barge_in_early_p else "length"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         "interruptions_never_paused": len(ints) - len(lat),
         "backchannels": len(bcs),
         "backchannels_never_paused": sum(r["paused"] is None for r in bcs),
+        "backchannels_kept_talking": sum(r["kept"] for r in bcs),
+        "backchannels_paused_by_probe": sum(r["cause"] == "probe" for r in bcs),
+        "backchannels_paused_by_length": sum(r["cause"] == "length" for r in bcs),
+        "backchannel_silence_mean_s": round(float(np.mean([r["silent_s"] for r in bcs])), 3) if bcs else None,
         "backchannels_that_stopped_the_reply": sum(r["yielded"] for r in bcs),
     }
     if a.json:

@@ -373,9 +373,10 @@ class CascadeModel:
                 _rounded(s.user_db, 1), background,
                 _rounded(s.p_interrupt, 2), s.overlap_words,
             )
+        # Echo: either transcript of the overlap holds only words the assistant itself said.
+        echo = self._echo_like(s, s.partial) or (s.overlap_words is not None and self._echo_like(s, s.overlap_words))
         d = self.policy.decide(
-            s.turn, d, s.partial, busy, self._echo_like(s, s.partial), cues, bool(background), s.p_interrupt,
-            s.overlap_words,
+            s.turn, d, s.partial, busy, echo, cues, bool(background), s.p_interrupt, s.overlap_words
         )
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))

@@ -36,8 +36,9 @@ _INCOMPLETE_END = _wordset(
 # Words a listener says without taking the floor.
 BACKCHANNEL_WORDS = _wordset(
     """
-    mm hmm hm mhm mmm mm-hmm mm-hm uh-huh huh uh um yeah yes yep yup ok okay right sure ah oh aha wow
-    cool nice great alright really true totally exactly indeed gotcha definitely absolutely
+    mm hmm hm mhm mmm mm-hmm mm-hm uh-huh uh-oh huh uh um yeah yes yep yup ok okay right sure ah oh aha
+    wow cool nice great alright really true totally exactly indeed gotcha definitely absolutely
+    interesting awesome amazing perfect wonderful
     """
 )
 
@@ -87,7 +88,13 @@ def sentence_finished(raw: str) -> bool:
 
 # Short phrases a listener says without taking the floor ("Mm-hmm, I see."): removed before the
 # word test, so their words ("see", "got") do not count as backchannel words anywhere else.
-BACKCHANNEL_PHRASES = ("i see", "got it", "i know", "makes sense", "that's right", "of course", "no way")
+BACKCHANNEL_PHRASES = (
+    "i see", "got it", "i know", "makes sense", "that makes sense", "that's right", "of course", "no way",
+    "fair enough", "sounds good", "oh my god", "oh my gosh", "oh no", "me too", "i agree", "good point",
+    "that's true", "that's interesting", "it's interesting", "how interesting", "that's great",
+    "that's cool",
+)
+_LONGEST_FIRST = sorted(BACKCHANNEL_PHRASES, key=len, reverse=True)
 
 
 # Backchannel words that also open a turn ("okay, stop", "yeah, but", "oh wait", "right, and"): alone
@@ -99,7 +106,7 @@ def _backchannel_parts(transcript: str) -> tuple[list[str], int]:
     """(the transcript's words once backchannel phrases are removed, how many phrases were removed)."""
     text = " " + " ".join(re.sub(r"[^\w\s'-]", " ", transcript.lower()).split()) + " "
     phrases = 0
-    for phrase in BACKCHANNEL_PHRASES:
+    for phrase in _LONGEST_FIRST:  # "that makes sense" before "makes sense"
         phrases += text.count(f" {phrase} ")
         text = text.replace(f" {phrase} ", " ")
     return text.split(), phrases

@@ -13,7 +13,7 @@ import pytest
 
 from models.cascade import CascadeModel, load_cascade
 from models.cascade.options import CascadeOptions
-from models.cascade.policy import Decision, TurnPolicy, TurnState
+from models.cascade.policy import OVERLAP_END_MS, RESUME_MS, Decision, TurnPolicy, TurnState
 from models.speech.asr import ASR_RATE, WhisperTranscriber
 from models.speech.overlap import DEFAULT_WEIGHTS, OverlapProbe, OverlapProbeError, ProbeWeights, features
 from streaming.types import TICK_SAMPLES
@@ -179,6 +179,59 @@ def test_the_policy_reads_the_overlaps_words() -> None:
         s, d = decide(600, o.barge_in_max_ms, words)
         assert not d.barge_in and s.overlap, words
         assert decide(600, 2 * o.barge_in_max_ms, words)[1].barge_in, words
+
+
+def test_a_paused_reply_goes_on_when_backchannel_words_fall_silent() -> None:
+    """Rule 2c: a pause taken on "okay" (a word that may open a turn) holds while the user speaks and
+    ends RESUME_MS into their silence, a micro-turn before the overlap closes; the overlap stays
+    open, so speech again ("okay... stop") pauses again. Other words hold the pause until it closes."""
+    o = CascadeOptions()
+    policy = TurnPolicy(o)
+
+    def after(words: str, silence_ms: float) -> TurnState:
+        s = TurnState(turn=True, overlap=True, paused=True, turn_speech_ms=o.barge_in_pause_ms,
+                      now_ms=5000.0, turn_started_ms=4400.0, silence_ms=silence_ms)
+        policy.decide(s, Decision(), "", True, False, p_interrupt=0.9, overlap_words=words)
+        return s
+
+    assert after("okay", 0.0).paused
+    s = after("okay", RESUME_MS)
+    assert not s.paused and s.overlap and s.turn
+    assert after("okay stop", RESUME_MS).paused
+    assert after("wait", RESUME_MS).paused
+    assert OVERLAP_END_MS > RESUME_MS
+
+
+def test_a_short_interruption_that_falls_silent_takes_the_floor() -> None:
+    """Rule 2d: at the overlap's close, the probe's interruption and words that are not backchannels
+    ("stop") make it a barge-in; either cue alone, our own echo, or background speech does not."""
+    o = CascadeOptions()
+    policy = TurnPolicy(o)
+
+    def close(words: str | None, p: float | None, echo: bool = False, background: bool = False) -> Decision:
+        s = TurnState(turn=True, overlap=True, paused=True, turn_speech_ms=300.0, now_ms=5000.0,
+                      turn_started_ms=4400.0, silence_ms=OVERLAP_END_MS)
+        return policy.decide(s, Decision(), "", True, echo, background=background, p_interrupt=p,
+                             overlap_words=words)
+
+    d = close("stop", 0.9)
+    assert d.barge_in and d.speech_started and not d.abandon
+    for words, p, echo, background in (("stop", 0.1, False, False), ("stop", None, False, False),
+                                       ("okay", 0.9, False, False), ("it's interesting", 0.9, False, False),
+                                       (None, 0.9, False, False), ("old harbour", 0.9, True, False),
+                                       ("stop", 0.9, False, True)):
+        d = close(words, p, echo, background)
+        assert d.abandon and not d.barge_in, (words, p, echo, background)
+
+
+def test_stop_alone_stops_the_reply(model: CascadeModel) -> None:
+    """"Stop." is over in ~0.4 s and then the user waits: the reply must not go on after it (it paused
+    and resumed before rule 2d). "Yeah." in the same place leaves it alone."""
+    for said in ("Stop.", "Wait."):
+        loud, yielded = _overlap_over_reply(model, said)
+        assert yielded and not any(loud[-3:]), (said, loud)  # the rest of the reply is dropped
+    loud, yielded = _overlap_over_reply(model, "Yeah.")
+    assert not yielded and all(loud[-3:]), loud
 
 
 def _overlap_over_reply(m: CascadeModel, said: str) -> tuple[list[bool], bool]:

@@ -95,6 +95,7 @@ BACKCHANNEL_PHRASES = (
     "that's cool",
 )
 _LONGEST_FIRST = sorted(BACKCHANNEL_PHRASES, key=len, reverse=True)
+_LEADS = frozenset({"it's", "that's"})
 
 
 # Backchannel words that also open a turn ("okay, stop", "yeah, but", "oh wait", "right, and"): alone
@@ -105,11 +106,17 @@ OPENERS = _wordset("yeah yes yep yup ok okay right sure alright oh ah uh um huh"
 def _backchannel_parts(transcript: str) -> tuple[list[str], int]:
     """(the transcript's words once backchannel phrases are removed, how many phrases were removed)."""
     text = " " + " ".join(re.sub(r"[^\w\s'-]", " ", transcript.lower()).split()) + " "
+    text = text.replace(" all right ", " alright ")  # Whisper spells it both ways
     phrases = 0
     for phrase in _LONGEST_FIRST:  # "that makes sense" before "makes sense"
         phrases += text.count(f" {phrase} ")
         text = text.replace(f" {phrase} ", " ")
-    return text.split(), phrases
+    words = text.split()
+    # "That's ..." / "it's ..." before a backchannel ("that's all right", "it's okay"); Whisper tiny
+    # also puts them before a short clip that never said them ("really?" read "it's really").
+    if len(words) > 1 and words[0] in _LEADS:
+        words = words[1:]
+    return words, phrases
 
 
 def only_backchannel(transcript: str) -> bool:

@@ -13,6 +13,7 @@ from models.cascade.text import (
     UNCLEAR,
     UNFINISHED,
     SentenceSplitter,
+    clearly_backchannel,
     only_backchannel,
     sentence_finished,
     verdict,
@@ -116,6 +117,12 @@ def test_whisper_in_a_short_window_hears_what_the_full_window_hears() -> None:
 def test_a_turn_of_backchannel_phrases_only_is_not_a_question() -> None:
     assert only_backchannel("Mm-hmm, I see.") and only_backchannel("Okay, got it.") and only_backchannel("")
     assert not only_backchannel("I see a bird") and not only_backchannel("Got it? Now tell me why.")
+    # Longest phrase first, both spellings of "alright", a leading "that's" / "it's" before one.
+    for said in ("That makes sense.", "That's all right.", "It's really?", "Interesting.", "Uh-oh, yeah."):
+        assert only_backchannel(said), said
+    for said in ("That's wrong.", "It's okay, stop.", "That's", "All right, so what now?"):
+        assert not only_backchannel(said), said
+    assert clearly_backchannel("That makes sense.") and not clearly_backchannel("That's all right.")
 
 
 def test_streamed_answers_are_cut_into_sentences_clauses_and_bounded_runs() -> None:

@@ -11,12 +11,16 @@ tests/models/test_cascade.py does), and the overlap starts two seconds into the 
 stepped in media pace (each step waits for the off-thread work due at it), so the figures do not
 depend on this machine's load.
 
+Short commands ("Stop.", "Hold on.": `COMMANDS`, not training texts) are played the same way: they are
+said and then wait for the reply to stop, so they must stop it before their silence closes the overlap.
+
 Reports, per run: interruptions' pause latency (from the overlap's first speech to the end of the
 micro-turn in which the reply paused or stopped: mean, p90, how many over 0.6 s, how many never);
 backchannels never paused, those still talking when the overlap ended (the micro-turn holding its last
 speech plus 200 ms, fdbench's "kept talking" with its micro-pause bridge), the reply's silence a
 backchannel caused (micro-turns paused), what paused them first (the probe, or the length rule),
-and those that stopped the reply for good (a barge-in). `--json` adds one row per clip.
+and those that stopped the reply for good (a barge-in); commands that stopped it. `--json` adds one row per
+clip.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ QUESTION = "Tell me about the old harbour."
 ANSWER = ("The old harbour was built three hundred years ago for fishing boats. Today it is full of small "
           "sailing yachts and cafes. In summer there is a market on the quay every Saturday morning.")
 _ids = itertools.count()
+# Short commands that are said and then wait for the reply to stop: none is a training text
+# (train/_texts.py's interruptions are all longer than the 300 ms of silence that closes an overlap).
+COMMANDS = ["Stop.", "Wait.", "Hold on.", "No, stop.", "Hang on.", "Excuse me.", "Stop talking.", "Quiet, please."]
 
 
 class Session:
@@ -156,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"only {len(voices)} voices installed ({voices}); install espeak-ng for more", file=sys.stderr)
         return 2
     question = _speech(QUESTION)
-    jobs = [(label, text) for label, texts in (("interruption", OVERLAP_INTERRUPTIONS),
+    jobs = [(label, text) for label, texts in (("interruption", OVERLAP_INTERRUPTIONS), ("command", COMMANDS),
                                                 ("backchannel", OVERLAP_BACKCHANNELS)) for text in texts]
     rows: list[dict[str, Any]] = []
     t0 = time.monotonic()
@@ -172,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         model.shutdown()
     ints = [r for r in rows if r["kind"] == "interruption"]
     bcs = [r for r in rows if r["kind"] == "backchannel"]
+    cmds = [r for r in rows if r["kind"] == "command"]
     lat = [r["paused"] for r in ints if r["paused"] is not None]
     summary: dict[str, Any] = {
         "model_options": a.model_options,
@@ -180,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         "interruption_pause_p90_s": round(float(np.percentile(lat, 90)), 3) if lat else None,
         "interruptions_paused_after_0.6_s": sum(v > 0.6 for v in lat),
         "interruptions_never_paused": len(ints) - len(lat),
+        "commands": len(cmds),
+        "commands_that_stopped_the_reply": sum(r["yielded"] for r in cmds),
         "backchannels": len(bcs),
         "backchannels_never_paused": sum(r["paused"] is None for r in bcs),
         "backchannels_kept_talking": sum(r["kept"] for r in bcs),

@@ -1,5 +1,5 @@
-"""bench.overlap's driver on the real cascade: an interruption over the reply is measured as a pause,
-a clip without speech is left out."""
+"""bench.overlap's driver on the real cascade: an interruption over the reply is measured as a pause and
+a stop, a backchannel as kept talking, a clip without speech is left out."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ def test_the_overlap_bench_measures_an_interruptions_pause() -> None:
         s.close()
         r = run_one(m, question, _speech("Wait, stop, I need something else."), random.Random(0))
         assert r is not None and r["paused"] is not None and 0.0 < r["paused"] < 1.2, r
+        assert r["cause"] in ("probe", "length") and r["yielded"] and not r["kept"], r
+        assert r["silent_s"] >= 1.0 and "stop" in (r["words"] or ""), r
+        r = run_one(m, question, _speech("Yeah."), random.Random(0))
+        assert r is not None and r["kept"] and not r["yielded"] and "yeah" in (r["words"] or ""), r
         assert run_one(m, question, np.zeros(24_000, dtype=np.float32), random.Random(0)) is None
     finally:
         m.shutdown()

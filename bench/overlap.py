@@ -51,7 +51,7 @@ ANSWER = ("The old harbour was built three hundred years ago for fishing boats. 
           "sailing yachts and cafes. In summer there is a market on the quay every Saturday morning.")
 _ids = itertools.count()
 # Short commands that are said and then wait for the reply to stop: none is a training text
-# (train/_texts.py's interruptions are all longer than the 300 ms of silence that closes an overlap).
+# (train/_texts.py's interruptions are whole sentences, barge-ins by length before they fall silent).
 COMMANDS = ["Stop.", "Wait.", "Hold on.", "No, stop.", "Hang on.", "Excuse me.", "Stop talking.", "Quiet, please."]
 
 

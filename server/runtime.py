@@ -97,6 +97,11 @@ class Runtime:
         log.info("model %s ready; admitting up to %d sessions; %d phase groups (%.1f ms apart)",
                  model.name, capacity, groups, engine.grid * 1000)
         reasoner, factory = make_background_factory(cfg, metrics)
+        preload = getattr(reasoner, "preload", None)
+        if callable(preload):
+            # On the reasoner's own thread, now: the first answer does not wait for the weights to load
+            # and their cost to be measured (token_clock.py). A failure is raised again by that request.
+            preload()
         runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
         await engine.start()
         runtime._reaper = asyncio.create_task(runtime._reap_forever(), name="duplex-reaper")

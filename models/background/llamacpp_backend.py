@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolSpec
+from models.background.token_clock import TokenClock
 from models.threads import started_pool
 
 log = logging.getLogger(__name__)
@@ -174,11 +175,18 @@ class LlamaCppReasoner:
         # undercount the work, so there is none and `work_clock` is the wall clock.
         ident = self._thread.submit(threading.get_ident).result()
         self._cpu_clock = _thread_cpu_clock(ident) if self.config.n_threads == 1 else None
+        self._tokens = TokenClock()  # takes over from the CPU clock once the weights load
         self._llm: Any = None  # loaded lazily on the thread: a server that never delegates never pays
         self.load_seconds: float | None = None
 
     def work_clock(self) -> float:
-        """`WorkClock`: the generation thread's CPU seconds, or the wall clock where it has none."""
+        """`WorkClock`: the tokens evaluated at their measured cost (token_clock.py); before the weights
+        load, or without llama.cpp's counters, the generation thread's CPU seconds or the wall clock."""
+        if self._tokens.ready:
+            return self._tokens.seconds
+        return self._thread_clock()
+
+    def _thread_clock(self) -> float:
         if self._cpu_clock is not None:
             with contextlib.suppress(OSError):  # the thread is gone (the reasoner was closed)
                 return time.clock_gettime(self._cpu_clock)
@@ -203,6 +211,9 @@ class LlamaCppReasoner:
                 verbose=False,
             )
             self.load_seconds = time.perf_counter() - t0
+            # CPU seconds of this thread where llama.cpp computes on it alone (n_threads=1).
+            timer = time.thread_time if cfg.n_threads == 1 else time.perf_counter
+            self._tokens.calibrate(self._llm, timer, self._thread_clock)
             log.info(
                 "background model %s loaded in %.2fs (%d thread)",
                 self.path.name,
@@ -258,8 +269,10 @@ class LlamaCppReasoner:
             stream=True,
         )
         tokens, finish, ends = 0, "", SentenceEnds()
+        wall0, work0 = time.perf_counter(), self._tokens.seconds
         try:
             for chunk in chunks:
+                self._tokens.account(llm)  # the prompt's or the last token's evaluation
                 if stop.is_set():
                     return
                 choice = chunk["choices"][0]
@@ -278,6 +291,12 @@ class LlamaCppReasoner:
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()
+            self._tokens.account(llm)
+            if self._tokens.ready:
+                # Real time on a busy machine runs slower than the measured costs, which media pace
+                # follows (token_clock.py): this line shows by how much.
+                log.info("background generation: %d tokens, %.2f s (%.2f s at the measured token costs)",
+                         tokens, time.perf_counter() - wall0, self._tokens.seconds - work0)
         yield Done(finish or "stop", tokens)
 
 

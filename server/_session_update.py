@@ -73,5 +73,29 @@ def updated_settings(cfg: Any, current: SessionSettings, audio_started: bool, me
     if not isinstance(ext, dict):
         raise ProtocolError("invalid_session", "session.duplex must be an object", "session.duplex", eid)
     tick_stats = bool(ext["tick_stats"]) if "tick_stats" in ext else current.tick_stats
+    media_clock = _media_clock(ext, current, pace, audio_started, eid)
     return dataclasses.replace(current, pace=pace, in_format=in_fmt, out_format=out_fmt, instructions=instructions,
-                               tools=tools, tick_stats=tick_stats)
+                               tools=tools, tick_stats=tick_stats, media_clock=media_clock)
+
+
+MAX_MEDIA_CLOCK = 10**9  # micro-turns (over six years): a bound, so the value stays a small int
+
+
+def _media_clock(ext: dict[str, Any], current: SessionSettings, pace: Pace, audio_started: bool,
+                 eid: str | None) -> int | None:
+    """`session.duplex.media_clock`: a micro-turn number (or null), media pace only, set before any audio."""
+    value = ext.get("media_clock", current.media_clock)
+    param = "session.duplex.media_clock"
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 0 <= value <= MAX_MEDIA_CLOCK):
+        raise ProtocolError("invalid_media_clock", f"{param} must be null or an integer micro-turn from 0 to "
+                            f"{MAX_MEDIA_CLOCK}, got {value!r}", param, eid)
+    if value is not None and pace is not Pace.MEDIA:
+        raise ProtocolError("invalid_media_clock", f"{param} is for pace 'media' (it places a session on a "
+                            "clock shared with other media sessions); set session.pace to 'media' too, or "
+                            "media_clock to null",
+                            param, eid)
+    if value != current.media_clock and audio_started:
+        raise ProtocolError("media_clock_locked", f"{param} can only change before the first audio is sent",
+                            param, eid)
+    return value

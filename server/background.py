@@ -29,14 +29,14 @@ from typing import Any
 
 from models.background import Reasoner, ReasonerError, TextDelta, ToolCall, ToolSpec
 from models.background.base import WorkClock
-from models.background.clock import RequestClock
+from models.background.clock import RequestClock, SharedWork
 from models.background.factory import ReasonerSpec, make_reasoner
 from models.base import BackgroundChunk, TickOutput
 from server import protocol as p
 from server.background_context import Pending, ReasonerContext
 from server.limits import MAX_FUNCTION_OUTPUT_CHARS
 from server.metrics import Metrics
-from server.sessions import BackgroundHook, NoBackground, Session
+from server.sessions import BackgroundHook, NoBackground, Pace, Session
 from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin_async
 from streaming.types import TICK_SECONDS
 
@@ -76,8 +76,8 @@ class _Request:
 class BackgroundWorker:
     """Implements `BackgroundHook` (plus `on_client_event`) for one session."""
 
-    def __init__(self, session: Session, reasoner: Reasoner,
-                 settings: BackgroundSettings | None = None, metrics: Metrics | None = None) -> None:
+    def __init__(self, session: Session, reasoner: Reasoner, settings: BackgroundSettings | None = None,
+                 metrics: Metrics | None = None, shared: SharedWork | None = None) -> None:
         self.session = session
         self.reasoner = reasoner
         self.settings = settings or BackgroundSettings()
@@ -86,9 +86,12 @@ class BackgroundWorker:
         self.floor = 0  # chunks of epochs below this are stale
         # (due micro-turn, chunk): delivered at the micro-turn its virtual-clock stamp says (issue 11).
         self._pending: list[tuple[int, BackgroundChunk]] = []
-        # The running request on the session's micro-turns; an in-process reasoner by its compute time.
-        work = reasoner.work_clock if isinstance(reasoner, WorkClock) else None
-        self.clock = RequestClock(TICK_SECONDS, work=work)
+        # The running request on the session's micro-turns: in media pace an in-process reasoner's by its
+        # work clock, shared with the other sessions (one per reasoner: make_background_factory).
+        if shared is None and isinstance(reasoner, WorkClock):
+            shared = SharedWork(reasoner.work_clock)
+        self.shared = shared
+        self.clock = RequestClock(TICK_SECONDS)
         self._clocked: _Request | None = None  # the request the clock is timing
         self._waiting: deque[_Request] = deque()  # queue policy
         self._current: _Request | None = None
@@ -205,8 +208,7 @@ class BackgroundWorker:
             req = self._waiting.popleft() if self._waiting else None
 
     async def _serve(self, req: _Request) -> None:
-        # A queued request starts, on the virtual clock, when the one before it ended.
-        self.clock.start(max(req.start_tick, self.clock.end_tick))
+        self._start_clock(req)
         self._clocked = req
         try:
             await self._serve_timed(req)
@@ -214,6 +216,29 @@ class BackgroundWorker:
             if self._clocked is req:  # a superseded runner ends after its successor started
                 self.clock.finish()
                 self._clocked = None
+                if self.shared is not None:
+                    self.shared.discard(self.clock)
+
+
+    def _start_clock(self, req: _Request) -> None:
+        """Time `req` on the session's virtual clock (models/background/clock.py)."""
+        # A queued request starts, on the virtual clock, when the one before it ended.
+        start = max(req.start_tick, self.clock.end_tick)
+        settings = self.session.settings
+        if settings.pace is not Pace.MEDIA or self.shared is None:
+            self.clock.work = None  # real time: a piece is due when it exists
+            self.clock.start(start)
+            return
+        self.clock.work = self.shared.work
+        offset = settings.media_clock
+        if offset is None or start > req.start_tick:
+            # On its own, or queued behind this session's last request: the work clock now stands for
+            # `start` (that request has just ended there).
+            self.clock.start(start)
+        else:
+            self.clock.start(start, work_at=self.shared.now(offset + start))
+        if offset is not None:
+            self.shared.add(self.clock, offset)
 
     async def _serve_timed(self, req: _Request) -> None:
         timeout = self.settings.request_timeout
@@ -420,4 +445,5 @@ def make_background_factory(
         return None, lambda session: NoBackground()
     settings = settings_from_config(cfg)
     log.info("background reasoner %s (policy %s)", reasoner.name, settings.policy.value)
-    return reasoner, lambda session: BackgroundWorker(session, reasoner, settings, metrics)
+    shared = SharedWork(reasoner.work_clock) if isinstance(reasoner, WorkClock) else None
+    return reasoner, lambda session: BackgroundWorker(session, reasoner, settings, metrics, shared)

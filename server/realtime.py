@@ -147,7 +147,8 @@ class RealtimeConnection:
             "instructions": cfg.instructions, "output_modalities": ["audio"], "tools": cfg.tools,
             "audio": {"input": {"format": cfg.in_format.describe(), "turn_detection": None},
                       "output": {"format": cfg.out_format.describe()}},
-            "pace": cfg.pace.value, "duplex": {"tick_stats": cfg.tick_stats, "tick_ms": int(TICK_SECONDS * 1000)},
+            "pace": cfg.pace.value, "duplex": {"tick_stats": cfg.tick_stats, "tick_ms": int(TICK_SECONDS * 1000),
+                                                  "media_clock": cfg.media_clock},
         }
 
     # -- OutputSink -------------------------------------------------------------------------------

@@ -99,6 +99,10 @@ class SessionSettings:
     instructions: str = ""  # system instructions for the background reasoner
     tools: list[dict[str, Any]] = field(default_factory=list)  # client-declared tools (Realtime format)
     tick_stats: bool = False  # send duplex.tick after every micro-turn
+    # Media pace: where this session's micro-turn 0 lies on a clock shared with other media sessions
+    # that a client steps in lockstep (bench/fdbench/lockstep.py). The shared background reasoner then
+    # times their requests against each other as real time would (models/background/clock.py).
+    media_clock: int | None = None
 
 
 class TextFull(Exception):

@@ -16,13 +16,22 @@ So the reasoner really runs at its own speed in both paces (its token timing is 
 streams), and its output is delivered at the same micro-turns, give or take the one micro-turn of
 wall-clock jitter a real-time run has anyway. Time is injectable for tests.
 
-An in-process reasoner (llama.cpp on its own thread) is timed by its `work` clock, the CPU time of its
-generation thread, not by the wall: in media pace the foreground steps flat out on every core and the
-(niced) generation thread gets a fraction of the CPU it has in real time, where it has a core, so its
-wall time stamped answers later than a listener would hear them (v1.0 interruption, seed 2222: the
-assistant was talking at 0.75 of the interruptions in media against 0.9 in real time). A request
-whose thread does not run (waiting for something) still advances at `WALL_FLOOR` of the wall clock, so
-a media run can never stall on it.
+In media pace an in-process reasoner (llama.cpp on its own thread) is timed by its `work` clock, not
+by the wall: the foreground steps flat out on every core and the (niced) generation thread gets a
+fraction of the CPU it has in real time, where it has a core, so its wall time stamped answers later
+than a listener would hear them (v1.0 interruption, seed 2222: the assistant was talking at 0.75 of
+the interruptions in media against 0.9 in real time). The embedded reasoner's work clock counts the
+tokens it evaluated at their cost on an idle core (models/background/llamacpp_backend.py), so a
+contended machine does not stretch it either. A request whose thread does not run (waiting for
+something) still advances at `WALL_FLOOR` of the wall clock, so a media run can never stall on it.
+Real-time pace needs none of this: a piece is due when it exists, so its requests run on the wall.
+
+Several media sessions share one reasoner. A request that waits behind another session's must count
+that wait as it would in real time, so its clock starts not at the reasoner's work now (which may run
+ahead of the sessions' virtual time while they step) but where the sessions have got to on their own
+clocks (`SharedWork.now`). That needs the sessions to step in lockstep, micro-turn k of every session
+before any k + 1: the client's job (bench/fdbench/lockstep.py); without it, each session on its own
+still gets the one-session guarantee.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ class RequestClock:
                  work: Callable[[], float] | None = None) -> None:
         self.period = period
         self._clock = clock
-        self._work = work  # the reasoner's work clock (s of its compute), None: the wall clock
+        self.work = work  # the reasoner's work clock (s of its compute), None: the wall clock
         self.start_tick: int | None = None  # micro-turn whose output started the running request
         self._t0 = 0.0  # wall time the running request started
         self._w0 = 0.0  # work clock then
@@ -51,16 +60,26 @@ class RequestClock:
     def running(self) -> bool:
         return self.start_tick is not None
 
-    def start(self, tick: int) -> None:
+    def start(self, tick: int, work_at: float | None = None) -> None:
+        """Time a request from micro-turn `tick`; `work_at`: the work clock's reading that stands for
+        that micro-turn (`SharedWork.now`), by default its reading now."""
         self.start_tick, self._t0 = tick, self._clock()
-        self._w0 = self._work() if self._work is not None else 0.0
+        if self.work is not None:
+            self._w0 = self.work() if work_at is None else work_at
+
+    def position(self, tick: int) -> float | None:
+        """The work clock's reading that micro-turn `tick` stands for, on this request's virtual clock
+        (None: nothing running or no work clock). Before the request's start it stands at the start."""
+        if self.start_tick is None or self.work is None:
+            return None
+        return self._w0 + max(0, tick - self.start_tick) * self.period
 
     def elapsed(self) -> float:
         """How long the running request has run: wall seconds, or its work (with the wall floor)."""
         wall = self._clock() - self._t0
-        if self._work is None:
+        if self.work is None:
             return wall
-        return max(self._work() - self._w0, wall * WALL_FLOOR)
+        return max(self.work() - self._w0, wall * WALL_FLOOR)
 
     def due(self) -> int:
         """The micro-turn at which something produced now is delivered."""
@@ -79,3 +98,33 @@ class RequestClock:
             return 0.0
         # Work still to be done, in seconds: at least as many wall seconds (the caller asks again after).
         return max(0.0, (tick - self.start_tick) * self.period - self.elapsed())
+
+
+class SharedWork:
+    """One reasoner's work clock as the media sessions sharing it see it (see the module docstring).
+
+    The sessions' micro-turns are counted on one shared clock (a client that steps them in lockstep
+    says where each session's micro-turn 0 lies on it: `session.duplex.media_clock`). Each running
+    request registers its clock with that offset. `now(tick)` is the work clock's reading, but no later
+    than the reading any running request's virtual clock gives shared micro-turn `tick`: the work
+    clock may have run ahead while the sessions stepped, and that work lies in their future.
+    """
+
+    def __init__(self, work: Callable[[], float]) -> None:
+        self.work = work
+        self._running: dict[RequestClock, int] = {}  # clock -> shared micro-turn of its session's 0
+
+    def add(self, clock: RequestClock, offset: int) -> None:
+        self._running[clock] = offset
+
+    def discard(self, clock: RequestClock) -> None:
+        self._running.pop(clock, None)
+
+    def now(self, tick: int) -> float:
+        """The work clock's reading that shared micro-turn `tick` stands for."""
+        w = self.work()
+        for clock, offset in self._running.items():
+            pos = clock.position(tick - offset)
+            if pos is not None:
+                w = min(w, pos)
+        return w

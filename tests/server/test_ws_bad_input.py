@@ -47,6 +47,12 @@ def echo0(duplex_server):
         (json.dumps({"type": "input_audio_buffer.append", "audio": b64(b"\x01\x02\x03")}), "odd_pcm_length"),
         (json.dumps({"type": "input_audio_buffer.append", "audio": 42}), "invalid_audio"),
         (json.dumps({"type": "session.update", "session": {"pace": "warp"}}), "invalid_pace"),
+        (json.dumps({"type": "session.update", "session": {"duplex": {"media_clock": -1}}}), "invalid_media_clock"),
+        (json.dumps({"type": "session.update", "session": {"duplex": {"media_clock": "7"}}}), "invalid_media_clock"),
+        (json.dumps({"type": "session.update", "session": {"duplex": {"media_clock": True}}}), "invalid_media_clock"),
+        # A shared media clock means nothing to a real-time session.
+        (json.dumps({"type": "session.update", "session": {"pace": "realtime", "duplex": {"media_clock": 5}}}),
+         "invalid_media_clock"),
         (json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
          "unsupported_format"),
         (json.dumps({"type": "conversation.item.create", "item": {"type": "message", "content": []}}), "invalid_item"),
@@ -93,6 +99,20 @@ async def test_pace_cannot_change_after_audio(echo0) -> None:
     await send(ws, {"type": "session.update", "session": {"pace": "realtime"}})
     await _expect_error(ws, "pace_locked")
     await _still_works(ws, 1, seed=7)
+    await ws.close()
+
+
+async def test_media_clock_is_set_before_audio_and_echoed(echo0) -> None:
+    ws, _ = await start_session(echo0.ws_url, pace="media")
+    await send(ws, {"type": "session.update", "session": {"duplex": {"media_clock": 40}}})
+    updated, _ = await recv_until(ws, "session.updated")
+    assert updated["session"]["duplex"]["media_clock"] == 40
+    chunk = pcm16(random_pcm(TICK, seed=8))
+    await ws.send(chunk)
+    assert await collect_audio(ws, 1) == {0: chunk}
+    await send(ws, {"type": "session.update", "session": {"duplex": {"media_clock": 41}}})
+    await _expect_error(ws, "media_clock_locked")
+    await _still_works(ws, 1, seed=9)
     await ws.close()
 
 

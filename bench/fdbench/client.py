@@ -20,6 +20,7 @@ input's timeline has no room for it.
 import asyncio
 import base64
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 from websockets.exceptions import WebSocketException
 
+from bench.fdbench.lockstep import Lockstep, Slot
 from streaming.pcm import Audio, float32_to_pcm16, pcm16_to_float32
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 
@@ -211,9 +213,16 @@ async def _expect(ws: Any, wanted: str, timeout: float) -> dict[str, Any]:
 
 
 async def stream(
-    url: str, audio: Audio, pace: str = "media", timeout: float = 120.0, grace: float = 1.5, full_wait: float = 90.0
+    url: str, audio: Audio, pace: str = "media", timeout: float = 120.0, grace: float = 1.5, full_wait: float = 90.0,
+    lockstep: tuple[Lockstep, int] | None = None,
 ) -> StreamResult:
     """Stream 24 kHz mono `audio` through one session and collect what comes back.
+
+    Real time waits `grace` after the clip before it closes the session; media pace streams as much
+    silence after it (`media_grace_ticks`), so the session (and its background request) lives as long
+    on its clock, and the next sample of a lockstep slot starts where it would in real time.
+    `lockstep`: media pace only, (clock, slot) to step this session in lockstep with the other slots'
+    (bench/fdbench/lockstep.py).
 
     A server at capacity is retried every half second for up to `full_wait` seconds: a server
     holds a finished sample's session for its resume grace period (`duplex serve --resume-grace`),
@@ -222,7 +231,7 @@ async def stream(
     deadline = time.monotonic() + full_wait
     while True:
         try:
-            return await _stream_once(url, audio, pace, timeout, grace)
+            return await _stream_once(url, audio, pace, timeout, grace, lockstep)
         except ServerFull:
             if time.monotonic() > deadline:
                 raise ServerFull(
@@ -232,30 +241,48 @@ async def stream(
             await asyncio.sleep(0.5)
 
 
-async def _stream_once(url: str, audio: Audio, pace: str, timeout: float, grace: float) -> StreamResult:
+def media_grace_ticks(grace: float) -> int:
+    """Silent micro-turns after a clip in media pace: as long as real time holds the session after it.
+
+    Real time's last chunk leaves when the clip ends on its input timeline, and the session closes
+    `grace` later; the next sample's input timeline starts a micro-turn before its first chunk leaves,
+    a few ms after that (connecting). So the next sample starts `grace` - 0.2 s + a few ms after this
+    clip's end: with the default 1.5 s, 6.5 micro-turns and a bit, taken as 7.
+    """
+    return max(0, math.ceil(grace / TICK_SECONDS - 1e-9) - 1)
+
+
+async def _stream_once(
+    url: str, audio: Audio, pace: str, timeout: float, grace: float, lockstep: tuple[Lockstep, int] | None
+) -> StreamResult:
     if pace not in ("media", "realtime"):
         raise ValueError(f"pace must be 'media' or 'realtime', got {pace!r}")
+    if lockstep is not None and pace != "media":
+        raise ValueError("lockstep is for pace 'media' (real time has the wall clock in common)")
     n_ticks = max(1, -(-len(audio) // TICK_SAMPLES))
-    padded = np.zeros(n_ticks * TICK_SAMPLES, dtype=np.float32)
+    n_send = n_ticks + (media_grace_ticks(grace) if pace == "media" else 0)
+    padded = np.zeros(n_send * TICK_SAMPLES, dtype=np.float32)
     padded[: len(audio)] = audio
     result = StreamResult(ticks=n_ticks)
+    seat = Slot(*lockstep) if lockstep is not None else None
     try:
         async with _connect(url, open_timeout=min(timeout, 20.0)) as ws:
             await _expect(ws, "session.created", 20.0)
             # tick_stats: a duplex.tick event after every stepped micro-turn, silent ones included,
             # which is how the client learns which server tick takes its first chunk.
-            await ws.send(
-                json.dumps({"type": "session.update", "session": {"pace": pace, "duplex": {"tick_stats": True}}})
-            )
+            ext: dict[str, Any] = {"tick_stats": True}
+            if seat is not None:
+                ext["media_clock"] = seat.join
+            await ws.send(json.dumps({"type": "session.update", "session": {"pace": pace, "duplex": ext}}))
             await _expect(ws, "session.updated", 20.0)
             answered = asyncio.Event()
             t0 = time.monotonic()
-            receiver = asyncio.create_task(_receive(ws, result, answered, n_ticks, lambda: t0))
+            receiver = asyncio.create_task(_receive(ws, result, answered, n_send, lambda: t0, seat))
             try:
                 if pace == "media":
                     await _settle(result, receiver)
                     t0 = time.monotonic()  # the moment input sample 0 leaves
-                    await _send_media(ws, padded, result, receiver, timeout)
+                    await _send_media(ws, padded, result, receiver, timeout, seat)
                     await asyncio.wait_for(_wait_done(answered, receiver), timeout)
                 else:
                     # A real-time session's clock starts at its first input and each tick follows its
@@ -300,11 +327,18 @@ async def _wait_done(answered: asyncio.Event, receiver: "asyncio.Task[None]") ->
 
 
 async def _send_media(
-    ws: Any, padded: Audio, result: StreamResult, receiver: "asyncio.Task[None]", timeout: float
+    ws: Any, padded: Audio, result: StreamResult, receiver: "asyncio.Task[None]", timeout: float,
+    seat: Slot | None = None,
 ) -> None:
     n_ticks = len(padded) // TICK_SAMPLES
     deadline = time.monotonic() + timeout
     for i in range(n_ticks):
+        if seat is not None:
+            # The other sessions first: every one of them has had the micro-turn before this answered.
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            await asyncio.wait_for(seat.turn(i), left)
         # Flow control: keep at most MEDIA_WINDOW micro-turns unanswered.
         while i - len(result.ours()) >= MEDIA_WINDOW:
             if receiver.done():
@@ -332,7 +366,8 @@ def _append(chunk: Audio) -> str:
 
 
 async def _receive(
-    ws: Any, result: StreamResult, answered: asyncio.Event, n_ticks: int, start: Callable[[], float]
+    ws: Any, result: StreamResult, answered: asyncio.Event, n_ticks: int, start: Callable[[], float],
+    seat: Slot | None = None,
 ) -> None:
     from websockets.exceptions import ConnectionClosed
 
@@ -365,7 +400,10 @@ async def _receive(
                 parts = result.by_tick.setdefault(tick, [])
                 result.arrivals.append((time.monotonic() - start(), tick, len(parts)))
                 parts.append(pcm16_to_float32(base64.b64decode(msg.get("delta", ""))))
-                if len(result.ours()) >= n_ticks:
+                done = len(result.ours())
+                if seat is not None and not parts[1:]:  # a micro-turn's first delta: it is answered
+                    await seat.answered(done)
+                if done >= n_ticks:
                     answered.set()
             elif kind == "response.output_audio_transcript.delta":
                 result.transcript.append(str(msg.get("delta", "")))

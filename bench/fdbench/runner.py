@@ -12,6 +12,7 @@ goes to `run.json` at the data root.
 import asyncio
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tqdm import tqdm
 
 from bench.fdbench.client import ClientError, auth_headers, stream
 from bench.fdbench.layout import RUN_INFO, Sample, find_samples
+from bench.fdbench.lockstep import Lockstep
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE
 from streaming.wav import read_wav, write_wav
@@ -56,7 +58,8 @@ def server_info(ws_url: str) -> dict[str, Any]:
         return {}
 
 
-async def _one(sample: Sample, url: str, pace: str, timeout: float, summary: RunSummary) -> None:
+async def _one(sample: Sample, url: str, pace: str, timeout: float, summary: RunSummary,
+               lockstep: tuple[Lockstep, int] | None = None) -> None:
     pairs = [("input.wav", "output")]
     if sample.kind == "overlap":
         pairs.append(("clean_input.wav", "clean_output"))
@@ -71,7 +74,8 @@ async def _one(sample: Sample, url: str, pace: str, timeout: float, summary: Run
             summary.failed[sample.name] = f"{input_name} is not a readable wav ({e})"
             return
         try:
-            result = await stream(url, resample(audio, rate, SAMPLE_RATE), pace=pace, timeout=timeout)
+            result = await stream(url, resample(audio, rate, SAMPLE_RATE), pace=pace, timeout=timeout,
+                                  lockstep=lockstep)
         except ClientError as e:
             summary.failed[sample.name] = str(e)
             return
@@ -98,18 +102,24 @@ def _write(path: Path, audio_24k: np.ndarray, n_out: int) -> None:
 async def _run_all(
     samples: list[Sample], url: str, pace: str, concurrency: int, timeout: float, summary: RunSummary
 ) -> None:
-    gate = asyncio.Semaphore(concurrency)
+    todo = deque(samples)
     bar = tqdm(total=len(samples), desc=f"run ({pace})", unit="sample")
+    # Media pace: the slots' sessions step on one shared clock, as real time's do (lockstep.py).
+    lock = Lockstep(concurrency) if pace == "media" else None
 
-    async def guarded(s: Sample) -> None:
-        async with gate:
-            await _one(s, url, pace, timeout, summary)
-            bar.update(1)
-            if summary.failed:
-                bar.set_postfix(failed=len(summary.failed))
+    async def slot(i: int) -> None:
+        try:
+            while todo:
+                await _one(todo.popleft(), url, pace, timeout, summary, (lock, i) if lock is not None else None)
+                bar.update(1)
+                if summary.failed:
+                    bar.set_postfix(failed=len(summary.failed))
+        finally:
+            if lock is not None:
+                await lock.retire(i)
 
     try:
-        await asyncio.gather(*(guarded(s) for s in samples))
+        await asyncio.gather(*(slot(i) for i in range(concurrency)))
     finally:
         bar.close()
 

@@ -269,7 +269,7 @@ class LlamaCppReasoner:
             stream=True,
         )
         tokens, finish, ends = 0, "", SentenceEnds()
-        wall0, work0 = time.perf_counter(), self._tokens.seconds
+        wall0, cpu0, work0 = time.perf_counter(), time.thread_time(), self._tokens.seconds
         try:
             for chunk in chunks:
                 self._tokens.account(llm)  # the prompt's or the last token's evaluation
@@ -295,8 +295,9 @@ class LlamaCppReasoner:
             if self._tokens.ready:
                 # Real time on a busy machine runs slower than the measured costs, which media pace
                 # follows (token_clock.py): this line shows by how much.
-                log.info("background generation: %d tokens, %.2f s (%.2f s at the measured token costs)",
-                         tokens, time.perf_counter() - wall0, self._tokens.seconds - work0)
+                log.info("background generation: %d tokens, %.2f s (%.2f s of CPU; %.2f s at the measured "
+                         "token costs)", tokens, time.perf_counter() - wall0, time.thread_time() - cpu0,
+                         self._tokens.seconds - work0)
         yield Done(finish or "stop", tokens)
 
 

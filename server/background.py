@@ -219,14 +219,13 @@ class BackgroundWorker:
                 if self.shared is not None:
                     self.shared.discard(self.clock)
 
-
     def _start_clock(self, req: _Request) -> None:
         """Time `req` on the session's virtual clock (models/background/clock.py)."""
         # A queued request starts, on the virtual clock, when the one before it ended.
         start = max(req.start_tick, self.clock.end_tick)
         settings = self.session.settings
         if settings.pace is not Pace.MEDIA or self.shared is None:
-            self.clock.work = None  # real time: a piece is due when it exists
+            self.clock.work = None  # real time (a piece is due when it exists), or a remote reasoner
             self.clock.start(start)
             return
         self.clock.work = self.shared.work

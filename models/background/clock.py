@@ -18,11 +18,13 @@ wall-clock jitter a real-time run has anyway. Time is injectable for tests.
 
 In media pace an in-process reasoner (llama.cpp on its own thread) is timed by its `work` clock, not
 by the wall: the foreground steps flat out on every core and the (niced) generation thread gets a
-fraction of the CPU it has in real time, where it has a core, so its wall time stamped answers later
-than a listener would hear them (v1.0 interruption, seed 2222: the assistant was talking at 0.75 of
-the interruptions in media against 0.9 in real time). The embedded reasoner's work clock counts the
-tokens it evaluated at their cost on an idle core (models/background/llamacpp_backend.py), so a
-contended machine does not stretch it either. A request whose thread does not run (waiting for
+fraction of the CPU it has in real time, so its wall time stamped answers later than a listener would
+hear them (v1.0 interruption, seed 2222: the assistant was talking at 0.75 of the interruptions in
+media against 0.9 in real time). The embedded reasoner's work clock counts the tokens it evaluated at
+their cost measured on its thread (models/background/token_clock.py), so a contended machine does not
+stretch it either. That is the reasoner on a core of its own: where real time does not give it one,
+it runs slower than media pace says (2 real-time sessions on 2 cores: generations took 1.7x their CPU
+time, which matched the token costs). A request whose thread does not run (waiting for
 something) still advances at `WALL_FLOOR` of the wall clock, so a media run can never stall on it.
 Real-time pace needs none of this: a piece is due when it exists, so its requests run on the wall.
 

@@ -293,8 +293,8 @@ class LlamaCppReasoner:
                 close()
             self._tokens.account(llm)
             if self._tokens.ready:
-                # Real time on a busy machine runs slower than the measured costs, which media pace
-                # follows (token_clock.py): this line shows by how much.
+                # Media pace follows the measured costs (token_clock.py); real time on a busy machine
+                # runs slower (the niced thread waits for a core): this line shows by how much.
                 log.info("background generation: %d tokens, %.2f s (%.2f s of CPU; %.2f s at the measured "
                          "token costs)", tokens, time.perf_counter() - wall0, time.thread_time() - cpu0,
                          self._tokens.seconds - work0)

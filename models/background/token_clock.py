@@ -1,16 +1,16 @@
-"""The embedded reasoner's work clock: the tokens it evaluated, at their cost on an idle core (issue 11).
+"""The embedded reasoner's work clock: the tokens it evaluated, at their measured cost (issue 11).
 
 Media pace times a background request by the reasoner's compute, not by the wall (clock.py). The CPU
-time of the generation thread was that measure, but it grows when the machine is contended: the same
-token takes more CPU seconds when other work shares the core's caches and memory bandwidth. A media run
-that shared the 2 cores with two other benchmarks started its answers 2.4-3.6 s after the delegate,
-against 1.6-2.0 s alone, so media pace depended on what else the machine did. This clock counts what
-was computed and prices it with costs measured once, on the generation thread, right after the
-weights load:
+time of the generation thread was that measure, and it moved with the machine's load: a media run that
+shared the 2 cores with two other benchmarks started its answers 2.4-3.6 s after the delegate, against
+1.6-2.0 s alone. Token counts do not depend on load at all. This clock counts what was computed and
+prices it with costs measured once, on the generation thread, right after the weights load:
   - prompt tokens evaluated (llama.cpp's batched prefill; a prefix kept from the previous request is
     not evaluated again and costs nothing),
   - generated tokens (one decode step each, sampling and detokenising included).
 The counts are llama.cpp's own performance counters, read on the generation thread after each token.
+In 2 real-time sessions on 2 cores, a generation's CPU time matched this clock (1.00x, median of 50),
+while its wall time was 1.7x: the niced thread waited for a core, which media pace does not model.
 
 Costs are the cheaper of two measured rounds, in CPU seconds of the generation thread where llama.cpp
 computes on it alone (`n_threads=1`), otherwise in wall seconds. Where llama.cpp has no counters, or

@@ -7,7 +7,6 @@ per micro-turn starting two micro-turns after the model's `delegate` event (a fa
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -46,11 +45,9 @@ def speech_start(audio: np.ndarray, offset: float = 0.0) -> float:
     return offset + speech_segments(audio, SAMPLE_RATE)[0][0]
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[CascadeModel]:
-    m = load_cascade("")
-    yield m
-    m.shutdown()
+@pytest.fixture()
+def model(default_cascade: CascadeModel) -> CascadeModel:
+    return default_cascade
 
 
 class Conversation:

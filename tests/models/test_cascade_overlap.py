@@ -5,7 +5,6 @@ synthesised at test time, stepped in media pace."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +20,9 @@ from tests.models.test_cascade import TICK, _talking, speech, speech_start
 from train.overlap import fit, judged_clip, render
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[CascadeModel]:
-    m = load_cascade("")
-    yield m
-    m.shutdown()
+@pytest.fixture()
+def model(default_cascade: CascadeModel) -> CascadeModel:
+    return default_cascade
 
 
 def _paused_after(m: CascadeModel, cut: np.ndarray) -> float:

@@ -3,7 +3,6 @@ of turn, background speech that is not the user, and the off-thread jobs' fixed 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -20,11 +19,9 @@ from streaming.types import SAMPLE_RATE, TICK_SAMPLES
 from tests.models.test_cascade import TICK, Conversation, _talking, silence, speech, speech_end
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[CascadeModel]:
-    m = load_cascade("")
-    yield m
-    m.shutdown()
+@pytest.fixture()
+def model(default_cascade: CascadeModel) -> CascadeModel:
+    return default_cascade
 
 
 def _level(x: np.ndarray) -> float:

@@ -8,29 +8,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from models.background.clock import SharedWork
-from models.base import TickOutput
 from server.background import BackgroundSettings, BackgroundWorker
 from server.metrics import Metrics
 from server.sessions import Pace, Session
-
-
-class _Sink:
-    def bind(self, session: Session, resumed: bool) -> None:
-        pass
-
-    def deliver(self, out: TickOutput, tick: int) -> None:
-        pass
-
-    def end(self, code: int, reason: str) -> None:
-        pass
-
-    def emit(self, event: dict[str, Any]) -> None:
-        pass
+from tests.server._event_sink import EventSink
 
 
 async def _until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -51,7 +36,7 @@ async def test_requests_of_media_sessions_in_lockstep_are_timed_from_the_shared_
 
     def worker(name: str, pace: Pace, media_clock: int | None, tick: int) -> BackgroundWorker:
         session = Session(id=name, resume_token="tok", state=None)
-        session.sink = _Sink()
+        session.sink = EventSink()
         session.settings.pace, session.settings.media_clock, session.tick = pace, media_clock, tick
         w = BackgroundWorker(session, reasoner, BackgroundSettings(), metrics, shared)
         session.background = w

@@ -21,28 +21,7 @@ from server.metrics import Metrics
 from server.sessions import Pace, Session
 from streaming.types import TICK_SAMPLES
 from tests.server._background_stub import ScriptedOpenAI
-
-
-class EventSink:
-    """The transport edge: records what the client would receive."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-
-    def bind(self, session: Session, resumed: bool) -> None:
-        pass
-
-    def deliver(self, out: TickOutput, tick: int) -> None:
-        pass
-
-    def end(self, code: int, reason: str) -> None:
-        pass
-
-    def emit(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
-
-    def of(self, etype: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["type"] == etype]
+from tests.server._event_sink import EventSink
 
 
 @pytest.fixture(scope="module")

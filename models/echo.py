@@ -23,6 +23,7 @@ class EchoState:
 class EchoModel:
     name = "echo"
     max_sessions: int | None = None
+    delegates = False  # it never asks the background reasoner anything (server/runtime.py: no preload)
 
     def __init__(self, delay: int = 1) -> None:
         if delay < 0:

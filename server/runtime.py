@@ -98,9 +98,10 @@ class Runtime:
                  model.name, capacity, groups, engine.grid * 1000)
         reasoner, factory = make_background_factory(cfg, metrics)
         preload = getattr(reasoner, "preload", None)
-        if callable(preload):
+        if callable(preload) and getattr(model, "delegates", True):
             # On the reasoner's own thread, now: the first answer does not wait for the weights to load
-            # and their cost to be measured (token_clock.py). A failure is raised again by that request.
+            # and their cost to be measured (~1.3 s, token_clock.py). A failure is raised again by that
+            # request. A model that never delegates (`delegates = False`: echo) never pays for it.
             preload()
         runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
         await engine.start()

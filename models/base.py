@@ -97,6 +97,8 @@ class InteractionModel(Protocol):
     name: str
     # How many sessions the model can hold at once (KV slots); None when memory is not the limit.
     max_sessions: int | None
+    # Optional, read with getattr (default True): False for a model that never emits `delegate`, so the
+    # server does not load a background reasoner at start-up for it (server/runtime.py).
 
     def open(self, session_id: str) -> SessionState:
         """Allocate a session's persistent state. Called on the inference thread."""

@@ -401,7 +401,7 @@ async def _receive(
                 result.arrivals.append((time.monotonic() - start(), tick, len(parts)))
                 parts.append(pcm16_to_float32(base64.b64decode(msg.get("delta", ""))))
                 done = len(result.ours())
-                if seat is not None and not parts[1:]:  # a micro-turn's first delta: it is answered
+                if seat is not None and len(parts) == 1:  # a micro-turn's first delta: it is answered
                     await seat.answered(done)
                 if done >= n_ticks:
                     answered.set()

@@ -100,7 +100,7 @@ class TokenClock:
         cost = measure_cost(llm, timer)
         if cost is None:
             log.warning("llama.cpp has no usable performance counters: media pace times the background "
-                        "by its thread's CPU time, which a busy machine stretches")
+                        "by its thread's CPU time, which moves with the machine's load")
             return
         self._last = eval_counts(llm)
         self.seconds = replaced()

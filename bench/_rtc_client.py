@@ -24,7 +24,7 @@ from server._rtc_tracks import use_low_latency_buffer
 from server.auth import RESUME_HEADER
 from streaming.avframes import FrameToMono, mono_to_frame
 from streaming.pacer import AudioPacer
-from streaming.pcm import Audio
+from streaming.types import Audio
 
 RATE = 48_000  # WebRTC audio clock
 FRAME = 960  # 20 ms

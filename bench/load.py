@@ -25,8 +25,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bench.fdbench.client import auth_headers
-from streaming.pcm import Audio, float32_to_pcm16
-from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
+from streaming.pcm import float32_to_pcm16
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS, Audio
 
 MAX_SESSIONS = 512  # hard bound on one trial
 MAX_SECONDS = 600.0  # hard bound on one trial's streaming time

@@ -34,7 +34,6 @@ import time
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from models.base import BackgroundChunk, TickInput
 from models.cascade import CascadeModel, load_cascade
@@ -42,9 +41,8 @@ from models.cascade.level import speech_db
 from models.speech.tts import list_voices, synthesize
 from models.speech.vad import speech_segments
 from streaming.resample import resample
-from streaming.types import SAMPLE_RATE, TICK_SAMPLES
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, Audio
 
-Audio = npt.NDArray[np.float32]
 TICK_S = TICK_SAMPLES / SAMPLE_RATE
 QUESTION = "Tell me about the old harbour."
 ANSWER = ("The old harbour was built three hundred years ago for fishing boats. Today it is full of small "

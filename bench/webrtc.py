@@ -34,8 +34,7 @@ import numpy as np
 from scipy import signal as sps
 
 from bench._rtc_client import RATE, RtcClient
-from streaming.pcm import Audio
-from streaming.types import TICK_SECONDS
+from streaming.types import TICK_SECONDS, Audio
 
 ROOT = Path(__file__).resolve().parents[1]
 MIN_CORRELATION = 0.5  # a burst whose best normalised correlation is below this counts as lost

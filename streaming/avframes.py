@@ -14,8 +14,8 @@ import fractions
 import av
 import numpy as np
 
-from streaming.pcm import Audio
 from streaming.resample import StreamResampler
+from streaming.types import Audio
 
 
 class FrameToMono:

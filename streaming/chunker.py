@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streaming.pcm import Audio
-from streaming.types import TICK_SAMPLES
+from streaming.types import TICK_SAMPLES, Audio
 
 
 @dataclass

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streaming.clock import DeadlineClock
-from streaming.pcm import Audio
+from streaming.types import Audio
 
 UNDERRUN_GAP_FRAMES = 4  # speech that resumes after at most this many silent frames was late, not new
 

@@ -3,7 +3,7 @@
 import numpy as np
 import numpy.typing as npt
 
-Audio = npt.NDArray[np.float32]
+from streaming.types import Audio
 
 
 class PCMError(ValueError):

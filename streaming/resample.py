@@ -8,7 +8,7 @@ the one-shot form for whole clips.
 import av
 import numpy as np
 
-from streaming.pcm import Audio
+from streaming.types import Audio
 
 
 class StreamResampler:

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from streaming.pcm import Audio
 from streaming.resample import resample
+from streaming.types import Audio
 
 
 def read_wav(path: str | Path, rate: int | None = None) -> tuple[Audio, int]:

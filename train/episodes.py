@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from models.interaction.config import ACTIONS
+from streaming.types import Audio
 from train import _texts as tx
 
 RATE = 24_000
@@ -41,7 +42,6 @@ USER_VOICES = (
     "espeak:en-gb+f2",
 )
 ASSISTANT_VOICE = "piper:joe"
-Audio = npt.NDArray[np.float32]
 
 
 class Speaker:

@@ -37,7 +37,7 @@ from models.cascade.policy import TurnPolicy, TurnState
 from models.speech.asr import ASR_RATE, WhisperTranscriber
 from models.speech.overlap import DEFAULT_WEIGHTS, ProbeWeights, clip_for, features, onset_index
 from streaming.resample import StreamResampler, resample
-from streaming.types import SAMPLE_RATE, TICK_SAMPLES
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, Audio
 from train._texts import OVERLAP_BACKCHANNELS, OVERLAP_INTERRUPTIONS
 
 Features = npt.NDArray[np.float32]
@@ -51,7 +51,7 @@ class Example:
     x: Features
 
 
-def render(text: str, voice: str, rng: random.Random) -> npt.NDArray[np.float32]:
+def render(text: str, voice: str, rng: random.Random) -> Audio:
     """One utterance in 24 kHz micro-turn audio: silence at a random phase, the speech at a random
     level, a tail of silence, a noise floor."""
     from models.speech.tts import synthesize
@@ -66,7 +66,7 @@ def render(text: str, voice: str, rng: random.Random) -> npt.NDArray[np.float32]
     return np.clip(x, -1.0, 1.0).astype(np.float32)
 
 
-def judged_clip(x: npt.NDArray[np.float32], early_ms: int) -> npt.NDArray[np.float32] | None:
+def judged_clip(x: Audio, early_ms: int) -> Audio | None:
     """Stream `x` as the cascade does, the assistant talking; the probe's clip at the first micro-turn
     whose overlap holds `early_ms` of speech (None: the utterance never gets there)."""
     from models.speech.vad import shared_vad
@@ -74,7 +74,7 @@ def judged_clip(x: npt.NDArray[np.float32], early_ms: int) -> npt.NDArray[np.flo
     vad = shared_vad()
     policy, state = TurnPolicy(CascadeOptions()), TurnState()
     mic, stream = StreamResampler(SAMPLE_RATE, ASR_RATE), vad.open(ASR_RATE)
-    heard: list[npt.NDArray[np.float32]] = []
+    heard: list[Audio] = []
     consumed = 0
     for i in range(0, len(x) - TICK_SAMPLES + 1, TICK_SAMPLES):
         clean = mic.process(x[i : i + TICK_SAMPLES])

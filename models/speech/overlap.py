@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from models.speech.sphinx import ASR_RATE, Audio
+from models.speech.sphinx import ASR_RATE
+from streaming.types import Audio
 
 WINDOW_S = 1.0  # the encoder's window: the clip is at most this long (its end is kept)
 LEAD_S = 0.1  # silence before the clip inside the window

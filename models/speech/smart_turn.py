@@ -19,8 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from models.speech.shared import Shared
-
-Audio = npt.NDArray[np.float32]
+from streaming.types import Audio
 
 RATE = 16_000
 SECONDS = 8  # the model's fixed window

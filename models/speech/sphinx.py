@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
-Audio = npt.NDArray[np.float32]
+from streaming.types import Audio
+
 ASR_RATE = 16_000
 _FEED_BYTES = ASR_RATE // 50 * 2  # 20 ms of PCM16 per process_raw call (see SphinxRecognizer.feed_pcm)
 _FRAME_S = 0.01  # pocketsphinx reports word times in 10 ms frames (frate = 100)

@@ -28,7 +28,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 from models.speech import sphinx_worker as wire
-from models.speech.sphinx import CONFIGS, ASRError, Audio, Transcript, Word, _to_pcm16
+from models.speech.sphinx import CONFIGS, ASRError, Transcript, Word, _to_pcm16
+from streaming.types import Audio
 
 log = logging.getLogger(__name__)
 _ROOT = Path(__file__).resolve().parents[2]  # the folder holding the `models` package

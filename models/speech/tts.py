@@ -29,12 +29,10 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 import soundfile as sf
 
 from streaming.resample import resample
-
-Audio = npt.NDArray[np.float32]
+from streaming.types import Audio
 
 DEFAULT_VOICE = "piper:joe"
 # espeak-ng voices known to exist in the Debian espeak-ng-data; `+f3`/`+m3` are its voice variants.

@@ -21,8 +21,7 @@ import numpy.typing as npt
 
 from models.speech.shared import Shared
 from streaming.resample import StreamResampler, resample
-
-Audio = npt.NDArray[np.float32]
+from streaming.types import Audio
 
 VAD_RATE = 16_000
 WINDOW = 512  # samples per scored window at 16 kHz (32 ms); fixed by the model

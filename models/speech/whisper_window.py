@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from models.speech.sphinx import ASR_RATE, Audio
+from models.speech.sphinx import ASR_RATE
+from streaming.types import Audio
 
 FULL_S = 30  # Whisper's own window
 WINDOW_STEP_S = 10  # windows come in steps of this many seconds (few distinct encoder shapes)

@@ -6,11 +6,11 @@ ones (surplus), up to a bound; past the bound the oldest samples are dropped and
 because a client running ahead of real time must not grow memory or latency without limit.
 """
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
+from streaming.samples import SampleQueue
 from streaming.types import TICK_SAMPLES, Audio
 
 
@@ -25,24 +25,26 @@ class Chunker:
         if max_backlog_ticks < 1:
             raise ValueError("max_backlog_ticks must be at least 1")
         self.tick_samples = tick_samples
-        self.max_samples = tick_samples * max_backlog_ticks
-        self._parts: deque[Audio] = deque()
-        self._head = 0  # samples of _parts[0] already consumed
-        self.buffered = 0  # samples waiting
-        self.dropped = 0  # samples dropped by the backlog bound, ever
+        self._queue = SampleQueue(tick_samples * max_backlog_ticks)
+
+    @property
+    def max_samples(self) -> int:
+        """The backlog bound: samples beyond it are dropped, oldest first."""
+        return self._queue.max_samples
+
+    @property
+    def buffered(self) -> int:
+        """Samples waiting."""
+        return len(self._queue)
+
+    @property
+    def dropped(self) -> int:
+        """Samples dropped by the backlog bound, ever."""
+        return self._queue.dropped
 
     def push(self, audio: Audio) -> int:
         """Append samples; returns how many old samples were dropped to respect the bound."""
-        if len(audio) == 0:
-            return 0
-        self._parts.append(np.asarray(audio, dtype=np.float32))
-        self.buffered += len(audio)
-        excess = self.buffered - self.max_samples
-        if excess > 0:
-            self._discard(excess)
-            self.dropped += excess
-            return excess
-        return 0
+        return self._queue.push(audio)
 
     def ready(self) -> int:
         """How many whole micro-turns are buffered."""
@@ -50,34 +52,9 @@ class Chunker:
 
     def pop(self) -> Chunk:
         """Take one micro-turn, padding with silence if fewer samples are buffered."""
-        n = min(self.buffered, self.tick_samples)
         out = np.zeros(self.tick_samples, dtype=np.float32)
-        filled = 0
-        while filled < n:
-            part = self._parts[0]
-            take = min(n - filled, len(part) - self._head)
-            out[filled : filled + take] = part[self._head : self._head + take]
-            filled += take
-            self._advance(take)
-        return Chunk(out, n)
+        return Chunk(out, self._queue.pop_into(out))
 
     def clear(self) -> int:
         """Drop everything buffered (e.g. input_audio_buffer.clear); returns samples dropped."""
-        n = self.buffered
-        self._parts.clear()
-        self._head = 0
-        self.buffered = 0
-        return n
-
-    def _discard(self, n: int) -> None:
-        while n > 0:
-            take = min(n, len(self._parts[0]) - self._head)
-            self._advance(take)
-            n -= take
-
-    def _advance(self, n: int) -> None:
-        self._head += n
-        self.buffered -= n
-        if self._head == len(self._parts[0]):
-            self._parts.popleft()
-            self._head = 0
+        return self._queue.clear()

@@ -20,13 +20,13 @@ What the pacer does not know: codecs, RTP, sessions. It moves float32 samples an
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from streaming.clock import DeadlineClock
+from streaming.samples import SampleQueue
 from streaming.types import Audio
 
 UNDERRUN_GAP_FRAMES = 4  # speech that resumes after at most this many silent frames was late, not new
@@ -60,12 +60,9 @@ class AudioPacer:
         self.rate = rate
         self.frame_samples = frame_samples
         self.frame_seconds = frame_samples / rate
-        self.max_queue = int(max_queue_seconds * rate)  # bound on queued samples (latency, memory)
         self.resync_seconds = resync_seconds  # lateness past which the schedule restarts from now
         self._now = now
-        self._parts: deque[Audio] = deque()
-        self._head = 0  # samples of _parts[0] already released
-        self.queued = 0  # samples waiting
+        self._queue = SampleQueue(int(max_queue_seconds * rate))  # bounded: latency, memory
         self.max_start_frames = max_start_frames
         self.start_frames = 0  # silent frames before a new utterance starts; grows with each underrun
         self._hold = 0  # silent frames still to release before the queued utterance starts
@@ -87,24 +84,16 @@ class AudioPacer:
                 self.start_frames = min(self.max_start_frames, self.start_frames + 1)
             elif silent > UNDERRUN_GAP_FRAMES:
                 self._hold = self.start_frames  # a new utterance: start it with the learned margin
-        self._parts.append(np.asarray(audio, dtype=np.float32))
-        self.queued += len(audio)
-        excess = self.queued - self.max_queue
-        if excess > 0:
-            self._take(excess, None)
-            self.stats.overflow_samples += excess
-            return excess
-        return 0
+        excess = self._queue.push(audio)
+        self.stats.overflow_samples += excess
+        return excess
 
     def clear(self) -> int:
         """Drop everything queued at once (the speaker stopped); returns samples dropped.
 
         The next frame released is silence, so the listener hears the stop within one frame.
         """
-        n = self.queued
-        self._parts.clear()
-        self._head = 0
-        self.queued = 0
+        n = self._queue.clear()
         self._hold = 0
         self._last_audio = -(10**9)  # what follows is a new utterance, not a late continuation
         self.stats.cleared_samples += n
@@ -119,9 +108,8 @@ class AudioPacer:
         if self._hold > 0:
             self._hold -= 1
             return out
-        n = min(self.queued, self.frame_samples)
+        n = self._queue.pop_into(out)
         if n:
-            self._take(n, out)
             self.stats.speech_frames += 1
             self.stats.samples += n
             self._last_audio = self.stats.frames
@@ -150,6 +138,11 @@ class AudioPacer:
         return self.take_frame(), index
 
     @property
+    def queued(self) -> int:
+        """Samples waiting to be released."""
+        return len(self._queue)
+
+    @property
     def next_index(self) -> int:
         """Index of the next frame to be released: audio pushed now (onto an empty queue) starts there."""
         return self._index
@@ -159,21 +152,3 @@ class AudioPacer:
         if self._clock is None:
             return None
         return self._clock.deadline(index)
-
-    # -- helpers ---------------------------------------------------------------------------------
-
-    def _take(self, n: int, out: Audio | None) -> None:
-        """Remove the oldest n samples, copying them into `out` when given."""
-        filled = 0
-        while filled < n:
-            part = self._parts[0]
-            take = min(n - filled, len(part) - self._head)
-            if out is not None:
-                out[filled : filled + take] = part[self._head : self._head + take]
-            filled += take
-            self._head += take
-            self.queued -= take
-            if self._head == len(part):
-                self._parts.popleft()
-                self._head = 0
-

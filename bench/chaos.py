@@ -38,8 +38,8 @@ from typing import Any
 
 from bench._echo_client import EchoClient
 from bench._never_reader import NeverReader
-from bench._reliability import ROOT, LoopLag, ServerUnderTest, _free_port, proc_sample, progress, table
-from bench._server import histogram_above, scrape
+from bench._reliability import LoopLag, proc_sample, progress, table
+from bench._server import ROOT, ServerUnderTest, free_port, histogram_above, scrape
 from server.limits import DEFAULT_OUTBOX_BYTES, MAX_INSTRUCTIONS_CHARS
 
 DRAIN_SECONDS = 15.0  # SIGTERM to exit: uvicorn's graceful shutdown (10 s) plus margin
@@ -77,7 +77,7 @@ class Backend:
     """The scripted backend process; `kill` is a real SIGKILL."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property

@@ -45,8 +45,8 @@ from hypothesis import strategies as st
 
 from bench._fuzz_cases import Case, SessionModel, http_case, message_cases, ws_connection_case
 from bench._fuzz_targets import DcTarget, HttpTarget, LoopThread, Outcome, WsConnTarget, WsTarget
-from bench._reliability import UNRETRIEVED, RemoteServer, ServerUnderTest, progress, table
-from bench._server import histogram_above, scrape
+from bench._reliability import progress, table
+from bench._server import UNRETRIEVED, RemoteServer, ServerUnderTest, histogram_above, scrape
 from bench._witness import Witness
 
 MAX_CASES = 2_000_000

@@ -50,7 +50,6 @@ import numpy as np
 from bench._echo_client import EchoClient
 from bench._reliability import (
     LoopLag,
-    ServerUnderTest,
     descendants,
     fit_line,
     fit_slope,
@@ -59,7 +58,7 @@ from bench._reliability import (
     rss_bytes,
     table,
 )
-from bench._server import histogram_above, parse_metrics, scrape
+from bench._server import ServerUnderTest, histogram_above, parse_metrics, scrape
 
 MAX_SESSIONS = 256
 MAX_MINUTES = 600.0

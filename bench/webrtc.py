@@ -22,21 +22,17 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-import httpx
 import numpy as np
 from scipy import signal as sps
 
 from bench._rtc_client import RATE, RtcClient
+from bench._server import local_server
 from streaming.types import TICK_SECONDS, Audio
 
-ROOT = Path(__file__).resolve().parents[1]
 MIN_CORRELATION = 0.5  # a burst whose best normalised correlation is below this counts as lost
 GLITCH_CORRELATION = 0.9  # a burst found below this had a gap or a jump inside it
 
@@ -156,49 +152,6 @@ async def run(
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(model_delay: int) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "server.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--model",
-        f"echo:{model_delay}",
-        "--background",
-        "none",
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{err}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not become healthy within 60 s")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench.webrtc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -211,18 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api-key", default=os.environ.get("DUPLEX_API_KEY"))
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = start_server(args.model_delay)
-    try:
+    server_args = ("--model", f"echo:{args.model_delay}", "--background", "none")
+    with local_server(*server_args, ready_timeout=60.0) if args.url is None else nullcontext(args.url) as url:
         result = asyncio.run(
             run(url, args.model_delay, args.bursts, args.burst_ms / 1000, args.spacing_ms / 1000, args.api_key)
         )
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(15)
     if args.json:
         print(json.dumps(asdict(result)))
     else:

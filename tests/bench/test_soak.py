@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from bench import soak
-from bench._reliability import LoopLag, ServerUnderTest, fit_line, fit_slope
+from bench._reliability import LoopLag, fit_line, fit_slope
+from bench._server import ServerUnderTest
 
 
 def test_fit_slope() -> None:

@@ -1,4 +1,4 @@
-"""FLOPs of one model step (torch's FLOP counter) and this machine's dense matmul peak, for bench.engine."""
+"""FLOPs of one model step (torch's FLOP counter) and this machine's dense matmul peak, for bench.engine_scaling."""
 
 import sys
 import time

@@ -1,4 +1,4 @@
-"""A real aiortc client peer for the WebRTC endpoint, used by bench/webrtc.py and the tests.
+"""A real aiortc client peer for the WebRTC endpoint, used by bench/webrtc_latency.py and the tests.
 
 It plays audio as its microphone through a paced track (recording when each 20 ms frame left), records
 every frame it receives with its arrival time, and speaks the Realtime events on a data channel

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from bench.vocoder import speech_like
+from bench.vocoder_quality import speech_like
 from models.interaction import dmel
 from models.interaction.checkpoint import build
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE

@@ -11,7 +11,7 @@ every micro-turn while this model generates. So
      would spin on every core and starve the inference thread; one thread leaves the other cores free;
   3. that thread lowers its own scheduling priority (nice +10; on Linux a thread is a schedulable
      task of its own), so if cores are oversubscribed anyway the kernel prefers the foreground.
-bench/background.py measures the foreground's tick lateness with this in place.
+bench/background_latency.py measures the foreground's tick lateness with this in place.
 
 A caveat of (3): a niced Python thread that is preempted while it holds the GIL delays the inference
 thread too (priority inversion). llama.cpp's C calls release the GIL; what holds it is the per-token

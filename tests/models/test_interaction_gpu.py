@@ -59,7 +59,7 @@ def test_cuda_graph_replay_equals_the_same_step_run_eagerly() -> None:
 
 def test_bench_engine_on_cuda_reports_steps_by_batch_size() -> None:
     """The figures the issue asks for: ms per step by batch size and sessions inside the budget."""
-    from bench.engine import main
+    from bench.engine_scaling import main
 
     assert main(["--model", "native:tiny", "--device", "cuda", "--sessions", "1,8", "--steps", "3",
                  "--no-baseline", "--peak"]) == 0

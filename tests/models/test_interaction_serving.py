@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench._flops import step_flops
-from bench.vocoder import measure as vocoder_quality
+from bench.vocoder_quality import measure as vocoder_quality
 from models.interaction import NativeModel, TurnFeatures
 from models.interaction.kv import geometries
 from models.interaction.rowblock import ROW_BLOCK, det_linear, rows_invariant

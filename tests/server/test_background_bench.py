@@ -1,4 +1,4 @@
-"""`python -m bench.background` runs end to end (tiny settings) and reports every figure it promises."""
+"""`python -m bench.background_latency` runs end to end (tiny settings) and reports every figure it promises."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="the benchmark measures the embedded llama.cpp reasoner")
 
-from bench import background
+from bench import background_latency
 
 
 def test_bench_background_json(capsys: pytest.CaptureFixture[str]) -> None:
-    background.main(["--json", "--requests", "1", "--max-tokens", "8", "--baseline", "1.0", "--fg-ms", "20"])
+    background_latency.main(["--json", "--requests", "1", "--max-tokens", "8", "--baseline", "1.0", "--fg-ms", "20"])
     result = json.loads(capsys.readouterr().out)
     assert result["alone"]["model"].startswith("llamacpp:") and result["alone"]["load_s"] > 0
     (ours,) = result["configs"]

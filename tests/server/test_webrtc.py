@@ -17,7 +17,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from bench._rtc_client import CallRefused, RtcClient
-from bench.webrtc import make_bursts, measure
+from bench.webrtc_latency import make_bursts, measure
 from server._rtc_call import LIVENESS_TIMEOUT
 from server.app import create_app
 from server.config import ServerConfig

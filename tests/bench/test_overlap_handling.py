@@ -1,4 +1,4 @@
-"""bench.overlap's driver on the real cascade: an interruption over the reply is measured as a pause and
+"""bench.overlap_handling's driver on the real cascade: an interruption over the reply is measured as a pause and
 a stop, a backchannel as kept talking, a clip without speech is left out."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 
-from bench.overlap import _speech, _talking, run_one
+from bench.overlap_handling import _speech, _talking, run_one
 from models.cascade import load_cascade
 
 

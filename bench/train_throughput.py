@@ -1,7 +1,7 @@
 """Training-step throughput of the native model on this machine, against its measured matmul peak.
 
-    python -m bench.train --json                       # tiny, 1 episode of 50 micro-turns, bf16 and fp32
-    python -m bench.train --turns 100 --batch 2 --precision bf16
+    python -m bench.train_throughput --json            # tiny, 1 episode of 50 micro-turns, bf16 and fp32
+    python -m bench.train_throughput --turns 100 --batch 2 --precision bf16
 
 Reports, per precision: tokens/s of one optimiser step (forward_batched + losses + backward + AdamW),
 its FLOPs (counted by torch.utils.flop_counter: matmuls and attention, forward and backward), the

@@ -1,9 +1,9 @@
-"""python -m bench.engine: cost of one micro-turn `step` by number of sessions and session age.
+"""python -m bench.engine_scaling: cost of one micro-turn `step` by number of sessions and session age.
 
-    python -m bench.engine --model native:tiny --sessions 1,4,16 --ages 0,3000 --json
-    python -m bench.engine --model native:tiny --sessions 1,8,16 --deterministic both --peak
-    python -m bench.engine --model native:tiny --device cuda --sessions 1,16,64,256 --no-baseline
-    python -m bench.engine --model cascade --sessions 1,4,8 --json
+    python -m bench.engine_scaling --model native:tiny --sessions 1,4,16 --ages 0,3000 --json
+    python -m bench.engine_scaling --model native:tiny --sessions 1,8,16 --deterministic both --peak
+    python -m bench.engine_scaling --model native:tiny --device cuda --sessions 1,16,64,256 --no-baseline
+    python -m bench.engine_scaling --model cascade --sessions 1,4,8 --json
 
 Generic over any model `models.registry.load_model` knows. It calls the model directly on this thread
 (no server, no sockets): what it measures is compute per micro-turn against the 200 ms budget.
@@ -47,7 +47,7 @@ BUDGET_MS = TICK_SECONDS * 1000.0
 
 
 def progress(msg: str) -> None:
-    print(f"[bench.engine] {msg}", file=sys.stderr, flush=True)
+    print(f"[bench.engine_scaling] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -310,7 +310,7 @@ def _ints(s: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.engine_scaling", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="native:tiny")
     ap.add_argument("--checkpoint")
     ap.add_argument("--device", help="cpu or cuda (default: the model's choice)")

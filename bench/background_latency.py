@@ -1,6 +1,6 @@
 """Background reasoner benchmark: the embedded llama.cpp model next to a foreground on the same cores.
 
-    python -m bench.background [--json] [--fg-ms 60] [--requests 3] [--max-tokens 64]
+    python -m bench.background_latency [--json] [--fg-ms 60] [--requests 3] [--max-tokens 64]
 
 What it runs: the real engine ticking one real-time session every 200 ms, with a probe foreground
 model that burns `--fg-ms` of single-threaded compute per micro-turn (a stand-in for the interaction
@@ -144,7 +144,7 @@ async def _bounded(aw: Awaitable[T], what: str, seconds: float = 60.0) -> T:
     try:
         return await asyncio.wait_for(aw, seconds)
     except TimeoutError:
-        raise RuntimeError(f"bench.background: {what} took over {seconds:g} s; the machine may be "
+        raise RuntimeError(f"bench.background_latency: {what} took over {seconds:g} s; the machine may be "
                            "overloaded (see load_average_1m) or a thread is stuck") from None
 
 

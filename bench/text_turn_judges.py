@@ -1,6 +1,6 @@
 """How well do the words alone tell a finished turn from one cut by a pause? Two judges, one set.
 
-    python -m bench.text_turn [--json]
+    python -m bench.text_turn_judges [--json]
 
 The set: everyday sentences of many kinds (questions, requests, statements, short answers), none of
 them from the FD-bench generator's texts, each whole ("finished") and cut after every word from the
@@ -115,7 +115,7 @@ def run() -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.text_turn", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.text_turn_judges", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     r = run()

@@ -1,6 +1,6 @@
 """Mouth-to-ear latency of the WebRTC path over loopback, with the echo model.
 
-    python -m bench.webrtc [--json] [--url http://127.0.0.1:8000 --model-delay 1] [--bursts 40]
+    python -m bench.webrtc_latency [--json] [--url http://127.0.0.1:8000 --model-delay 1] [--bursts 40]
 
 A real aiortc client peer sends distinct bursts of band-limited noise as its microphone (Opus, paced
 20 ms frames) and records what comes back on the server's output track. For each burst, the time it
@@ -154,7 +154,7 @@ async def run(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m bench.webrtc", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench.webrtc_latency", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--url", help="a running server (on the echo model); default: start one")
     ap.add_argument("--model-delay", type=int, default=1, help="the echo model's delay in micro-turns")

@@ -1,6 +1,6 @@
 """How the cascade handles speech over its own reply: interruptions' pause latency, backchannels spared.
 
-    python -m bench.overlap [--model-options overlap_words=false] [--voices 1] [--seed 11] [--json]
+    python -m bench.overlap_handling [--model-options overlap_words=false] [--voices 1] [--seed 11] [--json]
 
 Every utterance of train/_texts.py's OVERLAP_INTERRUPTIONS and OVERLAP_BACKCHANNELS (not the
 benchmark's texts) is rendered as the overlap probe's trainer renders it (train.overlap.render: Piper

@@ -79,7 +79,7 @@ async def _run(base: str, sessions: int, seconds: float, delay: int) -> dict[str
     expected = sessions * int(seconds / PERIOD)
     lateness = histogram_quantile(before, after, "duplex_tick_lateness_seconds", 0.99)
     missed = after.get("duplex_missed_deadlines_total", 0) - before.get("duplex_missed_deadlines_total", 0)
-    turn = [histogram_quantile(before, after, "duplex_tick_turnaround_seconds", q) for q in (0.5, 0.99)]
+    turnaround = [histogram_quantile(before, after, "duplex_tick_turnaround_seconds", q) for q in (0.5, 0.99)]
     return {
         "sessions": sessions,
         "chunks_expected": expected,
@@ -89,8 +89,8 @@ async def _run(base: str, sessions: int, seconds: float, delay: int) -> dict[str
         "latency_ms_max": round(float(lat.max()), 2) if lat.size else None,
         "tick_lateness_ms_p99": round(lateness * 1000, 2) if lateness is not None else None,
         # The server's own view (input complete -> output to the transport), from /metrics buckets.
-        "server_turnaround_ms_p50": round(turn[0] * 1000, 2) if turn[0] is not None else None,
-        "server_turnaround_ms_p99": round(turn[1] * 1000, 2) if turn[1] is not None else None,
+        "server_turnaround_ms_p50": round(turnaround[0] * 1000, 2) if turnaround[0] is not None else None,
+        "server_turnaround_ms_p99": round(turnaround[1] * 1000, 2) if turnaround[1] is not None else None,
         "missed_deadlines": int(missed),
     }
 

@@ -1,7 +1,7 @@
 """Training-step throughput of the native model on this machine, against its measured matmul peak.
 
     python -m bench.train_throughput --json            # tiny, 1 episode of 50 micro-turns, bf16 and fp32
-    python -m bench.train_throughput --turns 100 --batch 2 --precision bf16
+    python -m bench.train_throughput --ticks 100 --batch 2 --precision bf16
 
 Reports, per precision: tokens/s of one optimiser step (forward_batched + losses + backward + AdamW),
 its FLOPs (counted by torch.utils.flop_counter: matmuls and attention, forward and backward), the
@@ -38,11 +38,11 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def synthetic_batch(preset_name: str, batch: int, turns: int, seed: int = 0) -> Batch:
+def synthetic_batch(preset_name: str, batch: int, ticks: int, seed: int = 0) -> Batch:
     """Random inputs and labels of the real shapes (throughput does not depend on their values)."""
     cfg = preset(preset_name)
     g = torch.Generator().manual_seed(seed)
-    rows = batch * turns
+    rows = batch * ticks
 
     def ints(hi: int, *shape: int) -> torch.Tensor:
         return torch.randint(0, hi, shape, generator=g)
@@ -57,7 +57,7 @@ def synthetic_batch(preset_name: str, batch: int, turns: int, seed: int = 0) -> 
         own_text=ints(257, rows, cfg.text_tokens),
     )
     return Batch(
-        feats=feats, n_turns=turns, control=ints(5, rows), user_speaking=ints(2, rows).float(),
+        feats=feats, n_ticks=ticks, control=ints(5, rows), user_speaking=ints(2, rows).float(),
         text=ints(257, rows, cfg.text_tokens), transcript=ints(257, rows, cfg.transcript_tokens),
         mel=torch.randn(rows, FRAMES_PER_TURN, cfg.mel_bins, generator=g), mel_mask=ints(2, rows).bool(),
     )
@@ -83,12 +83,12 @@ def step_figures(preset_name: str, batch: Batch, precision: str, steps: int) -> 
             "gflop_per_step": round(flops / 1e9, 2), "gflops": round(flops / best / 1e9, 2)}
 
 
-def loop_speedup(preset_name: str, turns: int) -> dict[str, float]:
+def loop_speedup(preset_name: str, ticks: int) -> dict[str, float]:
     """fp32 forward+backward of one episode: batched path vs the per-micro-turn (tile) loop."""
     tc = TrainingClient(preset_name, precision="fp32")
-    b = synthetic_batch(preset_name, 1, turns, seed=1)
+    b = synthetic_batch(preset_name, 1, ticks, seed=1)
     out: dict[str, float] = {}
-    for name, fn in (("batched_s", lambda: tc.net.forward_batched(b.feats, turns)),
+    for name, fn in (("batched_s", lambda: tc.net.forward_batched(b.feats, ticks)),
                      ("per_turn_loop_s", lambda: tc.net.forward_sequence(b.feats))):
         t = time.perf_counter()
         h = fn()
@@ -103,29 +103,31 @@ def loop_speedup(preset_name: str, turns: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--turns", type=int, default=50, help="micro-turns per episode")
+    ap.add_argument("--ticks", "--turns", type=int, default=50, help="micro-turns per episode")
     ap.add_argument("--batch", type=int, default=1, help="episodes per step")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per precision (best is reported)")
     ap.add_argument("--precision", default="bf16,fp32", help="comma-separated: bf16, fp32")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all this process may use)")
-    ap.add_argument("--loop-turns", type=int, default=24, help="episode length of the loop comparison (0 = skip)")
+    ap.add_argument("--loop-ticks", "--loop-turns", type=int, default=24,
+                    help="episode length of the loop comparison (0 = skip)")
     ap.add_argument("--json", action="store_true", help="print one JSON object at the end")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     print(f"measuring matmul peaks on {torch.get_num_threads()} threads", flush=True)
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
-    result: dict[str, Any] = {"preset": a.preset, "threads": torch.get_num_threads(), "turns": a.turns,
+    # The JSON keys ("turns", "per_turn_loop_s") stay as results already saved name them.
+    result: dict[str, Any] = {"preset": a.preset, "threads": torch.get_num_threads(), "turns": a.ticks,
                               "batch": a.batch, "fp32_matmul_peak_gflops": round(peak32, 1),
                               "bf16_matmul_peak_gflops": round(peak16, 1)}
-    batch = synthetic_batch(a.preset, a.batch, a.turns)
+    batch = synthetic_batch(a.preset, a.batch, a.ticks)
     for prec in a.precision.split(","):
         r = step_figures(a.preset, batch, prec, a.steps)
         r["fraction_of_fp32_peak"] = round(r["gflops"] / peak32, 3)
         r["fraction_of_bf16_peak"] = round(r["gflops"] / peak16, 3)
         result[prec] = r
-    if a.loop_turns:
-        result["batched_vs_loop"] = loop_speedup(a.preset, a.loop_turns)
+    if a.loop_ticks:
+        result["batched_vs_loop"] = loop_speedup(a.preset, a.loop_ticks)
     if a.json:
         print(json.dumps(result))
     else:

@@ -78,14 +78,14 @@ def measure(sessions: int, iters: int, seconds: float, repeats: int) -> VocoderR
     # The flow head's target: normalised log-mel of 10 ms frames, 20 per micro-turn.
     pad = torch.cat([torch.zeros(voc.N_FFT // 2), x, torch.zeros(voc.N_FFT)])
     mel = _stft_mag(pad) @ fb.T  # [frames, mels]
-    turns = (mel.shape[0] - 1) // FRAMES_PER_TURN
+    ticks = (mel.shape[0] - 1) // FRAMES_PER_TURN
     norm = (torch.log(mel.clamp(min=1e-5)) - voc.MEL_MEAN) / voc.MEL_STD
     v = voc.GriffinLim(80, iters, dev)
     mag, phase = v.initial_state(dev)
     mags = mag[None].expand(sessions, *mag.shape).contiguous()  # the state is opaque: any shape
     phases = phase[None].expand(sessions, *phase.shape).contiguous()
     out, times, cpu = [], [], []
-    for n in range(turns):
+    for n in range(ticks):
         chunk = norm[n * FRAMES_PER_TURN : (n + 1) * FRAMES_PER_TURN][None].repeat(sessions, 1, 1)
         t0, c0 = time.perf_counter(), time.process_time()
         y, mags, phases = v(chunk, mags, phases, True)

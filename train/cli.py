@@ -32,7 +32,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--heldout", default="data/heldout", help="feature cache of held-out episodes (built if empty)")
     p.add_argument("--episodes", type=int, default=480, help="training episodes to build when --data is empty")
     p.add_argument("--heldout-episodes", type=int, default=24, help="held-out episodes to build when empty")
-    p.add_argument("--turns", type=int, default=100, help="micro-turns per built episode (100 = 20 s)")
+    p.add_argument("--ticks", "--turns", type=int, default=100, help="micro-turns per built episode (100 = 20 s)")
     p.add_argument("--data-seed", type=int, default=1, help="episode seed (held-out episodes use data-seed + 1)")
     p.add_argument("--out", default="runs/tiny", help="run folder: state.pt, log.txt, the exported checkpoint")
     p.add_argument("--minutes", type=float, default=60.0, help="stop after this much training time in this call")
@@ -90,14 +90,14 @@ class Log:
         self.file.flush()
 
 
-def ensure_data(path: Path, episodes: int, seed: int, turns: int, keep_audio: bool, log: Log) -> None:
+def ensure_data(path: Path, episodes: int, seed: int, ticks: int, keep_audio: bool, log: Log) -> None:
     if any(path.glob("shard-*.npz")) and (path / "info.json").exists():
         return
     from train.features import build_cache
 
     os.environ.setdefault("DUPLEX_TTS_DETERMINISTIC", "1")  # the assistant's voice: the same take every time
-    log(f"building {episodes} episodes of {turns} micro-turns into {path} (seed {seed})")
-    build_cache(path, preset("tiny"), seed, episodes, turns, keep_audio=keep_audio, log=log)
+    log(f"building {episodes} episodes of {ticks} micro-turns into {path} (seed {seed})")
+    build_cache(path, preset("tiny"), seed, episodes, ticks, keep_audio=keep_audio, log=log)
 
 
 @torch.no_grad()
@@ -125,8 +125,8 @@ def run(a: argparse.Namespace) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     cfg = preset(a.preset)
-    ensure_data(Path(a.data), a.episodes, a.data_seed, a.turns, False, log)
-    ensure_data(Path(a.heldout), a.heldout_episodes, a.data_seed + 1, a.turns, True, log)
+    ensure_data(Path(a.data), a.episodes, a.data_seed, a.ticks, False, log)
+    ensure_data(Path(a.heldout), a.heldout_episodes, a.data_seed + 1, a.ticks, True, log)
     data = EpisodeData(Path(a.data), cfg, seed=a.seed)
     held = EpisodeData(Path(a.heldout), cfg)
     weights = LossWeights(onset=a.onset_weight, hold=a.hold_weight)
@@ -142,14 +142,15 @@ def run(a: argparse.Namespace) -> int:
         data.pos = DataPosition(**extra["data_position"])
         trained_s = float(extra.get("trained_s", 0.0))
         log(f"resumed {state_path} at step {tc.step}, data position {extra['data_position']}")
-    tokens_per_step = a.batch * data.turns * cfg.tokens_per_turn
+    tokens_per_step = a.batch * data.ticks * cfg.tokens_per_turn
+    # The metadata key stays "turns": checkpoints already written and shipped carry it.
     meta = {
         "command": "duplex train " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["train"] else sys.argv[1:]),
-        "data_seed": str(a.data_seed), "data_episodes": str(data.episodes), "turns": str(data.turns),
+        "data_seed": str(a.data_seed), "data_episodes": str(data.episodes), "turns": str(data.ticks),
         "commit": _commit(), "trainer": "train.cli",
     }
     export = Path(a.export) if a.export else out / f"native-{a.preset}.safetensors"
-    log(f"training native:{a.preset} on {data.episodes} episodes x {data.turns} micro-turns, "
+    log(f"training native:{a.preset} on {data.episodes} episodes x {data.ticks} micro-turns, "
         f"{tokens_per_step} tokens/step, {a.device} {a.precision}, lora rank {a.lora_rank}, {a.minutes} min")
 
     def save(reason: str) -> None:

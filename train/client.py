@@ -91,7 +91,7 @@ class TrainingClient:
 
     def forward(self, batch: Batch) -> HeadOutputs:
         with self._autocast():
-            return self.net.forward_batched(batch.feats, batch.n_turns)
+            return self.net.forward_batched(batch.feats, batch.n_ticks)
 
     def forward_backward(self, batch: Batch, loss: str | LossFn = "sft") -> ForwardBackwardOutput:
         """Forward the whole batch, add d(loss)/d(params) to the gradients; returns losses and metrics."""

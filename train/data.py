@@ -28,7 +28,7 @@ class EpisodeData:
     def __init__(self, path: Path, cfg: InteractionConfig, seed: int = 0) -> None:
         self.arrays: dict[str, npt.NDArray[Any]] = load_cache(path)
         self.cfg, self.seed = cfg, seed
-        self.episodes, self.turns = self.arrays["control"].shape[:2]
+        self.episodes, self.ticks = self.arrays["control"].shape[:2]
         self.pos = DataPosition()
 
     def order(self, epoch: int) -> npt.NDArray[np.int64]:
@@ -47,7 +47,7 @@ class EpisodeData:
 
     def batch(self, idx: npt.NDArray[np.int64] | list[int]) -> Batch:
         a, cfg = self.arrays, self.cfg
-        rows = len(idx) * self.turns
+        rows = len(idx) * self.ticks
 
         def take(name: str, dtype: torch.dtype) -> torch.Tensor:
             x = torch.from_numpy(np.ascontiguousarray(a[name][idx]))
@@ -63,7 +63,7 @@ class EpisodeData:
             own_text=take("own_text", torch.long),
         )
         return Batch(
-            feats=feats, n_turns=self.turns,
+            feats=feats, n_ticks=self.ticks,
             control=take("control", torch.long),
             user_speaking=take("user_speaking", torch.float32),
             text=take("text", torch.long),

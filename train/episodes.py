@@ -1,6 +1,6 @@
 """Seeded synthetic full-duplex episodes: two channels (user mic, assistant) and per-micro-turn labels.
 
-An episode is a chain of scenes on one timeline of exactly `turns` micro-turns (200 ms each):
+An episode is a chain of scenes on one timeline of exactly `ticks` micro-turns (200 ms each):
 
     qa          the user asks, yields; the assistant replies a moment later
     pause       an unfinished clause, 1.2-3 s of silence, its end; the assistant waits, then replies
@@ -24,11 +24,9 @@ import numpy as np
 import numpy.typing as npt
 
 from models.interaction.config import ACTIONS
-from streaming.types import Audio
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, Audio
 from train import _texts as tx
 
-RATE = 24_000
-TURN = 4_800  # samples per micro-turn
 LEVEL_RMS = 0.08  # speech level before the per-speaker gain
 SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = (ACTIONS.index(a) for a in ACTIONS)
 USER_VOICES = (
@@ -57,7 +55,7 @@ class Speaker:
             from streaming.resample import resample
 
             audio, sr = synthesize(text, voice=voice, rate=rate, pitch=pitch)
-            audio = _trim(resample(np.asarray(audio, dtype=np.float32), int(sr), RATE))
+            audio = _trim(resample(np.asarray(audio, dtype=np.float32), int(sr), SAMPLE_RATE))
             rms = float(np.sqrt(np.mean(audio**2))) if len(audio) else 0.0
             if rms > 0:
                 audio = audio * np.float32(LEVEL_RMS / rms)
@@ -70,7 +68,7 @@ def _trim(audio: Audio) -> Audio:
     loud = np.flatnonzero(np.abs(audio) > 0.02 * float(np.max(np.abs(audio), initial=0.0)))
     if len(loud) == 0:
         return audio
-    pad = RATE // 50
+    pad = SAMPLE_RATE // 50
     return audio[max(0, loud[0] - pad) : loud[-1] + pad + 1]
 
 
@@ -84,37 +82,37 @@ class Segment:
     kind: int  # SPEAK or BACKCHANNEL
 
     @property
-    def turns(self) -> int:
-        return -(-len(self.audio) // TURN)
+    def ticks(self) -> int:
+        return -(-len(self.audio) // TICK_SAMPLES)
 
 
 @dataclass
 class Episode:
     seed: int
-    turns: int
-    user: Audio  # [turns * TURN] the mic: the user's speech, overheard speech, noise
+    ticks: int
+    user: Audio  # [ticks * TICK_SAMPLES] the mic: the user's speech, overheard speech, noise
     assistant: list[Segment] = field(default_factory=list)
-    control: npt.NDArray[np.int8] = field(init=False)  # [turns] action labels (ACTIONS order)
-    user_speaking: npt.NDArray[np.uint8] = field(init=False)  # [turns]
-    user_text: list[tuple[int, int, str]] = field(default_factory=list)  # (first turn, last turn, text)
-    typed: list[tuple[int, str]] = field(default_factory=list)  # (turn it arrives, text)
-    background: list[tuple[int, str]] = field(default_factory=list)  # (turn it arrives, result text)
+    control: npt.NDArray[np.int8] = field(init=False)  # [ticks] action labels (ACTIONS order)
+    user_speaking: npt.NDArray[np.uint8] = field(init=False)  # [ticks]
+    user_text: list[tuple[int, int, str]] = field(default_factory=list)  # (first tick, last tick, text)
+    typed: list[tuple[int, str]] = field(default_factory=list)  # (tick it arrives, text)
+    background: list[tuple[int, str]] = field(default_factory=list)  # (tick it arrives, result text)
     scenes: list[str] = field(default_factory=list)
     # (first silent micro-turn, first micro-turn of the continuation) of each mid-sentence pause
     pauses: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.control = np.full(self.turns, SILENT, dtype=np.int8)
-        self.user_speaking = np.zeros(self.turns, dtype=np.uint8)
+        self.control = np.full(self.ticks, SILENT, dtype=np.int8)
+        self.user_speaking = np.zeros(self.ticks, dtype=np.uint8)
 
 
 class _Builder:
     """Lays scenes out left to right; `t` is the cursor in samples on the user timeline."""
 
-    def __init__(self, seed: int, turns: int, speaker: Speaker) -> None:
+    def __init__(self, seed: int, ticks: int, speaker: Speaker) -> None:
         self.rng = random.Random(seed)
         self.spk = speaker
-        self.ep = Episode(seed, turns, np.zeros(turns * TURN, dtype=np.float32))
+        self.ep = Episode(seed, ticks, np.zeros(ticks * TICK_SAMPLES, dtype=np.float32))
         self.t = 0
         r = self.rng
         self.voice = (r.choice(USER_VOICES), round(r.uniform(0.85, 1.2), 2), round(r.uniform(0.85, 1.2), 2))
@@ -124,20 +122,20 @@ class _Builder:
 
     @property
     def end(self) -> int:
-        return self.ep.turns * TURN
+        return self.ep.ticks * TICK_SAMPLES
 
     def full(self) -> bool:
-        return self.t >= self.end - 2 * RATE  # < 2 s left: stop adding scenes
+        return self.t >= self.end - 2 * SAMPLE_RATE  # < 2 s left: stop adding scenes
 
-    def turn_of(self, sample: int) -> int:
-        return min(sample // TURN, self.ep.turns - 1)
+    def tick_of(self, sample: int) -> int:
+        return min(sample // TICK_SAMPLES, self.ep.ticks - 1)
 
     def gap(self, lo: float, hi: float) -> None:
-        self.t += int(self.rng.uniform(lo, hi) * RATE)
+        self.t += int(self.rng.uniform(lo, hi) * SAMPLE_RATE)
 
     def user_says(self, text: str, at: int | None = None, gain: float = 1.0, addressed: bool = True) -> int:
         """Mix the user's (or, addressed=False, someone else's) speech in at `at` (default: cursor);
-        returns the sample where it ends. Marks user-speaking on turns it covers by >= 25 %."""
+        returns the sample where it ends. Marks user-speaking on ticks it covers by >= 25 %."""
         voice, rate, pitch = self.voice if addressed else (self.other_voice, 1.0, 1.0)
         audio = self.spk.say(text, voice, rate, pitch) * np.float32(gain * (self.gain if addressed else 1.0))
         start = self.t if at is None else at
@@ -146,36 +144,36 @@ class _Builder:
             return start
         self.ep.user[start:stop] += audio[: stop - start]
         if addressed:
-            first, last = self.turn_of(start), self.turn_of(stop - 1)
+            first, last = self.tick_of(start), self.tick_of(stop - 1)
             for n in range(first, last + 1):
-                covered = min(stop, (n + 1) * TURN) - max(start, n * TURN)
-                if covered >= TURN // 4:
+                covered = min(stop, (n + 1) * TICK_SAMPLES) - max(start, n * TICK_SAMPLES)
+                if covered >= TICK_SAMPLES // 4:
                     self.ep.user_speaking[n] = 1
             self.ep.user_text.append((first, last, text))
         return stop
 
-    def assistant_says(self, turn: int, text: str, kind: int = SPEAK) -> Segment | None:
-        if turn >= self.ep.turns:
+    def assistant_says(self, tick: int, text: str, kind: int = SPEAK) -> Segment | None:
+        if tick >= self.ep.ticks:
             return None
         audio = self.spk.say(text, ASSISTANT_VOICE)
-        seg = Segment(turn, audio[: (self.ep.turns - turn) * TURN], text, kind)
+        seg = Segment(tick, audio[: (self.ep.ticks - tick) * TICK_SAMPLES], text, kind)
         self.ep.assistant.append(seg)
-        self.ep.control[turn : turn + seg.turns] = kind
+        self.ep.control[tick : tick + seg.ticks] = kind
         return seg
 
-    def cut(self, seg: Segment, turn: int) -> None:
-        """The user barged in at `turn`: the assistant yields there and says nothing more."""
-        keep = max(turn - seg.start, 0)
-        self.ep.control[seg.start + keep : seg.start + seg.turns] = SILENT
-        seg.audio = seg.audio[: keep * TURN]
-        self.ep.control[turn] = YIELD
+    def cut(self, seg: Segment, tick: int) -> None:
+        """The user barged in at `tick`: the assistant yields there and says nothing more."""
+        keep = max(tick - seg.start, 0)
+        self.ep.control[seg.start + keep : seg.start + seg.ticks] = SILENT
+        seg.audio = seg.audio[: keep * TICK_SAMPLES]
+        self.ep.control[tick] = YIELD
 
     def reply_after(self, user_end: int, text: str | None = None) -> int:
         """The assistant takes the floor 1-2 micro-turns after the user's speech ends; returns the
         sample where its reply ends (the cursor moves past it)."""
-        turn = self.turn_of(user_end) + self.rng.choice((1, 1, 2))
-        seg = self.assistant_says(turn, text or self.rng.choice(tx.REPLIES))
-        self.t = (turn + (seg.turns if seg else 0)) * TURN
+        tick = self.tick_of(user_end) + self.rng.choice((1, 1, 2))
+        seg = self.assistant_says(tick, text or self.rng.choice(tx.REPLIES))
+        self.t = (tick + (seg.ticks if seg else 0)) * TICK_SAMPLES
         return self.t
 
     def long_reply(self) -> str:
@@ -195,54 +193,54 @@ def scene_qa(b: _Builder) -> None:
 
 def scene_pause(b: _Builder) -> None:
     end = b.user_says(b.rng.choice(tx.HEADS))
-    b.t = end + int(b.rng.uniform(1.2, 3.0) * RATE)  # labels stay silent through the pause
-    b.ep.pauses.append((b.turn_of(end) + 1, b.turn_of(b.t)))
+    b.t = end + int(b.rng.uniform(1.2, 3.0) * SAMPLE_RATE)  # labels stay silent through the pause
+    b.ep.pauses.append((b.tick_of(end) + 1, b.tick_of(b.t)))
     b.reply_after(b.user_says(b.rng.choice(tx.TAILS)))
 
 
 def scene_barge_in(b: _Builder) -> None:
     end = b.user_says(_question(b))
-    turn = b.turn_of(end) + 1
-    seg = b.assistant_says(turn, b.long_reply())
+    tick = b.tick_of(end) + 1
+    seg = b.assistant_says(tick, b.long_reply())
     if seg is None:
         return
-    into = b.rng.randint(3, max(3, min(seg.turns - 2, 12)))  # micro-turns of its answer before the barge-in
-    onset = (turn + into) * TURN + b.rng.randint(0, TURN - 1)
-    if onset >= b.end - TURN:
+    into = b.rng.randint(3, max(3, min(seg.ticks - 2, 12)))  # micro-turns of its answer before the barge-in
+    onset = (tick + into) * TICK_SAMPLES + b.rng.randint(0, TICK_SAMPLES - 1)
+    if onset >= b.end - TICK_SAMPLES:
         b.t = b.end
         return
     stop = b.user_says(b.rng.choice(tx.BARGE_INS), at=onset)
     # It may stop in the micro-turn the barge-in starts in, if the user was heard for >= 50 ms there.
-    yield_turn = onset // TURN + (1 if onset % TURN > TURN - RATE // 20 else 0)
-    b.cut(seg, min(yield_turn, b.ep.turns - 1))
+    yield_tick = onset // TICK_SAMPLES + (1 if onset % TICK_SAMPLES > TICK_SAMPLES - SAMPLE_RATE // 20 else 0)
+    b.cut(seg, min(yield_tick, b.ep.ticks - 1))
     b.t = stop
     b.reply_after(stop)
 
 
 def scene_user_backchannel(b: _Builder) -> None:
     end = b.user_says(_question(b))
-    turn = b.turn_of(end) + 1
-    seg = b.assistant_says(turn, b.long_reply())
+    tick = b.tick_of(end) + 1
+    seg = b.assistant_says(tick, b.long_reply())
     if seg is None:
         return
-    at = (turn + b.rng.randint(2, max(2, seg.turns - 3))) * TURN + b.rng.randint(0, TURN - 1)
+    at = (tick + b.rng.randint(2, max(2, seg.ticks - 3))) * TICK_SAMPLES + b.rng.randint(0, TICK_SAMPLES - 1)
     if at < b.end:
         b.user_says(b.rng.choice(tx.USER_BACKCHANNELS), at=at, gain=b.rng.uniform(0.6, 1.0))
-    b.t = (turn + seg.turns) * TURN
+    b.t = (tick + seg.ticks) * TICK_SAMPLES
 
 
 def scene_overheard(b: _Builder) -> None:
     gain = b.rng.uniform(0.15, 0.35)
     if b.rng.random() < 0.5:  # while the assistant talks
         end = b.user_says(_question(b))
-        turn = b.turn_of(end) + 1
-        seg = b.assistant_says(turn, b.long_reply())
+        tick = b.tick_of(end) + 1
+        seg = b.assistant_says(tick, b.long_reply())
         if seg is None:
             return
-        at = (turn + 1) * TURN + b.rng.randint(0, 2 * TURN)
+        at = (tick + 1) * TICK_SAMPLES + b.rng.randint(0, 2 * TICK_SAMPLES)
         if at < b.end:
             b.user_says(b.rng.choice(tx.OVERHEARD), at=at, gain=gain, addressed=False)
-        b.t = (turn + seg.turns) * TURN
+        b.t = (tick + seg.ticks) * TICK_SAMPLES
     else:  # while nobody talks to it
         b.t = b.user_says(b.rng.choice(tx.OVERHEARD), gain=gain, addressed=False)
 
@@ -252,39 +250,39 @@ def scene_story(b: _Builder) -> None:
     n = b.rng.choice((2, 3, 4))
     for i in range(n):
         end = b.user_says(tx.STORY[(start + i) % len(tx.STORY)])
-        if i == n - 1 or end >= b.end - TURN:
+        if i == n - 1 or end >= b.end - TICK_SAMPLES:
             b.reply_after(end)
             return
-        brk = int(b.rng.uniform(0.5, 1.0) * RATE)
+        brk = int(b.rng.uniform(0.5, 1.0) * SAMPLE_RATE)
         if b.rng.random() < 0.7:  # a backchannel in this break, starting right after the sentence
-            b.assistant_says(b.turn_of(end) + 1, b.rng.choice(tx.BACKCHANNELS), BACKCHANNEL)
+            b.assistant_says(b.tick_of(end) + 1, b.rng.choice(tx.BACKCHANNELS), BACKCHANNEL)
             seg = b.ep.assistant[-1] if b.ep.assistant else None
             if seg is not None:
-                brk = max(brk, (seg.start + seg.turns) * TURN - end)
+                brk = max(brk, (seg.start + seg.ticks) * TICK_SAMPLES - end)
         b.t = end + brk
 
 
 def scene_typed(b: _Builder) -> None:
     text = b.rng.choice(tx.TYPED)
-    turn = b.turn_of(b.t)
-    b.ep.typed.append((turn, text))
-    last = turn + -(-(len(text.encode()) + 1) // 4)  # 4 typed bytes per micro-turn, newline included
-    b.reply_after(last * TURN)
+    tick = b.tick_of(b.t)
+    b.ep.typed.append((tick, text))
+    last = tick + -(-(len(text.encode()) + 1) // 4)  # 4 typed bytes per micro-turn, newline included
+    b.reply_after(last * TICK_SAMPLES)
 
 
 def scene_delegate(b: _Builder) -> None:
     i = b.rng.randrange(len(tx.LOOKUPS))
     end = b.user_says(tx.LOOKUPS[i])
-    turn = b.turn_of(end) + 1
-    if turn >= b.ep.turns:
+    tick = b.tick_of(end) + 1
+    if tick >= b.ep.ticks:
         b.t = b.end
         return
-    b.ep.control[turn] = DELEGATE
-    arrive = turn + b.rng.randint(5, 12)  # the reasoner answers 1-2.4 s later
+    b.ep.control[tick] = DELEGATE
+    arrive = tick + b.rng.randint(5, 12)  # the reasoner answers 1-2.4 s later
     result = tx.RESULTS[i]
     b.ep.background.append((arrive, result))
     done = arrive + -(-(len(result.encode()) + 1) // 8)  # 8 background bytes per micro-turn
-    b.reply_after(done * TURN, f"{tx.FOUND} {result}")
+    b.reply_after(done * TICK_SAMPLES, f"{tx.FOUND} {result}")
 
 
 def scene_quiet(b: _Builder) -> None:
@@ -304,9 +302,9 @@ SCENES = {
 }
 
 
-def make_episode(seed: int, turns: int, speaker: Speaker) -> Episode:
-    """One episode of exactly `turns` micro-turns from `seed` (same seed -> same episode)."""
-    b = _Builder(seed, turns, speaker)
+def make_episode(seed: int, ticks: int, speaker: Speaker) -> Episode:
+    """One episode of exactly `ticks` micro-turns from `seed` (same seed -> same episode)."""
+    b = _Builder(seed, ticks, speaker)
     names = list(SCENES)
     weights = [SCENES[n][1] for n in names]
     b.gap(0.2, 1.0)

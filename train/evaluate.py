@@ -72,7 +72,7 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
     t0 = time.monotonic()
     for e in range(min(episodes, data.episodes)):
         b = data.batch([e])
-        out = net.forward_batched(b.feats, b.n_turns)
+        out = net.forward_batched(b.feats, b.n_ticks)
         pred = out.control[:, :na].argmax(-1)
         np.add.at(conf, (b.control.numpy(), pred.numpy()), 1)
         lab, pr = b.control.numpy(), pred.numpy()
@@ -91,11 +91,11 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
             pauses[1] += int(z > a)
         if voice:
             for seg in meta[e]["assistant"]:
-                turns = [t for t in range(seg["start"], seg["start"] + seg["turns"]) if bool(b.mel_mask[t])]
-                if len(turns) < max(seg["turns"], 2):
+                ticks = [t for t in range(seg["start"], seg["start"] + seg["turns"]) if bool(b.mel_mask[t])]
+                if len(ticks) < max(seg["turns"], 2):
                     continue  # cut short by a barge-in or the episode's end: not a whole phrase
-                idx = torch.tensor(turns)
-                noise = turn_noise([e] * len(turns), turns, (net.cfg.audio_out_tokens, net.flow.width),
+                idx = torch.tensor(ticks)
+                noise = turn_noise([e] * len(ticks), ticks, (net.cfg.audio_out_tokens, net.flow.width),
                                    torch.device("cpu"))
                 mel = net.flow.sample(out.audio_cond[idx], noise)  # [K, 20, mels]
                 for name, m in (("model", mel), ("target", b.mel[idx])):

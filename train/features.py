@@ -25,7 +25,8 @@ import torch
 
 from models.interaction import dmel, vocoder
 from models.interaction.config import FRAMES_PER_TURN, NO_BYTE, InteractionConfig
-from train.episodes import BACKCHANNEL, SPEAK, TURN, Episode, Speaker, make_episode
+from streaming.types import TICK_SAMPLES
+from train.episodes import BACKCHANNEL, SPEAK, Episode, Speaker, make_episode
 
 LOG_FLOOR = math.log(1e-5)  # silence in the target mel (normalised: -3.75)
 ARRAYS = (
@@ -44,7 +45,7 @@ class TargetMel:
 
     def __call__(self, audio: npt.NDArray[np.float32]) -> torch.Tensor:
         """audio [N * 4800] -> normalised log-mel [N, 20, mels]."""
-        n = len(audio) // TURN
+        n = len(audio) // TICK_SAMPLES
         lead = vocoder.N_FFT // 2 - vocoder.HOP // 2  # 360: frame 0 starts 360 samples before the track
         x = torch.from_numpy(np.pad(audio, (lead, vocoder.N_FFT)))
         frames = x.unfold(0, vocoder.N_FFT, vocoder.HOP)[: n * FRAMES_PER_TURN]  # [N*20, N_FFT]
@@ -53,13 +54,13 @@ class TargetMel:
         return ((logmel - vocoder.MEL_MEAN) / vocoder.MEL_STD).reshape(n, FRAMES_PER_TURN, -1)
 
 
-def _spread(text: str, first: int, turns: int, out: npt.NDArray[np.int16], width: int) -> None:
-    """Write text's bytes over micro-turns first..first+turns-1, ahead of time, <= width per turn."""
+def _spread(text: str, first: int, ticks: int, out: npt.NDArray[np.int16], width: int) -> None:
+    """Write text's bytes over micro-turns first..first+ticks-1, ahead of time, <= width per tick."""
     data = text.encode()
-    if turns <= 0:
+    if ticks <= 0:
         return
-    per = min(width, max(1, -(-len(data) // turns)))
-    for k in range(turns):
+    per = min(width, max(1, -(-len(data) // ticks)))
+    for k in range(ticks):
         chunk = data[k * per : (k + 1) * per]
         if first + k >= len(out) or not chunk:
             break
@@ -89,18 +90,18 @@ class Featurizer:
     def _dmel(self, track: torch.Tensor) -> torch.Tensor:
         """track [N * 4800] -> [N, 20, bins]: micro-turn n with the CONTEXT samples before it."""
         padded = torch.cat([torch.zeros(dmel.CONTEXT), track])
-        win = padded.unfold(0, dmel.CONTEXT + TURN, TURN)  # [N, CONTEXT + 4800]
+        win = padded.unfold(0, dmel.CONTEXT + TICK_SAMPLES, TICK_SAMPLES)  # [N, CONTEXT + 4800]
         return self.front(win.contiguous(), False)
 
     def __call__(self, ep: Episode) -> dict[str, npt.NDArray[Any]]:
-        n, c = ep.turns, self.cfg
-        track = np.zeros(n * TURN, dtype=np.float32)
+        n, c = ep.ticks, self.cfg
+        track = np.zeros(n * TICK_SAMPLES, dtype=np.float32)
         text = np.full((n, c.text_tokens), NO_BYTE, dtype=np.int16)
         for seg in ep.assistant:
-            s = seg.start * TURN
+            s = seg.start * TICK_SAMPLES
             track[s : s + len(seg.audio)] += seg.audio[: len(track) - s]
             if seg.kind == SPEAK:
-                full = -(-len(seg.audio) // TURN)
+                full = -(-len(seg.audio) // TICK_SAMPLES)
                 spoken = int(np.sum(ep.control[seg.start : seg.start + full] == SPEAK))
                 _spread(seg.text, seg.start, max(spoken, 1) if spoken else 0, text, c.text_tokens)
         mel = self.mel(track)  # [N, 20, mels]
@@ -108,13 +109,13 @@ class Featurizer:
         text[~(ep.control == SPEAK)] = NO_BYTE
         # 1. what it emitted: the target vocoded, gated exactly as the runtime gates (teacher forcing)
         mag, phase = self.gl.initial_state(torch.device("cpu"))
-        spoken_audio = torch.zeros(n * TURN)
+        spoken_audio = torch.zeros(n * TICK_SAMPLES)
         with torch.no_grad():
             for t in range(n):
                 y, mag3, phase3 = self.gl(mel[t : t + 1], mag[None], phase[None], False)
                 mag, phase = mag3[0], phase3[0]
                 if emits[t]:
-                    spoken_audio[t * TURN : (t + 1) * TURN] = y[0]
+                    spoken_audio[t * TICK_SAMPLES : (t + 1) * TICK_SAMPLES] = y[0]
         self_dmel = torch.zeros(n, FRAMES_PER_TURN, c.dmel_bins, dtype=torch.long)
         self_dmel[1:] = self._dmel(spoken_audio)[:-1]  # heard one micro-turn later
         own = np.full_like(text, NO_BYTE)
@@ -122,7 +123,7 @@ class Featurizer:
         transcript = np.full((n, c.transcript_tokens), NO_BYTE, dtype=np.int16)
         for first, last, said in ep.user_text:
             _spread(said, first, last - first + 1, transcript, c.transcript_tokens)
-        mel_mask = emits & (np.abs(track.reshape(n, TURN)).max(axis=1) > 1e-4)
+        mel_mask = emits & (np.abs(track.reshape(n, TICK_SAMPLES)).max(axis=1) > 1e-4)
         return {
             "user_dmel": self._dmel(torch.from_numpy(ep.user)).numpy().astype(np.uint8),
             "self_dmel": self_dmel.numpy().astype(np.uint8),
@@ -139,7 +140,7 @@ class Featurizer:
 
 
 def build_cache(
-    out: Path, cfg: InteractionConfig, seed: int, episodes: int, turns: int, shard: int = 20,
+    out: Path, cfg: InteractionConfig, seed: int, episodes: int, ticks: int, shard: int = 20,
     keep_audio: bool = False, log: Any = print,
 ) -> None:
     """Generate `episodes` episodes (seeds seed*1_000_003 + i) into out/shard-XXX.npz, with progress.
@@ -156,11 +157,12 @@ def build_cache(
         rows: dict[str, list[npt.NDArray[Any]]] = {k: [] for k in ARRAYS}
         audio, meta = [], []
         for i in range(s0, min(s0 + shard, episodes)):
-            ep = make_episode(seed * 1_000_003 + i, turns, spk)
+            ep = make_episode(seed * 1_000_003 + i, ticks, spk)
             for k, v in feat(ep).items():
                 rows[k].append(v)
+            # The on-disk key stays "turns" (here and in info.json), so caches built before still load.
             meta.append({"seed": ep.seed, "scenes": ep.scenes, "pauses": ep.pauses, "assistant": [
-                {"start": g.start, "turns": g.turns, "text": g.text, "kind": int(g.kind)} for g in ep.assistant]})
+                {"start": g.start, "turns": g.ticks, "text": g.text, "kind": int(g.kind)} for g in ep.assistant]})
             if keep_audio:
                 audio.append(ep.user.astype(np.float16))
         arrays = {k: np.stack(v) for k, v in rows.items()}
@@ -174,7 +176,7 @@ def build_cache(
         log(f"data {out.name}: {done}/{episodes} episodes, {rate:.2f} episodes/s, "
             f"ETA {(episodes - done) / rate:.0f} s")
     (out / "info.json").write_text(json.dumps(
-        {"seed": seed, "episodes": episodes, "turns": turns, "config": cfg.to_dict()}, indent=1))
+        {"seed": seed, "episodes": episodes, "turns": ticks, "config": cfg.to_dict()}, indent=1))
 
 
 def load_cache(path: Path) -> dict[str, npt.NDArray[Any]]:

@@ -26,7 +26,7 @@ class Batch:
     """B episodes of N micro-turns, rows episode-major: inputs and every label the losses need."""
 
     feats: TurnFeatures  # [B*N] rows
-    n_turns: int
+    n_ticks: int
     control: Tensor  # [B*N] int64 action labels
     user_speaking: Tensor  # [B*N] float 0/1
     text: Tensor  # [B*N, text_tokens] int64 bytes (NO_BYTE = none)
@@ -61,11 +61,11 @@ class LossWeights:
     # extra weight on the micro-turn where speech starts: continuing is easy (the model hears and
     # reads itself), taking the floor at the right moment is the decision that matters
     onset: float = 4.0
-    # extra weight on staying silent in the first `hold_turns` micro-turns after the user stops (a
+    # extra weight on staying silent in the first `hold_ticks` micro-turns after the user stops (a
     # mid-sentence pause, the beat before a reply): the other half of taking the floor at the right
     # moment; 1.0 = none
     hold: float = 1.0
-    hold_turns: int = 10
+    hold_ticks: int = 10
 
 
 def time_embeddings(t: Tensor) -> Tensor:
@@ -99,13 +99,13 @@ def sft_loss(
     na = len(ACTIONS)
     logits = out.control.float()
     cw = torch.tensor(w.classes, device=logits.device)[batch.control]  # [R]
-    c = batch.control.view(-1, batch.n_turns)
+    c = batch.control.view(-1, batch.n_ticks)
     onset = (c == SPEAK) & (F.pad(c, (1, 0), value=-1)[:, :-1] != SPEAK)  # [B, N]
     rw = cw * torch.where(onset.reshape(-1), w.onset, 1.0)
     if w.hold != 1.0:
-        us = batch.user_speaking.view(-1, batch.n_turns)
-        # the user spoke in one of the hold_turns micro-turns before this one, and is quiet now
-        recent = F.max_pool1d(F.pad(us, (w.hold_turns, 0))[:, None, :-1], w.hold_turns, stride=1)[:, 0]
+        us = batch.user_speaking.view(-1, batch.n_ticks)
+        # the user spoke in one of the hold_ticks micro-turns before this one, and is quiet now
+        recent = F.max_pool1d(F.pad(us, (w.hold_ticks, 0))[:, None, :-1], w.hold_ticks, stride=1)[:, 0]
         hold = (c == SILENT) & (recent > 0) & (us == 0)
         rw = rw * torch.where(hold.reshape(-1), w.hold, 1.0)
     ctrl = (F.cross_entropy(logits[:, :na], batch.control, reduction="none") * rw).sum() / rw.sum()

@@ -13,11 +13,11 @@ from torch import Tensor
 
 from models.base import TickInput
 from models.interaction.config import ACTIONS
+from streaming.types import TICK_SAMPLES
 from train.client import AdamParams, TrainingClient
 from train.data import EpisodeData
 from train.losses import Batch
 
-TURN = 4_800
 FLOOR = (ACTIONS.index("speak"), ACTIONS.index("backchannel"))
 
 
@@ -36,12 +36,12 @@ def rl_step(tc: TrainingClient, data: EpisodeData, episode: int, adam: AdamParam
     if "user_audio" not in data.arrays:
         raise ValueError("RL rollouts need the episodes' audio: build that cache with keep_audio=True")
     audio = data.arrays["user_audio"][episode].astype(np.float32)
-    ticks = [TickInput(audio[k * TURN : (k + 1) * TURN], TURN) for k in range(data.turns)]
+    ticks = [TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES) for k in range(data.ticks)]
     _, feats, actions = tc.rollout(ticks, session_id=f"rl-{episode}")
     labels = torch.from_numpy(data.arrays["control"][episode].astype(np.int64))
     reward = timing_reward(actions, labels)
     b = data.batch([episode])
-    batch = Batch(feats=feats, n_turns=data.turns, control=actions, user_speaking=b.user_speaking, text=b.text,
+    batch = Batch(feats=feats, n_ticks=data.ticks, control=actions, user_speaking=b.user_speaking, text=b.text,
                   transcript=b.transcript, mel=b.mel, mel_mask=b.mel_mask, advantage=reward - reward.mean())
     out = tc.forward_backward(batch, "policy_gradient")
     tc.optim_step(adam)

@@ -31,7 +31,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     old = os.environ.get("DUPLEX_TTS_DETERMINISTIC")
     os.environ["DUPLEX_TTS_DETERMINISTIC"] = "1"
     path = tmp_path_factory.mktemp("episodes")
-    build_cache(path, small_cfg(), seed=7, episodes=4, turns=TURNS, shard=2, log=lambda m: None)
+    build_cache(path, small_cfg(), seed=7, episodes=4, ticks=TURNS, shard=2, log=lambda m: None)
     yield path
     if old is None:
         os.environ.pop("DUPLEX_TTS_DETERMINISTIC", None)
@@ -85,28 +85,28 @@ def test_mid_sentence_pauses_are_recorded_silent_and_scored(tmp_path: Path) -> N
     assert any(text.endswith(tuple(("because", "and", "but", "so", "that", "to", "when", "is", "then")))
                for _, _, text in ep.user_text)
     seed = next(s for s in range(40) if make_episode(s * 1_000_003, 40, spk).pauses)
-    build_cache(tmp_path, small_cfg(), seed=seed, episodes=1, turns=40, log=lambda m: None)
+    build_cache(tmp_path, small_cfg(), seed=seed, episodes=1, ticks=40, log=lambda m: None)
     r = heldout_eval(client().net, EpisodeData(tmp_path, small_cfg()), 1, voice=False)
     assert r["pauses"] == len(make_episode(seed * 1_000_003, 40, spk).pauses)
     assert 0.0 <= r["pause_taken_rate"] <= 1.0
 
 
 def test_hold_weight_counts_the_quiet_after_the_user_stops(cache: Path) -> None:
-    """LossWeights.hold multiplies exactly the control rows labelled silent in the hold_turns after user
+    """LossWeights.hold multiplies exactly the control rows labelled silent in the hold_ticks after user
     speech: with a uniform model (every logit zero) the weighted control loss stays log(actions) whatever
     the weights, and the rows it picks are the quiet ones right after the user spoke."""
     data = EpisodeData(cache, small_cfg())
     b = data.batch(list(range(data.episodes)))
-    us = b.user_speaking.view(-1, b.n_turns)
-    c = b.control.view(-1, b.n_turns)
+    us = b.user_speaking.view(-1, b.n_ticks)
+    c = b.control.view(-1, b.n_ticks)
     tc = client()
-    out = tc.net.forward_batched(b.feats, b.n_turns)
+    out = tc.net.forward_batched(b.feats, b.n_ticks)
     zero = type(out)(**{**vars(out), "control": torch.zeros_like(out.control)})
     for hold in (1.0, 5.0):
         _, m = sft_loss(zero, b, tc.net.flow, LossWeights(hold=hold))
         assert abs(m["control"] - float(np.log(len(ACTIONS)))) < 1e-4
     # the rows: silent, user quiet, user speech within the 10 before
-    picked = [(i, t) for i in range(c.shape[0]) for t in range(b.n_turns)
+    picked = [(i, t) for i in range(c.shape[0]) for t in range(b.n_ticks)
               if c[i, t] == ACTIONS.index("silent") and us[i, t] == 0 and bool(us[i, max(0, t - 10) : t].any())]
     assert picked, "the tiny episodes have user speech followed by quiet"
     one_hot_wrong = torch.zeros_like(out.control)
@@ -174,7 +174,7 @@ def test_lora_on_every_linear_layer(cache: Path) -> None:
         wrapped_out = tc.forward(b).control
         merged = tc.serving_net()
         assert not any(isinstance(m, LoRALin) for m in merged.modules())
-        torch.testing.assert_close(merged.forward_batched(b.feats, b.n_turns).control, wrapped_out,
+        torch.testing.assert_close(merged.forward_batched(b.feats, b.n_ticks).control, wrapped_out,
                                    rtol=1e-4, atol=1e-4)
     assert merge_lora(torch.nn.Sequential()) == 0
     with pytest.raises(ValueError, match="rank"):
@@ -246,7 +246,7 @@ def test_rl_step_rolls_out_through_the_server_step(tmp_path: Path) -> None:
     from train.rl import rl_step, timing_reward
 
     os.environ["DUPLEX_TTS_DETERMINISTIC"] = "1"
-    build_cache(tmp_path, small_cfg(), seed=9, episodes=1, turns=12, shard=1, keep_audio=True, log=lambda m: None)
+    build_cache(tmp_path, small_cfg(), seed=9, episodes=1, ticks=12, shard=1, keep_audio=True, log=lambda m: None)
     tc = client()
     data = EpisodeData(tmp_path, small_cfg())
     m = rl_step(tc, data, 0, AdamParams(lr=1e-3))

@@ -1,8 +1,9 @@
-"""python -m bench.fdbench {generate,run,score}: a Full-Duplex-Bench v1.0 / v1.5 compatible harness.
+"""python -m bench.fdbench {generate,run,score,report}: a Full-Duplex-Bench v1.0 / v1.5 compatible harness.
 
 generate --out DIR                 synthetic set in the official layout (offline TTS, seeded)
 run --data DIR --url ws://...      stream every input through the server, write output.wav
 score --data DIR [--data DIR2]     offline ASR + official metrics; a table, or --json
+report DIR [DIR2 ...] --html OUT   the same, as one self-contained page with a timeline per sample
 """
 
 import argparse
@@ -62,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
         help="auto: reuse an output.json newer than output.wav (default)",
     )
     s.add_argument("--gt", type=Path, help="backchannel ground truth (default: icc_gt_distribution.json in the set)")
+
+    h = sub.add_parser("report", help="score runs and write one HTML page: tables and a timeline per sample")
+    h.add_argument("data", type=Path, nargs="+", help="run data folders (as for score --data), one column each")
+    h.add_argument("--html", type=Path, help="page to write; without it, print the tables as score does")
+    h.add_argument("--asr", choices=["auto", "always", "never"], default="auto",
+                   help="auto: reuse an output.json newer than output.wav (default)")
+    h.add_argument("--gt", type=Path, help="backchannel ground truth (default: icc_gt_distribution.json in the set)")
     return p
 
 
@@ -93,9 +101,18 @@ def main(argv: list[str] | None = None) -> int:
         for name, errs in summary.server_errors.items():
             print(f"server errors in {name}: {errs[:3]}", file=sys.stderr)
         return 1 if summary.failed else 0
+    if args.cmd == "report" and args.html is not None:
+        from bench.fdbench.html_report import write
+
+        done = write(args.data, args.html, args.asr, args.gt)
+        print(f"wrote {done['path']}: {done['samples']} sample runs, {done['bytes'] / 1e6:.2f} MB, "
+              f"{done['seconds']} s")
+        return 1 if any(not r["samples"] for r in done["results"]) else 0
     from bench.fdbench.report import render
     from bench.fdbench.score import score
 
+    if args.cmd == "report":
+        args.json = False
     results = [score(d, args.asr, args.gt, progress=not args.json) for d in args.data]
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))

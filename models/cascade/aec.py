@@ -1,4 +1,4 @@
-"""Removing the assistant's own voice from the user's microphone signal.
+"""Acoustic echo cancellation: removing the assistant's own voice from the user's microphone signal.
 
 The model knows exactly what it played, so echo is subtracted rather than guessed: each micro-turn
 the input (16 kHz) is cross-correlated against the last `max_delay` of played audio; if some delay
@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-Audio = npt.NDArray[np.float32]
+from streaming.types import Audio
 
 
 @dataclass

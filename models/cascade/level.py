@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from streaming.types import Audio
+
 FRAME = 320  # 20 ms at 16 kHz
 # Frames this far below the loudest frame of their micro-turn are gaps between words, not speech: left
 # out, so a pause inside a tick does not pull the level down.
@@ -14,12 +16,12 @@ _ACTIVE_DB = 25.0
 _FLOOR = 1e-12
 
 
-def _frame_power(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+def _frame_power(x: Audio) -> npt.NDArray[np.float64]:
     n = len(x) // FRAME * FRAME
     return np.mean(np.square(x[:n].astype(np.float64)).reshape(-1, FRAME), axis=1)
 
 
-def peak_db(x: npt.NDArray[np.float32]) -> float:
+def peak_db(x: Audio) -> float:
     """The loudest 20 ms frame of a 16 kHz chunk, in dBFS (-120 for silence)."""
     power = _frame_power(x)
     if not len(power):
@@ -41,7 +43,7 @@ class SpeechLevel:
     frames: int = 0
     ticks: int = 0  # micro-turns added
 
-    def add(self, x: npt.NDArray[np.float32]) -> None:
+    def add(self, x: Audio) -> None:
         """Add one micro-turn of speech."""
         power = _frame_power(x)
         if not len(power) or power.max() <= _FLOOR:
@@ -58,7 +60,7 @@ class SpeechLevel:
         return float(10.0 * np.log10(max(self.power / self.frames, _FLOOR)))
 
 
-def speech_db(x: npt.NDArray[np.float32], tick: int = 3200) -> float | None:
+def speech_db(x: Audio, tick: int = 3200) -> float | None:
     """The active speech level of a whole 16 kHz clip, measured tick by tick as the cascade does."""
     level = SpeechLevel()
     for i in range(0, len(x), tick):

@@ -1,7 +1,7 @@
 """The cascade interaction model: VAD + ASR + turn-taking policy + TTS, stepped every micro-turn.
 
 Per micro-turn and session (`CascadeModel.step` runs all sessions of a tick together):
-  1. front end: 24 kHz input -> 16 kHz, minus the echo of what this session played (echo.py);
+  1. front end: 24 kHz input -> 16 kHz, minus the echo of what this session played (aec.py);
   2. Silero VAD for all sessions as one batch per 32 ms window position (models.speech.vad);
   3. the policy (policy.py) opens/closes user turns and decides barge-in, replies and backchannels;
      pocketsphinx streams partials only while a user turn is open, decoded in worker processes and
@@ -30,10 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from models.base import BackgroundChunk, Event, TickInput, TickOutput
-from models.cascade.echo import EchoCanceller
+from models.cascade.aec import EchoCanceller
 from models.cascade.level import SpeechLevel
 from models.cascade.options import CascadeOptions
 from models.cascade.policy import PauseCues, TurnPolicy, TurnState
@@ -65,9 +64,8 @@ from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
 from models.speech.text_turn import TextTurn, TextTurnError
 from models.speech.vad import VADStream, shared_vad
 from streaming.resample import StreamResampler
-from streaming.types import SAMPLE_RATE
+from streaming.types import SAMPLE_RATE, Audio
 
-Audio = npt.NDArray[np.float32]
 _ECHO_MEMORY_MS = 10_000  # how long the assistant's words count as possible echo
 _TURN_AUDIO_TICKS = 150  # 30 s: the longest turn kept for Whisper's final transcript
 # A pocketsphinx utterance grows its search tables with its length and a pooled decoder keeps them

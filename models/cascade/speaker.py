@@ -22,15 +22,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from models.cascade.work import LATE
 from models.speech.tts import TTSError, Voice, load_voice
 from models.threads import started_pool
 from streaming.resample import resample
-from streaming.types import SAMPLE_RATE, TICK_SAMPLES
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, Audio
 
-Audio = npt.NDArray[np.float32]
 log = logging.getLogger(__name__)
 _SYNTH_GRACE_S = 0.05  # longest wait at a phrase's due micro-turn; later it plays when ready
 # Piper starts every phrase with 50-80 ms of near-silence (measured on joe: "Okay." 54 ms, "Yeah." 64 ms,

@@ -1,4 +1,5 @@
-"""Speech level in dBFS, for telling the user's own voice from quieter speech around them."""
+"""Speech level in dBFS, for telling the user's own voice from a bystander's: quieter speech around them
+(a television, someone across the room) is not the user talking."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ FRAME = 320  # 20 ms at 16 kHz
 # out, so a pause inside a tick does not pull the level down.
 _ACTIVE_DB = 25.0
 _FLOOR = 1e-12
+# Mostly-speech micro-turns a turn needs before its level says whose voice it is (`bystander_turn`).
+LEVEL_TICKS = 2
 
 
 def _frame_power(x: Audio) -> npt.NDArray[np.float64]:
@@ -68,3 +71,30 @@ def speech_db(x: Audio, tick: int = 3200) -> float | None:
         if peak_db(chunk) > -60.0:  # silence between utterances is not part of the level
             level.add(chunk)
     return level.db
+
+
+@dataclass
+class UserLevel:
+    """The user's own speech level, learnt from the turns of theirs that were answered."""
+
+    db: float | None = None  # dBFS; None until the first answered turn with a level
+
+    def learn(self, level: float) -> None:
+        self.db = level if self.db is None else 0.7 * self.db + 0.3 * level
+
+    def quieter(self, level: float | None, margin_db: float) -> bool:
+        """Speech at `level` is `margin_db` (0: never) quieter than the user's own: a bystander's."""
+        if level is None or self.db is None or margin_db <= 0:
+            return False
+        return level < self.db - margin_db
+
+
+def bystander_turn(turn_open: bool, level: SpeechLevel, quieter: bool) -> bool | None:
+    """The open turn (an overlap, or any turn) is a bystander's talk: `quieter`, its speech level so far
+    against the user's (`UserLevel.quieter`), once it has `LEVEL_TICKS` mostly-speech ticks; None
+    before that: one tick is no level."""
+    if not turn_open:
+        return False
+    if level.ticks < LEVEL_TICKS:
+        return None
+    return quieter

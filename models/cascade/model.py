@@ -3,16 +3,17 @@
 Per micro-turn and session (`CascadeModel.step` runs all sessions of a tick together):
   1. front end: 24 kHz input -> 16 kHz, minus the echo of what this session played (aec.py);
   2. Silero VAD for all sessions as one batch per 32 ms window position (models.speech.vad);
-  3. the policy (policy.py) opens/closes user turns and decides barge-in, replies and backchannels;
-     pocketsphinx streams partials only while a user turn is open, decoded in worker processes and
-     used one micro-turn after their audio (sphinx_remote); Smart Turn (end of turn) and
-     Whisper (the final transcript) run on worker threads and are used a fixed number of
-     micro-turns after they are asked (work.py), so media and real-time pace agree;
-  4. the speaker (speaker.py) cuts one micro-turn of the assistant's queued speech; synthesis runs on
-     the model's own worker threads, never inside `step`.
+  3. the policy (policy.py) opens/closes user turns and decides barge-in, replies and backchannels,
+     from what the streams hold: the streaming transcript (hearing.py: pocketsphinx partials, decoded
+     in worker processes and used one micro-turn after their audio), the cues of a pause
+     (pauses.py: Smart Turn and Whisper, on worker threads, used a fixed number of micro-turns after
+     they are asked, work.py, so media and real-time pace agree) and of an overlap (overlaps.py),
+     and whose voice it is (level.py);
+  4. what the assistant says (answers.py) is cut into one micro-turn of speech (speaker.py); synthesis
+     runs on the model's own worker threads, never inside `step`.
 The user's finished utterance becomes `Event("delegate", {"query": ...})` in the micro-turn the turn ends
 (the Whisper transcript of the pause that ended it; of a turn longer than the pause audio, `whisper_ticks`
-micro-turns later), while a short acknowledgment is said at once; the background's answer
+micro-turns later), while a short acknowledgment is said at once; the background reasoner's answer
 comes back as `TickInput.background` chunks and is spoken sentence by sentence as it arrives.
 """
 
@@ -20,10 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
@@ -31,34 +30,28 @@ from typing import Any
 
 import numpy as np
 
-from models.base import BackgroundChunk, Event, TickInput, TickOutput
+from models.base import Event, TickInput, TickOutput
 from models.cascade.aec import EchoCanceller
-from models.cascade.level import SpeechLevel
+from models.cascade.answers import AnswerState
+from models.cascade.hearing import Ears, HearingState
+from models.cascade.level import UserLevel, bystander_turn
 from models.cascade.options import CascadeOptions
-from models.cascade.policy import PauseCues, TurnPolicy, TurnState
+from models.cascade.overlaps import OverlapJudge, OverlapState, log_overlap
+from models.cascade.pauses import PauseJudge, PauseState
+from models.cascade.policy import Decision, TurnPolicy, TurnState
 from models.cascade.speaker import Speaker, Synthesizer
-from models.cascade.text import (
-    FINISHED,
-    UNCLEAR,
-    UNFINISHED,
-    SentenceSplitter,
-    looks_complete,
-    only_backchannel,
-    verdict,
-    words_of,
-)
-from models.cascade.work import LATE, Job, StepClock, Workers
+from models.cascade.text import only_backchannel
+from models.cascade.work import StepClock, Workers
 from models.speech.asr import (
     ASR_RATE,
     DecoderPool,
     Recognizer,
     SphinxRecognizer,
-    Transcript,
     WhisperTranscriber,
     shared_pool,
     whisper_available,
 )
-from models.speech.overlap import OverlapProbe, OverlapProbeError, onset_index
+from models.speech.overlap import OverlapProbe, OverlapProbeError
 from models.speech.smart_turn import SmartTurn, SmartTurnError, shared_smart_turn
 from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
 from models.speech.text_turn import TextTurn, TextTurnError
@@ -66,42 +59,7 @@ from models.speech.vad import VADStream, shared_vad
 from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE, Audio
 
-_ECHO_MEMORY_MS = 10_000  # how long the assistant's words count as possible echo
-_TURN_AUDIO_TICKS = 150  # 30 s: the longest turn kept for Whisper's final transcript
-# A pocketsphinx utterance grows its search tables with its length and a pooled decoder keeps them
-# (measured: ~25 MB per decoder over 140 s of continuous speech), so a turn that never ends would
-# grow every decoder it touches. Past this many micro-turns the utterance is ended and a new one
-# started; the words heard so far are carried in `CascadeState.heard`.
-_UTTERANCE_TICKS = 150
-# What a pause is judged on: Smart Turn reads the last 8 s, and Whisper's verdict on the pause (does the
-# transcript end a sentence?) needs no more; transcribing a whole long turn at every pause cost up to
-# ~2 s of a core per call and queued Whisper jobs far past their budget in the cascade soak.
-_PAUSE_AUDIO_TICKS = 40
-# Mostly-speech micro-turns a turn needs before its level says whose voice it is (`_someone_else`).
-_LEVEL_TICKS = 2
 log = logging.getLogger(__name__)
-
-
-def _rounded(x: float | None, digits: int) -> float | None:
-    return None if x is None else round(x, digits)
-
-
-def _joined(earlier: str, text: str) -> str:
-    return f"{earlier} {text}".strip() if earlier else text
-
-
-@dataclass
-class Heard:
-    """What a Whisper job heard: its transcript and, when asked, the text model's P(the words are finished)."""
-
-    transcript: Transcript
-    p_text: float | None = None
-
-
-def _pause_audio(s: CascadeState) -> Audio:
-    """The end of the open turn that a pause is judged on (built only when a job is asked)."""
-    recent = list(itertools.islice(s.turn_audio, max(0, len(s.turn_audio) - _PAUSE_AUDIO_TICKS), None))
-    return np.concatenate(recent) if recent else np.zeros(0, dtype=np.float32)
 
 
 @dataclass
@@ -111,46 +69,35 @@ class CascadeState:
     session_id: str
     mic: StreamResampler  # user audio 24 kHz -> 16 kHz
     ref: StreamResampler  # assistant audio 24 kHz -> 16 kHz, the echo reference
-    echo: EchoCanceller  # subtracts the assistant's own voice from the user's input
+    aec: EchoCanceller  # subtracts the assistant's own voice from the user's input
     vad: VADStream  # Silero recurrent state and leftover samples
-    asr: Recognizer  # holds a pooled decoder only while a user turn is open
-    turn: TurnState  # the policy's counters
-    speaker: Speaker  # the assistant's queued phrases
-    preroll: deque[Audio] = field(default_factory=deque)  # recent cleaned 16 kHz ticks (ASR pre-roll)
-    turn_audio: deque[Audio] = field(default_factory=deque)  # the open turn's cleaned 16 kHz ticks
-    turn_level: SpeechLevel = field(default_factory=SpeechLevel)  # the open turn's speech level so far
-    user_db: float | None = None  # the user's own speech level (their delegated turns), dBFS
-    eot_job: Job[float] | None = None  # Smart Turn asked in the current pause, not yet due
-    text_job: Job[Heard] | None = None  # Whisper (and the text model) on the turn so far, asked in the current pause
-    cues: PauseCues = field(default_factory=PauseCues)  # what those said, once due
-    pause_text: Transcript | None = None  # Whisper's transcript of the turn up to the current pause
-    pause_whole: bool = True  # pause_text covers the whole turn (not only its last `_PAUSE_AUDIO_TICKS`)
-    pause_start: float | None = None  # media time the asked pause began (None: this pause not asked yet)
-    final_job: Job[Heard] | None = None  # Whisper on the last finished turn, not yet due
-    final_fallback: str = ""  # pocketsphinx's transcript of that turn (used if Whisper fails)
-    partial: str = ""  # partial transcript of the open user turn
-    heard: str = ""  # words of the open turn's earlier utterances (see `_UTTERANCE_TICKS`)
-    utterance_ticks: int = 0  # micro-turns of audio sent into the current utterance
-    heard_samples: int = 0  # 16 kHz samples of input so far (places the VAD's onset in `turn_audio`)
-    p_interrupt: float | None = None  # the overlap probe's P(interruption) of the open overlap, once asked
-    overlap_job: Job[Heard] | None = None  # Whisper on the open overlap so far, not yet due
-    overlap_heard_ms: float = 0.0  # the overlap's speech (TurnState.turn_speech_ms) when that job was asked
-    overlap_words: str | None = None  # the latest non-empty transcript of the open overlap
-    said: deque[tuple[float, list[str]]] = field(default_factory=deque)  # (media ms, words) we spoke
-    seen: set[str] = field(default_factory=set)  # background request ids seen so far
-    muted: set[str] = field(default_factory=set)  # request ids whose further chunks are dropped
-    max_epoch: int = 0  # newest background epoch seen; older chunks are stale
-    splitters: dict[str, SentenceSplitter] = field(default_factory=dict)  # per streaming request
-    acks: int = 0  # acknowledgments said (rotates the phrase)
-    backchannels: int = 0  # backchannels said (rotates the phrase)
-    ticks: int = 0  # micro-turns stepped
+    hearing: HearingState  # the open turn's audio and transcripts, the finished turn's final one
+    answers: AnswerState  # what the assistant says: its phrase queue and the answers feeding it
+    turn: TurnState = field(default_factory=TurnState)  # the policy's counters
+    pause: PauseState = field(default_factory=PauseState)  # the current pause's end-of-turn cues
+    overlap: OverlapState = field(default_factory=OverlapState)  # the open overlap's cues
+    user: UserLevel = field(default_factory=UserLevel)  # the user's own speech level (tells bystanders apart)
+    tick: int = 0  # index of the micro-turn stepped last (the clock of the off-thread jobs' `due`)
+
+    # What a driver observes of a session (bench.overlap_handling reads these).
+    @property
+    def user_db(self) -> float | None:
+        return self.user.db
+
+    @property
+    def p_interrupt(self) -> float | None:
+        return self.overlap.p_interrupt
+
+    @property
+    def overlap_words(self) -> str | None:
+        return self.overlap.words
 
 
 class CascadeModel:
     """An `InteractionModel` from offline components; one instance serves every session."""
 
     name = "cascade"
-    max_sessions: int | None = None  # no KV memory: CPU time is the limit (see bench.engine)
+    max_sessions: int | None = None  # no KV memory: CPU time is the limit (see bench.engine_scaling)
 
     def __init__(self, opts: CascadeOptions | None = None) -> None:
         self.opts = o = opts or CascadeOptions()
@@ -194,6 +141,10 @@ class CascadeModel:
         self.policy = TurnPolicy(o, smart_turn=self.smart_turn is not None)
         self.workers = Workers({"eot": o.eot_workers, "asr": o.whisper_workers})
         self.clock = StepClock(o.job_grace_ms / 1000)  # the tick thread's: the waits' shared grace, a slow step's why
+        # Whisper's transcripts (with the text model's verdict where asked) for the pause and overlap cues.
+        self.ears = Ears(self.whisper, self.text_turn) if self.whisper is not None else None
+        self.pauses = PauseJudge(self.smart_turn, self.ears, self.workers, self.clock)
+        self.overlaps = OverlapJudge(self.overlap_probe, self.ears, self.workers, self.clock)
         self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
         # Pre-rendered so that replies and backchannels start without waiting for synthesis.
         self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
@@ -229,25 +180,24 @@ class CascadeModel:
             session_id=session_id,
             mic=StreamResampler(SAMPLE_RATE, ASR_RATE),
             ref=StreamResampler(SAMPLE_RATE, ASR_RATE),
-            echo=EchoCanceller(max_delay=o.echo_max_delay_ms * ASR_RATE // 1000, min_corr=o.echo_min_corr),
+            aec=EchoCanceller(max_delay=o.echo_max_delay_ms * ASR_RATE // 1000, min_corr=o.echo_min_corr),
             vad=self.vad.open(ASR_RATE),
-            asr=asr,
-            turn=TurnState(),
-            speaker=Speaker(self.synth, o.tts_budget_ms, o.tts_ms_per_char),
+            hearing=HearingState(asr),
+            answers=AnswerState(Speaker(self.synth, o.tts_budget_ms, o.tts_ms_per_char)),
         )
 
     def close(self, state: CascadeState) -> None:
-        state.asr.abort()  # returns a pooled decoder
-        state.speaker.drop()
+        state.hearing.asr.abort()  # returns a pooled decoder
+        state.answers.speaker.drop()
 
     def pending_work(self, s: CascadeState) -> list[Future[Any]]:
         """Off-thread work the session's next micro-turn uses (`models.base.OffThreadWork`): jobs due
         then, the partial of the audio sent last micro-turn, the next phrase's synthesis once due."""
-        nxt = s.ticks + 1
-        jobs = (s.eot_job, s.text_job, s.final_job, s.overlap_job)
+        nxt = s.tick + 1
+        jobs = (s.pause.eot_job, s.pause.text_job, s.hearing.final_job, s.overlap.job)
         work: list[Future[Any]] = [j.future for j in jobs if j is not None and j.due <= nxt]
-        work += s.asr.waiting()
-        work += s.speaker.waiting()
+        work += s.hearing.asr.waiting()
+        work += s.answers.speaker.waiting()
         return work  # callers skip what is already done
 
     def wait_work(self, states: Sequence[CascadeState], timeout: float = 30.0) -> None:
@@ -269,6 +219,7 @@ class CascadeModel:
         if self._procs is not None:
             self._procs.close()
 
+
     # --- the micro-turn --------------------------------------------------------------------------
 
     def step_budget(self, seconds: float | None) -> None:
@@ -280,7 +231,7 @@ class CascadeModel:
         c.start()
         # 1. front end, per session.
         with c.timed("front end"):
-            clean = [s.echo.process(s.mic.process(t.audio)) for s, t in batch]
+            clean = [s.aec.process(s.mic.process(t.audio)) for s, t in batch]
         # 2. VAD, batched across sessions.
         with c.timed("vad"):
             probs = self.vad.step([s.vad for s, _ in batch], clean)
@@ -290,160 +241,107 @@ class CascadeModel:
         return outs
 
     def _tick(self, s: CascadeState, t: TickInput, x: Audio, probs: Audio) -> TickOutput:
-        o = self.opts
+        """One session's micro-turn: `x` is its cleaned 16 kHz input, `probs` its VAD windows' P(speech)."""
+        o, h, a = self.opts, s.hearing, s.answers
         ev: list[Event] = []
         user_text = ""
-        s.ticks += 1
-        s.heard_samples += len(x)
+        s.tick += 1
+        h.samples += len(x)
+        # 1. What the client sent: cancel, typed text, and the reasoner's answer as it streams in.
         if t.cancel:
-            self._stop(s, "cancel", ev)
+            a.stop("cancel", ev)
         for text in t.text:
             user_text = self._typed(s, text, ev) or user_text
         for chunk in t.background:
-            self._background(s, chunk, ev)
-        if s.asr.active:
-            # The partial of the audio sent last micro-turn is due now: the recogniser (a worker
-            # process) decoded it while this thread did other sessions' micro-turns, so the tick
-            # waits only if the worker is more than a micro-turn behind. The same one-micro-turn
-            # delay in-process keeps both modes, and media and real-time pace, in agreement.
-            with self.clock.timed("partial", wait=True):
-                partial = s.asr.collect(self.clock.left())
-            if s.asr.waiting():
-                LATE.note("streaming partial")
-            if s.utterance_ticks >= _UTTERANCE_TICKS:  # bounds the decoder's memory
-                s.heard = self._end_utterance(s, _joined(s.heard, partial))
-                s.asr.start()
-                s.utterance_ticks = 0
-                partial = ""
-            partial = _joined(s.heard, partial)
-            if partial != s.partial:
-                s.partial = partial
-                ev.append(Event("user_partial", {"text": partial}))
-
+            a.add_chunk(chunk, o.error_phrase, ev)
+        # 2. What was heard: the partial of the audio sent last micro-turn; a finished turn's Whisper
+        # transcript, once due, goes to the reasoner.
+        partial = h.collect(self.clock, self.ears is not None)
+        if partial is not None:
+            ev.append(Event("user_partial", {"text": partial}))
         user_text = self._take_final(s, ev) or user_text
-        busy = s.speaker.busy
+        # 3. This micro-turn's speech: does a user turn open? The open turn's audio goes to the recogniser.
+        busy = a.speaker.busy
         d = self.policy.observe(s.turn, probs, busy)
-        t0 = time.monotonic()
-        if d.onset:
-            s.asr.abort()
-            s.asr.start()
-            for past in s.preroll:
-                s.asr.send(past, reply=False)
-            s.partial = s.heard = ""
-            s.utterance_ticks = len(s.preroll)
-            s.turn_audio = deque(s.preroll)
-            s.turn_level = SpeechLevel()
-            s.p_interrupt = None
-            self._forget_overlap_words(s)
-            self._new_pause(s)
-        if s.turn.turn:
-            s.turn_audio.append(x)
-            while len(s.turn_audio) > _TURN_AUDIO_TICKS:
-                s.turn_audio.popleft()
-            # Only ticks that are mostly speech: one where speech begins or ends late in it is mostly
-            # silence or the tail of a word, and an overlap's first such tick made it look like background.
-            if len(probs) and float(np.mean(probs >= o.vad_on)) >= 0.5:
-                s.turn_level.add(x)
-            s.asr.send(x)
-            s.utterance_ticks += 1
-        self.clock.add("asr send", t0)
-        if d.resumed and s.speaker.playing_backchannel:
-            s.speaker.drop(("backchannel",))  # never talk over the user
-        s.preroll.append(x)
-        while len(s.preroll) * 200 > o.preroll_ms:
-            s.preroll.popleft()
-
-        cues = self._pause_cues(s)
-        quieter = self._background_level(s, s.turn_level.db)  # the level so far, even of one tick
-        background = self._someone_else(s, quieter)
-        # Sounds like the user so far (even on one tick, before `_someone_else` will say): an
+        self._listen(s, d, x, probs)
+        # 4. The evidence: the pause's end-of-turn cues; whose voice the turn is; what an overlap says.
+        cues = self.pauses.cues(o, s.pause, s.turn, s.tick, h)
+        quieter = s.user.quieter(h.level.db, o.background_db)  # the level so far, even of one tick
+        bystander = bystander_turn(s.turn.turn, h.level, quieter)
+        # Sounds like the user so far (even on one tick, before `bystander_turn` will say): an
         # interruption or a backchannel? Asked without waiting for the level's verdict (a pause it
-        # brings is resumed when the verdict is background).
+        # brings is resumed when the verdict is bystander).
         sounds_like_user = not quieter
         if sounds_like_user:
-            self._judge_overlap(s)
-        self._hear_overlap(s, sounds_like_user)
-        if s.turn.overlap and log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "overlap at %.0f ms: %.0f ms speech, level %s dB over %d ticks (user %s), background %s, "
-                "P(interruption) %s, words %r",
-                s.turn.now_ms, s.turn.turn_speech_ms, _rounded(s.turn_level.db, 1), s.turn_level.ticks,
-                _rounded(s.user_db, 1), background,
-                _rounded(s.p_interrupt, 2), s.overlap_words,
-            )
+            self.overlaps.probe_once(o, s.overlap, s.turn, h)
+        self.overlaps.hear(o, s.overlap, s.turn, s.tick, h, sounds_like_user)
+        log_overlap(s.overlap, s.turn, h, s.user.db, bystander)
         # Echo: either transcript of the overlap holds only words the assistant itself said.
-        echo = self._echo_like(s, s.partial) or (s.overlap_words is not None and self._echo_like(s, s.overlap_words))
-        d = self.policy.decide(
-            s.turn, d, s.partial, busy, echo, cues, bool(background), s.p_interrupt, s.overlap_words
-        )
+        words = s.overlap.words
+        echo = a.said_lately(h.partial) or (words is not None and a.said_lately(words))
+        # 5. The decision, and what it does.
+        d = self.policy.decide(s.turn, d, h.partial, busy, echo, cues, bool(bystander), s.overlap.p_interrupt, words)
         if d.speech_started:
             ev.append(Event("speech_started", {"audio_ms": round(s.turn.turn_started_ms)}))
         if d.barge_in:
-            self._stop(s, "barge_in", ev)
+            a.stop("barge_in", ev)
         if d.abandon:
-            s.asr.abort()
-            s.partial = s.heard = ""
+            h.abandon()
         if d.end_of_turn:
             user_text = self._end_of_turn(s, ev) or user_text
         if d.backchannel:
-            phrase = o.backchannel_phrases[s.backchannels % len(o.backchannel_phrases)]
-            s.backchannels += 1
-            s.speaker.say(phrase, "backchannel")
-            ev.append(Event("backchannel", {"text": phrase}))
-
-        # While the user holds a normal turn, or may be interrupting (a paused overlap), answers
+            a.backchannel(o.backchannel_phrases, ev)
+        # 6. Speak. While the user holds a normal turn, or may be interrupting (a paused overlap), answers
         # wait where they are; only backchannels may play. Talk much quieter than the user's own (a
         # television that starts between our acknowledgment and the answer) holds nothing: the answer
         # would otherwise wait for the next pause in it.
-        hold = s.turn.turn and (not s.turn.overlap or s.turn.paused) and not background
-        with self.clock.timed("synthesis", wait=True):
-            speech = s.speaker.tick(hold=hold, grace=self.clock.left())
-        s.echo.played(s.ref.process(speech.audio))
-        for p in speech.started:
-            s.said.append((s.turn.now_ms, words_of(p.text)))
-        while s.said and s.said[0][0] < s.turn.now_ms - _ECHO_MEMORY_MS:
-            s.said.popleft()
+        hold = s.turn.turn and (not s.turn.overlap or s.turn.paused) and not bystander
+        speech = a.speak(hold, s.turn.now_ms, self.clock)
+        s.aec.played(s.ref.process(speech.audio))
         return TickOutput(audio=speech.audio, text=speech.text, user_text=user_text, events=ev)
 
-    # --- actions ---------------------------------------------------------------------------------
+    def _listen(self, s: CascadeState, d: Decision, x: Audio, probs: Audio) -> None:
+        """Step 3 of `_tick`: a turn's onset starts a new one (recogniser, audio, cues); the open turn's
+        audio is kept and sent to the recogniser; the user speaking again cuts our backchannel."""
+        h, t0 = s.hearing, time.monotonic()
+        if d.onset:
+            h.open_turn()
+            s.overlap.reset()
+            s.pause.forget()
+        if s.turn.turn:
+            h.add(x, mostly_speech=bool(len(probs)) and float(np.mean(probs >= self.opts.vad_on)) >= 0.5)
+        self.clock.add("asr send", t0)
+        if d.resumed and s.answers.speaker.playing_backchannel:
+            s.answers.speaker.drop(("backchannel",))  # never talk over the user
+        h.remember(x, self.opts.preroll_ms)
 
-    def _end_utterance(self, s: CascadeState, words: str) -> str:
-        """End the recogniser's utterance; returns the turn's words through it (`words`: as the
-        partials have them, `s.heard` and the latest partial).
-
-        With Whisper making the final transcripts, pocketsphinx's words are only a fallback and a cue,
-        so the latest partial (a micro-turn old) stands in for its final search: that search runs
-        90-140 ms in the worker process while the tick waits for it, and in the conversational
-        cascade soak it was what made steps miss their deadline ("slow cascade step: 197 ms
-        (pocketsphinx final 137 ms, ...)"). Without Whisper the final is the question: waited for."""
-        if self.whisper is not None:
-            s.asr.abort()
-            return words
-        with self.clock.timed("pocketsphinx final"):
-            return _joined(s.heard, s.asr.finish().text)
+    # --- a user turn's outcomes ------------------------------------------------------------------
 
     def _end_of_turn(self, s: CascadeState, ev: list[Event]) -> str:
-        text = self._end_utterance(s, s.partial)
-        s.partial = s.heard = ""
-        pause_text, text_job, whole = s.pause_text, s.text_job, s.pause_whole
-        s.text_job = None  # kept (below) as the final transcript's job, not cancelled
-        self._new_pause(s)
+        """The user's turn ended: ask the reasoner (now, or once Whisper's transcript is due), or not
+        (a bystander, noise, a lone backchannel); returns the user's words to show, if any."""
+        o, h, p = self.opts, s.hearing, s.pause
+        text = h.end_utterance(h.partial, self.clock, self.ears is not None)
+        h.partial = h.heard = ""
+        pause_text, text_job, whole = p.text, p.text_job, p.whole
+        p.text_job = None  # kept (below) as the final transcript's job, not cancelled
+        p.forget()
         ev.append(Event("speech_stopped", {"audio_ms": round(s.turn.now_ms - s.turn.silence_ms)}))
-        level = s.turn_level.db
-        if self._background_level(s, level):
-            return ""  # someone else talking near the microphone, not a turn
-        if s.turn.turn_speech_ms < self.opts.min_turn_speech_ms:
+        level = h.level.db
+        if s.user.quieter(level, o.background_db):
+            return ""  # a bystander talking near the microphone, not a turn
+        if s.turn.turn_speech_ms < o.min_turn_speech_ms:
             return text  # noise
         # Whisper heard the whole turn at this pause: its words are the turn's; else pocketsphinx's.
-        whole_text = pause_text.text if self.whisper is not None and pause_text is not None and whole else None
+        whole_text = pause_text.text if self.ears is not None and pause_text is not None and whole else None
         words = text if whole_text is None else whole_text
         # A lone "mm-hm" while we wait, or no words at all (unless Whisper is still to hear the whole
         # turn): not a turn to answer; held answers go on.
-        if only_backchannel(words) and (words or whole_text is not None or self.whisper is None):
+        if only_backchannel(words) and (words or whole_text is not None or self.ears is None):
             return words
-        if level is not None:  # the user's own level, for telling background speech apart
-            s.user_db = level if s.user_db is None else 0.7 * s.user_db + 0.3 * level
-        if self.whisper is None:
+        if level is not None:  # the user's own level, for telling bystander speech apart
+            s.user.learn(level)
+        if self.ears is None:
             self._delegate(s, text, ev)
             return text
         if not whole and text_job is not None:
@@ -453,221 +351,40 @@ class CascadeModel:
             self._delegate(s, words, ev)  # Whisper already heard this pause: ask now
             return words
         # Take the floor now (the acknowledgment starts this micro-turn); the question goes to the
-        # background when Whisper's transcript is due, at most `whisper_ticks` micro-turns later.
-        self._take_floor(s)
+        # reasoner when Whisper's transcript is due, at most `whisper_ticks` micro-turns later.
+        s.answers.take_floor(o)
         if text_job is None:
-            audio = np.concatenate(s.turn_audio) if s.turn_audio else np.zeros(0, dtype=np.float32)
-            text_job = self.workers.submit("asr", s.ticks + self.opts.whisper_ticks, self._hear, audio, False)
-        s.final_job, s.final_fallback = text_job, text
+            text_job = self.workers.submit("asr", s.tick + o.whisper_ticks, self.ears.hear, h.turn_audio(), False)
+        h.final_job, h.final_fallback = text_job, text
         return ""
 
     def _take_final(self, s: CascadeState, ev: list[Event]) -> str:
         """Delegate the Whisper transcript of the last turn once it is due; returns it."""
-        if s.final_job is None:
+        h = s.hearing
+        if h.final_job is None:
             return ""
         with self.clock.timed("whisper", wait=True):
-            due, heard = s.final_job.take(s.ticks, self.clock.left())
+            due, heard = h.final_job.take(s.tick, self.clock.left())
         if not due:
             return ""
-        s.final_job = None
-        text = heard.transcript.text if heard is not None and heard.transcript.text else s.final_fallback
+        h.final_job = None
+        text = heard.transcript.text if heard is not None and heard.transcript.text else h.final_fallback
         if only_backchannel(text):
             return text  # Whisper heard only "mm-hm": nothing to ask
         ev.append(Event("delegate", {"query": text}))
         return text
 
-    def _new_pause(self, s: CascadeState) -> None:
-        """Forget the cues of the last pause; jobs not started yet leave their worker's queue."""
-        for job in (s.eot_job, s.text_job):
-            if job is not None:
-                job.future.cancel()
-        s.eot_job, s.text_job, s.cues, s.pause_text, s.pause_whole = None, None, PauseCues(), None, True
-        s.pause_start = None
-
-    def _pause_cues(self, s: CascadeState) -> PauseCues:
-        """Smart Turn and Whisper on the turn so far, both asked once per pause (after `eot_check_ms`
-        of silence, or `eot_check_early_ms` when no off-thread job is in flight) and used at their due
-        micro-turns: Smart Turn one later, Whisper `whisper_ticks`.
-
-        Whisper decodes in a window sized to the pause's audio (at most 8 s), ~0.15 s of a core a call
-        (models.speech.whisper_window), so it can hear every pause; its transcript is then also the
-        final one when the pause ends the turn, and the question goes to the background at once.
-        """
-        t, o = s.turn, self.opts
-        if self.smart_turn is None or not t.turn or t.overlap:
-            return s.cues
-        # A pause is known by when it began: talking (again) since the ask makes another one, asked
-        # afresh (Smart Turn's answer too: without Whisper it is all a pause leaves behind).
-        pause_start = t.now_ms - t.silence_ms
-        if s.pause_start is not None and abs(pause_start - s.pause_start) > 1.0:
-            self._new_pause(s)
-        if s.pause_start is None:
-            # The sooner ask puts a micro-turn more of jobs on the workers (gaps between words reach it
-            # too): only when they have nothing else to do, so that a loaded machine keeps its sessions.
-            early = o.eot_check_early_ms > 0 and self.workers.idle()
-            if t.silence_ms < (o.eot_check_early_ms if early else o.eot_check_ms):
-                return s.cues
-            s.pause_start = pause_start
-            audio = _pause_audio(s)
-            s.eot_job = self.workers.submit("eot", s.ticks + 1, self.smart_turn.probability, audio)
-            if self.whisper is not None:
-                s.text_job = self.workers.submit("asr", s.ticks + o.whisper_ticks, self._hear, audio, True)
-                s.pause_whole = len(s.turn_audio) <= _PAUSE_AUDIO_TICKS
-            return s.cues
-        if s.eot_job is not None:
-            with self.clock.timed("smart turn", wait=True):
-                due, p = s.eot_job.take(s.ticks, self.clock.left())
-            if due:
-                s.eot_job = None
-                s.cues.p_end = 0.0 if p is None else p  # failed or late: no vote for "finished"
-        if self.whisper is None:
-            # No better transcript: the streaming one's last word; finished after the fixed rule's silence.
-            complete = looks_complete(s.partial)
-            s.cues.words = UNFINISHED if not complete else FINISHED if t.silence_ms >= o.eot_silence_ms else UNCLEAR
-        elif s.text_job is not None:
-            with self.clock.timed("whisper", wait=True):
-                due, heard = s.text_job.take(s.ticks, self.clock.left())
-            if due:
-                s.text_job = None
-                if heard is None:  # Whisper late (overloaded machine): the streaming transcript
-                    raw = s.partial + "." if looks_complete(s.partial) else ""
-                    heard = Heard(Transcript(s.partial, raw=raw))
-                s.pause_text = heard.transcript
-                s.cues.words = verdict(heard.transcript.raw, heard.p_text, o.text_open, o.text_done)
-                s.cues.p_text = heard.p_text
-        return s.cues
-
-    def _judge_overlap(self, s: CascadeState) -> None:
-        """Ask the overlap probe once per overlap, in the first micro-turn with `barge_in_early_ms` of its
-        speech. Inline on the tick thread (~4 ms of Whisper's encoder, which releases the GIL): its
-        answer is needed in this micro-turn, and overlaps are rare. A failure only loses the early cue."""
-        t = s.turn
-        if self.overlap_probe is None or not (t.turn and t.overlap) or s.p_interrupt is not None:
-            return
-        if t.turn_speech_ms < self.opts.barge_in_early_ms:
-            return
-        audio = np.concatenate(s.turn_audio)
-        with self.clock.timed("overlap probe"):
-            try:
-                s.p_interrupt = self.overlap_probe.probability(
-                    audio, onset_index(len(audio), s.heard_samples, t.turn_started_ms)
-                )
-            except Exception as e:  # never let a classifier stop a session
-                log.warning("overlap probe failed (%s: %s); judging this overlap by its length", type(e).__name__, e)
-                s.p_interrupt = 0.0
-
-    def _hear_overlap(self, s: CascadeState, sounds_like_user: bool) -> None:
-        """Whisper on the open overlap, asked every micro-turn whose speech has grown since the last ask
-        (from `barge_in_early_ms` of it on) and used the micro-turn after, like every Whisper job.
-        Its latest words (`s.overlap_words`) feed the policy's rule 2c. Overlaps are short and
-        rare, so a few ~0.1 s transcriptions each; an overlap that already sounds like someone else's
-        talk is not transcribed (it pauses nothing anyway)."""
-        t, o = s.turn, self.opts
-        if self.whisper is None or not o.overlap_words:
-            return
-        if not (t.turn and t.overlap):
-            self._forget_overlap_words(s)
-            return
-        if s.overlap_job is not None:
-            with self.clock.timed("whisper", wait=True):
-                due, heard = s.overlap_job.take(s.ticks, self.clock.left())
-            if due:
-                s.overlap_job = None
-                if heard is not None and heard.transcript.text:
-                    s.overlap_words = heard.transcript.text
-        if (
-            s.overlap_job is None
-            and t.turn_speech_ms >= o.barge_in_early_ms
-            and t.turn_speech_ms > s.overlap_heard_ms
-            and sounds_like_user
-        ):
-            s.overlap_heard_ms = t.turn_speech_ms
-            s.overlap_job = self.workers.submit("asr", s.ticks + 1, self._hear, np.concatenate(s.turn_audio), False)
-
-    def _forget_overlap_words(self, s: CascadeState) -> None:
-        if s.overlap_job is not None:
-            s.overlap_job.future.cancel()
-        s.overlap_job, s.overlap_heard_ms, s.overlap_words = None, 0.0, None
-
-    def _hear(self, audio: Audio, judge: bool) -> Heard:
-        """Whisper's transcript of `audio` (on a worker thread); with `judge`, also the text model's
-        P(finished) of its words, in the same job, so both are due at the same micro-turn."""
-        assert self.whisper is not None
-        transcript = self.whisper.transcribe(audio)
-        if not judge or self.text_turn is None or not transcript.text:
-            return Heard(transcript)
-        return Heard(transcript, self.text_turn.probability(transcript.text))
-
-    def _background_level(self, s: CascadeState, level: float | None) -> bool:
-        """Speech this much quieter than the user's own is someone else's."""
-        o = self.opts
-        if level is None or s.user_db is None or o.background_db <= 0:
-            return False
-        return level < s.user_db - o.background_db
-
-    def _someone_else(self, s: CascadeState, quieter: bool) -> bool | None:
-        """The open turn (an overlap, or any turn) is someone else's talk: `quieter`, its speech level so
-        far against the user's (`_background_level`), once it has `_LEVEL_TICKS` mostly-speech ticks;
-        None before that: one tick is no level."""
-        if not s.turn.turn:
-            return False
-        if s.turn_level.ticks < _LEVEL_TICKS:
-            return None
-        return quieter
-
     def _delegate(self, s: CascadeState, query: str, ev: list[Event]) -> None:
-        self._take_floor(s)
+        s.answers.take_floor(self.opts)
         ev.append(Event("delegate", {"query": query}))
-
-    def _take_floor(self, s: CascadeState) -> None:
-        # A new question supersedes whatever answer is still pending or held back.
-        s.speaker.drop()
-        self._mute(s)
-        if self.opts.ack and self.opts.ack_phrases:
-            s.speaker.say(self.opts.ack_phrases[s.acks % len(self.opts.ack_phrases)], "ack")
-            s.acks += 1
 
     def _typed(self, s: CascadeState, text: str, ev: list[Event]) -> str:
         text = text.strip()
         if not text:
             return ""
-        s.final_job = None  # typed text supersedes a spoken question still being transcribed
+        s.hearing.final_job = None  # typed text supersedes a spoken question still being transcribed
         if self.opts.typed_text == "say":
-            s.speaker.say(text, "say")
+            s.answers.speaker.say(text, "say")
             return ""
         self._delegate(s, text, ev)
         return text
-
-    def _stop(self, s: CascadeState, reason: str, ev: list[Event]) -> None:
-        dropped = s.speaker.drop()
-        self._mute(s)
-        if dropped or reason == "cancel":
-            ev.append(Event("yielded", {"reason": reason, "dropped": " ".join(p.text for p in dropped)}))
-
-    def _mute(self, s: CascadeState) -> None:
-        s.muted |= s.seen
-        s.splitters.clear()
-
-    def _background(self, s: CascadeState, c: BackgroundChunk, ev: list[Event]) -> None:
-        if c.epoch < s.max_epoch or c.request_id in s.muted:
-            return  # stale: superseded by a newer request, or interrupted
-        s.max_epoch = c.epoch
-        s.seen.add(c.request_id)
-        splitter = s.splitters.setdefault(c.request_id, SentenceSplitter())
-        sentences = splitter.push(c.text)
-        if c.done or c.error:
-            sentences += splitter.flush()
-            del s.splitters[c.request_id]
-        for sentence in sentences:
-            s.speaker.say(sentence, "answer", c.request_id)
-        if c.error:
-            s.speaker.say(self.opts.error_phrase, "error", c.request_id)
-            ev.append(Event("background_error", {"request_id": c.request_id, "error": c.error}))
-
-    def _echo_like(self, s: CascadeState, partial: str) -> bool:
-        """The overlapped words are all words the assistant itself said recently (its own echo)."""
-        words = partial.split()
-        if not words:
-            return False
-        recent = {w for _, ws in s.said for w in ws}
-        return all(w in recent for w in words)

@@ -154,8 +154,9 @@ class CascadeOptions:
     barge_in_words: int = 0
     barge_in_max_ms: int = 1000
     # Overlap quieter than the user's own voice by this many dB (the level of their earlier turns) is
-    # someone else (a television, a person across the room): it never pauses or stops the
-    # assistant. Levels are active speech levels (level.SpeechLevel), judged from the overlap's second
+    # a bystander (a television, a person across the room): it never pauses or stops the assistant
+    # (level.UserLevel; the option keeps the name of FD-bench's "background speech" it was tuned on).
+    # Levels are active speech levels (level.SpeechLevel), judged from the overlap's second
     # mostly-speech micro-turn on. Measured on FD-bench v1.5 samples (seed 0, 10 each): the user's own
     # interruptions and backchannels sit -4.1 to +1.3 dB from their earlier turn's level; television
     # speech mixed 10.5 dB under them reads 3.3-10.2 dB under at two ticks, 4.9-11.3 at three (an
@@ -235,7 +236,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "default": {},
     # espeak-ng instead of Piper: robotic but an order of magnitude cheaper per spoken second.
     "espeak": {"voice": "espeak:en-us"},
-    # The previous default: pocketsphinx only, a fixed silence rule, no level gate.
+    # The smallest cascade: pocketsphinx only, a fixed silence rule, no bystander gate.
     "classic": {"asr": "sphinx", "smart_turn": False, "background_db": 0.0},
 }
 

@@ -17,8 +17,8 @@ Rules (all thresholds are `CascadeOptions` fields):
   2a. it pauses the assistant sooner, at `barge_in_early_ms` of speech, when the overlap probe (what
      the first few hundred ms say: "wait", "sorry, but" rather than "mm-hm", "yeah") gives
      P(interruption) >= `barge_in_early_p`, unless the words already say backchannel (2c);
-  2b. an overlap judged to be background speech (much quieter than the user's own voice, decided
-     by the cascade from levels) never pauses nor stops the assistant; it just ends when it falls
+  2b. an overlap judged to be bystander speech (much quieter than the user's own voice, decided
+     by the cascade from levels, level.py) never pauses nor stops the assistant; it just ends when it falls
      silent; such a turn opened while the assistant was quiet gets no backchannel either;
   2c. Whisper transcribes the overlap every micro-turn; while its latest words are all backchannels
      ("yeah, yeah", "mm-hm, I see") the overlap may last twice `barge_in_max_ms` before it is a
@@ -191,14 +191,14 @@ class TurnPolicy:
         assistant_busy: bool,
         echo_like: bool,
         cues: PauseCues | None = None,
-        background: bool = False,
+        bystander: bool = False,
         p_interrupt: float | None = None,
         overlap_words: str | None = None,
     ) -> Decision:
         """Given the partial transcript of the open turn, decide what happens this micro-turn.
 
         `cues`: what the end-of-turn models said about the current pause (see `turn_ends`);
-        `background`: the turn is someone else's speech, not the user's (a level judgement);
+        `bystander`: the turn is someone else's speech, not the user's (a level judgement);
         `p_interrupt`: the overlap probe's P(the overlap is an interruption), once it has been asked;
         `overlap_words`: the overlap's latest non-empty transcript (Whisper's), once there is one.
         """
@@ -209,7 +209,7 @@ class TurnPolicy:
             if not assistant_busy:
                 s.overlap = False  # the assistant finished on its own: a normal turn now
             elif s.silence_ms >= OVERLAP_END_MS:
-                if background or not self._said_stop(p_interrupt, overlap_words, echo_like):
+                if bystander or not self._said_stop(p_interrupt, overlap_words, echo_like):
                     d.abandon = True
                     s.turn = s.overlap = s.paused = False
                     return d
@@ -217,7 +217,7 @@ class TurnPolicy:
                 # us: the floor is the user's (rule 2d).
                 d.barge_in = True
                 s.overlap = s.paused = False
-            elif background:
+            elif bystander:
                 s.paused = False  # not the user: the assistant goes on (resumes if it had paused)
             else:
                 # Time since the overlap began: it is still alive, so its pauses were short
@@ -259,7 +259,7 @@ class TurnPolicy:
             return d
         if (
             o.backchannel
-            and not background  # no "mm-hm" to the television
+            and not bystander  # no "mm-hm" to the television
             and s.silence_ms >= o.backchannel_pause_ms
             # A pause whose words look finished is about to be our turn: no "mm-hm" right before it.
             and cues.words not in (FINISHED, UNCLEAR)

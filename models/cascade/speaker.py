@@ -6,7 +6,7 @@ number of micro-turns later (a budget from its length, `Speaker.budget_ticks`): 
 before that micro-turn, and at that micro-turn a real-time tick waits for it up to `_SYNTH_GRACE_S`
 (the cascade passes what is left of its step's shared grace instead; later it plays when ready);
 a media-pace session is stepped only once it is done (`waiting`), so a
-media-pace run (ticks flat out) plays it at the same micro-turn as real time does (issue 11).
+media-pace run (ticks flat out) plays it at the same micro-turn as real time does.
 Pre-rendered phrases (acknowledgments, backchannels) skip the pool, which is
 what lets the first reply audio start in the very micro-turn the end of a turn is detected.
 """
@@ -111,13 +111,13 @@ class TickSpeech:
 
 
 class Speaker:
-    """Per-session output queue. `tick()` yields exactly one micro-turn of audio."""
+    """Per-session output queue. `play()` yields exactly one micro-turn of audio."""
 
     def __init__(self, synth: Synthesizer, base_ms: float = 100.0, ms_per_char: float = 12.0) -> None:
         self._synth = synth
         self.queue: deque[Phrase] = deque()
         self.starved_ticks = 0  # micro-turns where queued speech was not synthesised in time
-        self.ticks = 0  # micro-turns played so far (the clock of `Phrase.due`)
+        self.tick = 0  # index of the next micro-turn to play (the clock of `Phrase.due`)
         self.base_ms, self.ms_per_char = base_ms, ms_per_char
 
     def budget_ticks(self, text: str) -> int:
@@ -132,7 +132,7 @@ class Speaker:
             p.audio = cached
         else:
             p.future = self._synth.submit(text)
-            p.due = self.ticks + self.budget_ticks(text)
+            p.due = self.tick + self.budget_ticks(text)
         if kind == "backchannel" and not (self.queue and self.queue[0].pos > 0):
             # A backchannel is said now, in a pause of the user, ahead of any answer held back
             # while the user talks (never mid-phrase: then the queue head is already playing).
@@ -144,7 +144,7 @@ class Speaker:
     def waiting(self) -> list[Future[Audio]]:
         """The next phrase's synthesis, when the next micro-turn may play it (its budget is up)."""
         p = self.queue[0] if self.queue else None
-        return [p.future] if p is not None and p.future is not None and self.ticks >= p.due else []
+        return [p.future] if p is not None and p.future is not None and self.tick >= p.due else []
 
     @property
     def busy(self) -> bool:
@@ -165,7 +165,7 @@ class Speaker:
         self.queue = keep
         return dropped
 
-    def tick(self, hold: bool = False, grace: float = _SYNTH_GRACE_S) -> TickSpeech:
+    def play(self, hold: bool = False, grace: float = _SYNTH_GRACE_S) -> TickSpeech:
         """One micro-turn of audio. `hold`: the user has the floor; play backchannels only. `grace`: how
         long to wait for a phrase due now whose synthesis is late (the step's remaining grace)."""
         out = np.zeros(TICK_SAMPLES, dtype=np.float32)
@@ -178,14 +178,14 @@ class Speaker:
                 break
             if p.audio is None:
                 assert p.future is not None
-                if self.ticks < p.due:
+                if self.tick < p.due:
                     res.starved = True  # within its budget: not yet, even if it happens to be ready
                     break
                 try:
-                    p.audio = p.future.result(timeout=grace if self.ticks == p.due else 0.0)
+                    p.audio = p.future.result(timeout=grace if self.tick == p.due else 0.0)
                 except FutureTimeout:
                     res.starved = True  # over budget (an overloaded machine): plays when ready
-                    if self.ticks == p.due:
+                    if self.tick == p.due:
                         LATE.note("speech synthesis")
                     break
                 except Exception as e:  # a phrase that cannot be spoken is skipped, not fatal
@@ -203,6 +203,6 @@ class Speaker:
                 res.finished.append(self.queue.popleft())
         if res.starved:
             self.starved_ticks += 1
-        self.ticks += 1
+        self.tick += 1
         res.text = "".join(t + " " for t in texts)  # deltas concatenate into the transcript
         return res

@@ -151,7 +151,7 @@ class Timing:
 @dataclass
 class Job(Generic[T]):
     future: Future[T]
-    due: int  # the session's micro-turn (CascadeState.ticks) at which the result is used
+    due: int  # the session's micro-turn (CascadeState.tick) at which the result is used
     name: str = ""  # the worker it runs on (for the overrun warning)
     timing: Timing = field(default_factory=Timing)
 

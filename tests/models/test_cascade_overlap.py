@@ -208,7 +208,7 @@ def test_a_short_interruption_that_falls_silent_takes_the_floor() -> None:
     def close(words: str | None, p: float | None, echo: bool = False, background: bool = False) -> Decision:
         s = TurnState(turn=True, overlap=True, paused=True, turn_speech_ms=300.0, now_ms=5000.0,
                       turn_started_ms=4400.0, silence_ms=OVERLAP_END_MS)
-        return policy.decide(s, Decision(), "", True, echo, background=background, p_interrupt=p,
+        return policy.decide(s, Decision(), "", True, echo, bystander=background, p_interrupt=p,
                              overlap_words=words)
 
     d = close("stop", 0.9)

@@ -117,18 +117,18 @@ def test_a_long_turn_restarts_the_recogniser_and_keeps_its_words(model: CascadeM
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A turn longer than `_UTTERANCE_TICKS` is decoded as several pocketsphinx utterances (bounding a
     pooled decoder's memory); the partial carries the earlier utterances' words."""
-    import models.cascade.model as cascade_model
+    import models.cascade.hearing as hearing
 
     clip = np.concatenate([silence(0.4), speech("Yesterday I walked along the river with my sister and we "
                                                 "talked about the garden, the weather and the old train station."),
                            silence(3.0)])
 
     def last_partial(cap: int) -> tuple[str, list[str]]:
-        monkeypatch.setattr(cascade_model, "_UTTERANCE_TICKS", cap)
+        monkeypatch.setattr(hearing, "_UTTERANCE_TICKS", cap)
         c, heard = Conversation(model), []
         for i in range(0, len(clip), TICK_SAMPLES):
             c.step(clip[i : i + TICK_SAMPLES])
-            heard.append(c.s.heard)
+            heard.append(c.s.hearing.heard)
         partials = [d["text"] for _, d in c.events("user_partial")]
         assert partials, "no partial transcript at all"
         return partials[-1], heard
@@ -177,7 +177,7 @@ def test_the_policy_backchannels_a_long_turn_of_the_user_but_not_of_someone_else
         s = TurnState(turn=True, announced=True, silence_ms=float(o.backchannel_pause_ms), now_ms=20_000.0,
                       turn_speech_ms=float(o.backchannel_after_ms))
         d = policy.decide(s, Decision(), "and then we went down to the", assistant_busy=False, echo_like=False,
-                          cues=cues, background=background)
+                          cues=cues, bystander=background)
         assert d.backchannel is expected and not d.end_of_turn, (background, d)
 
 

@@ -1,0 +1,96 @@
+"""Speaking answers: what the assistant queues to say (acknowledgments, backchannels, the background
+reasoner's answer sentence by sentence as it streams in), what it stops saying, and what it said.
+
+The answer comes back as `BackgroundChunk`s of the request the cascade delegated; each request's text
+is cut into sentences (text.SentenceSplitter) and each sentence is synthesised as soon as it is
+complete (speaker.py). A new question, a barge-in or a cancel mutes every request seen so far: chunks
+of those still arriving are dropped, and so are chunks of epochs older than the newest seen. What was
+spoken is remembered for `_ECHO_MEMORY_MS`: overlapped words that are all among them are our own echo.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from models.base import BackgroundChunk, Event
+from models.cascade.options import CascadeOptions
+from models.cascade.speaker import Speaker, TickSpeech
+from models.cascade.text import SentenceSplitter, words_of
+from models.cascade.work import StepClock
+
+_ECHO_MEMORY_MS = 10_000  # how long the assistant's words count as possible echo
+
+
+@dataclass
+class AnswerState:
+    """One session's speaking: the phrase queue and what feeds it."""
+
+    speaker: Speaker  # the assistant's queued phrases, cut into micro-turns of audio
+    said: deque[tuple[float, list[str]]] = field(default_factory=deque)  # (media ms, words) spoken lately
+    seen: set[str] = field(default_factory=set)  # reasoner request ids seen so far
+    muted: set[str] = field(default_factory=set)  # request ids whose further chunks are dropped
+    max_epoch: int = 0  # newest reasoner epoch seen; older chunks are stale
+    splitters: dict[str, SentenceSplitter] = field(default_factory=dict)  # per streaming request
+    acks: int = 0  # acknowledgments said (rotates the phrase)
+    backchannels: int = 0  # backchannels said (rotates the phrase)
+
+    def take_floor(self, o: CascadeOptions) -> None:
+        """A new question: it supersedes whatever answer is still pending or held back; acknowledged."""
+        self.speaker.drop()
+        self.mute()
+        if o.ack and o.ack_phrases:
+            self.speaker.say(o.ack_phrases[self.acks % len(o.ack_phrases)], "ack")
+            self.acks += 1
+
+    def stop(self, reason: str, ev: list[Event]) -> None:
+        """Stop talking now and drop the rest of the answer (a barge-in, or the client's cancel)."""
+        dropped = self.speaker.drop()
+        self.mute()
+        if dropped or reason == "cancel":
+            ev.append(Event("yielded", {"reason": reason, "dropped": " ".join(p.text for p in dropped)}))
+
+    def mute(self) -> None:
+        self.muted |= self.seen
+        self.splitters.clear()
+
+    def add_chunk(self, c: BackgroundChunk, error_phrase: str, ev: list[Event]) -> None:
+        """Queue the sentences a reasoner chunk completes (the error phrase after a failed request)."""
+        if c.epoch < self.max_epoch or c.request_id in self.muted:
+            return  # stale: superseded by a newer request, or interrupted
+        self.max_epoch = c.epoch
+        self.seen.add(c.request_id)
+        splitter = self.splitters.setdefault(c.request_id, SentenceSplitter())
+        sentences = splitter.push(c.text)
+        if c.done or c.error:
+            sentences += splitter.flush()
+            del self.splitters[c.request_id]
+        for sentence in sentences:
+            self.speaker.say(sentence, "answer", c.request_id)
+        if c.error:
+            self.speaker.say(error_phrase, "error", c.request_id)
+            ev.append(Event("background_error", {"request_id": c.request_id, "error": c.error}))
+
+    def backchannel(self, phrases: tuple[str, ...], ev: list[Event]) -> None:
+        phrase = phrases[self.backchannels % len(phrases)]
+        self.backchannels += 1
+        self.speaker.say(phrase, "backchannel")
+        ev.append(Event("backchannel", {"text": phrase}))
+
+    def speak(self, hold: bool, now_ms: float, clock: StepClock) -> TickSpeech:
+        """This micro-turn's speech (`hold`: only backchannels may play); remembers what started."""
+        with clock.timed("synthesis", wait=True):
+            speech = self.speaker.play(hold=hold, grace=clock.left())
+        for p in speech.started:
+            self.said.append((now_ms, words_of(p.text)))
+        while self.said and self.said[0][0] < now_ms - _ECHO_MEMORY_MS:
+            self.said.popleft()
+        return speech
+
+    def said_lately(self, words: str) -> bool:
+        """`words` are all words the assistant itself said recently (they are its own echo)."""
+        ws = words.split()
+        if not ws:
+            return False
+        recent = {w for _, said in self.said for w in said}
+        return all(w in recent for w in ws)

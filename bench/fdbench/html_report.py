@@ -109,9 +109,11 @@ def _said(tl: Timeline, label: str) -> str:
     scope = " (after the interruption only, as the scorer transcribes it)" if tl.kind == "interruption" else ""
     out = [f"<div><b>{escape(label)}</b>, ASR{scope}: {escape(asr)}</div>"]
     for ev in tl.decisions or []:
-        if ev.get("type") == "response.output_audio_transcript.done" and ev.get("text"):
+        if not str(ev.get("text") or "").strip():
+            continue
+        if ev.get("type") == "response.output_audio_transcript.done":
             out.append(f"<div class='log'>{ev['t']:.2f} s, {escape(label)} said (log): {escape(str(ev['text']))}</div>")
-        elif ev.get("type") == "conversation.item.input_audio_transcription.completed" and ev.get("text"):
+        elif ev.get("type") == "conversation.item.input_audio_transcription.completed":
             out.append(f"<div class='log'>{ev['t']:.2f} s, {escape(label)} heard (log): "
                        f"{escape(str(ev['text']))}</div>")
     return "".join(out)

@@ -142,7 +142,8 @@ def _decisions(c: _Canvas, events: list[dict[str, Any]]) -> None:
             x = last_did = max(x, last_did + 9)
         name = ""
         if cls == "model" and x - last_label > 60:  # name the model's decisions where there is room
-            name, last_label = f'<text x="{_f(x + 6)}" y="{_f(mid + 4)}">{escape(text)}</text>', x
+            # under the glyph: beside it, the glyphs of the next micro-turns would cover it
+            name, last_label = f'<text x="{_f(x - 3)}" y="{_f(mid + 15)}">{escape(text)}</text>', x
         c.add(f'<g class="ev {cls}" data-t="{t:.3f}" data-type="{escape(kind)}">'
               f"<title>{tip}</title>{_glyph(cls, x, mid)}{name}</g>")
     if started is not None:  # speech still going when the log ended
@@ -208,7 +209,7 @@ def draw(timelines: list[Timeline], labels: list[str]) -> str:
             c.label("model did (log)", LANE_H)
             c.y -= LANE_H + ROW_GAP
             _decisions(c, tl.decisions)
-            c.y += 2 * (LANE_H + ROW_GAP)
+            c.y += 2 * (LANE_H + ROW_GAP) + 8  # room for the event names
         c.y += 4
     bottom = c.y
     _axis(c)

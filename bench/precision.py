@@ -29,7 +29,7 @@ from models.interaction.checkpoint import build
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
 from models.interaction.flow import turn_noise
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
-from models.interaction.runtime import MATMUL_DTYPES
+from models.interaction.serving import MATMUL_DTYPES
 from models.interaction.video import PATCH
 
 

@@ -1,12 +1,58 @@
-"""Model names accepted by `duplex serve --model` and the benchmarks.
+"""Model names accepted by `duplex serve --model` and the benchmarks, and the options they load with.
 
 Imports are lazy so that `echo` starts without torch and a missing optional dependency names itself.
 """
 
+from __future__ import annotations
+
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from models.base import InteractionModel
+
+GRAPH_MODES = ("off", "eager", "cuda")
+MATMUL_MODES = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class NativeOptions:
+    """How the native model is served (`duplex serve --native-*`); ignored by the other models.
+
+    The defaults come from `from_env()`: each environment variable overrides one built-in default,
+    and a command-line option overrides both.
+    """
+
+    deterministic: bool = True  # batch-invariant mode (bit-identical alone or batched); False = fast
+    threads: int = 0  # intra-op torch threads on a CPU; 0 = every core this process may use
+    matmul: str = "fp32"  # what the transformer blocks' products run in: fp32 | bf16
+    graphs: str | None = None  # bucketed step: off | eager | cuda; None = cuda on a GPU, off on a CPU
+    graph_max_batch: int = 64  # largest bucket (bigger steps run as several)
+    kv_budget_mb: float | None = None  # KV pool size; None = 512 MiB on a CPU, 85% of free GPU memory
+
+    def __post_init__(self) -> None:
+        if self.matmul not in MATMUL_MODES:
+            raise ValueError(f"native matmul {self.matmul!r} (--native-matmul, DUPLEX_NATIVE_MATMUL) is not one "
+                             f"of {', '.join(MATMUL_MODES)}")
+        if self.graphs is not None and self.graphs not in GRAPH_MODES:
+            raise ValueError(f"native graphs {self.graphs!r} (--native-graphs, DUPLEX_NATIVE_GRAPHS): use one of "
+                             f"{', '.join(GRAPH_MODES)}")
+        if self.threads < 0 or self.graph_max_batch < 1:
+            raise ValueError("--torch-threads must be 0 (every core) or more and --graph-max-batch at least 1")
+        if self.kv_budget_mb is not None and self.kv_budget_mb <= 0:
+            raise ValueError(f"--kv-budget-mb must be positive, got {self.kv_budget_mb}")
+
+    @classmethod
+    def from_env(cls) -> NativeOptions:
+        """The built-in defaults, each overridden by its environment variable when set."""
+        env = os.environ
+        budget = env.get("DUPLEX_KV_BUDGET_MB")
+        return cls(deterministic=env.get("DUPLEX_NATIVE_DETERMINISTIC", "1") != "0",
+                   threads=int(env.get("DUPLEX_TORCH_THREADS", "0") or 0),
+                   matmul=env.get("DUPLEX_NATIVE_MATMUL") or "fp32",
+                   graphs=env.get("DUPLEX_NATIVE_GRAPHS") or None,
+                   graph_max_batch=int(env.get("DUPLEX_GRAPH_MAX_BATCH", "64") or 64),
+                   kv_budget_mb=float(budget) if budget else None)
 
 
 @dataclass
@@ -16,6 +62,7 @@ class ModelSpec:
     name: str  # e.g. "echo", "echo:2", "native:tiny", "cascade"
     checkpoint: str | None = None
     device: str | None = None
+    native: NativeOptions = field(default_factory=NativeOptions.from_env)
 
 
 def _echo(spec: ModelSpec, arg: str) -> InteractionModel:
@@ -31,7 +78,7 @@ def _echo(spec: ModelSpec, arg: str) -> InteractionModel:
 def _native(spec: ModelSpec, arg: str) -> InteractionModel:
     from models.interaction import load_native
 
-    return load_native(arg or "tiny", checkpoint=spec.checkpoint, device=spec.device)
+    return load_native(arg or "tiny", checkpoint=spec.checkpoint, device=spec.device, options=spec.native)
 
 
 def _cascade(spec: ModelSpec, arg: str) -> InteractionModel:
@@ -53,10 +100,12 @@ def available() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def load_model(name: str, checkpoint: str | None = None, device: str | None = None) -> InteractionModel:
-    """Build the model a name stands for: `family[:option]`."""
+def load_model(name: str, checkpoint: str | None = None, device: str | None = None,
+               native: NativeOptions | None = None) -> InteractionModel:
+    """Build the model a name stands for: `family[:option]`. `native`: the native model's serving
+    options (None: the defaults, environment overrides included)."""
     family, _, arg = name.partition(":")
     factory = _FACTORIES.get(family)
     if factory is None:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(available())}")
-    return factory(ModelSpec(name, checkpoint, device), arg)
+    return factory(ModelSpec(name, checkpoint, device, native or NativeOptions.from_env()), arg)

@@ -26,7 +26,7 @@ from models.interaction.checkpoint import INIT_SEED, build, save_checkpoint
 from models.interaction.config import ACTIONS, InteractionConfig
 from models.interaction.config import preset as preset_config
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures, init_weights
-from models.interaction.runtime import NativeModel
+from models.interaction.serving import NativeModel
 from train.lora import apply_lora, merge_lora
 from train.losses import LOSSES, Batch, LossFn, LossWeights
 
@@ -195,17 +195,17 @@ class TrainingClient:
         text fed back included) [N rows] and the control action it chose [N] (greedy, as served)."""
         model = self.sampler()
         st = model.open(session_id)
-        st.trace = []
+        trace: list[tuple[TurnFeatures, HeadOutputs]] = []
         try:
             outs = []
             for i, tick in enumerate(ticks):
-                outs.extend(model.step([(st, tick)]))
+                outs.extend(model.step([(st, tick)], observe=lambda _, f, h: trace.append((f, h))))
                 if on_step:
                     on_step(i)
         finally:
             model.close(st)
-        feats = TurnFeatures.cat([f for f, _ in st.trace])
-        actions = torch.cat([h.control[:, : len(ACTIONS)].argmax(-1) for _, h in st.trace])
+        feats = TurnFeatures.cat([f for f, _ in trace])
+        actions = torch.cat([h.control[:, : len(ACTIONS)].argmax(-1) for _, h in trace])
         return outs, feats, actions
 
 

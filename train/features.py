@@ -1,7 +1,7 @@
 """Episodes -> model features and labels, cached as .npz shards so training never re-synthesises.
 
 Per episode of N micro-turns (arrays [N, ...]), exactly what the runtime would feed and what it
-should produce (see models/interaction/runtime.py for the feedback rules mirrored here):
+should produce (see models/interaction/serving.py for the feedback rules mirrored here):
 
     user_dmel   [N, 20, 80] uint8   dMel of the mic, with the previous micro-turn's tail as context
     self_dmel   [N, 20, 80] uint8   dMel of what the assistant emitted in micro-turn n-1: the target

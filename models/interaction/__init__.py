@@ -1,11 +1,9 @@
 """The native interaction model: an encoder-free streaming transformer with persistent per-session KV.
 
-`load_native("tiny")` is what `duplex serve --model native:tiny [--checkpoint FILE]` calls.
-
-Environment knobs (the CLI has no flags for them):
-  DUPLEX_KV_BUDGET_MB         KV pool size; default 512 on CPU, 85% of free GPU memory on CUDA
-  DUPLEX_NATIVE_DETERMINISTIC 1 = batch-invariant mode (bit-identical alone or batched), 0 = fast
-  DUPLEX_TORCH_THREADS        intra-op threads on CPU; default: every core this process may use
+`load_native("tiny", options=...)` is what `duplex serve --model native:tiny [--checkpoint FILE]` calls;
+its serving options (`NativeOptions`, models/registry.py) are `duplex serve` options, whose defaults
+the environment variables DUPLEX_KV_BUDGET_MB, DUPLEX_NATIVE_DETERMINISTIC, DUPLEX_TORCH_THREADS,
+DUPLEX_NATIVE_MATMUL, DUPLEX_NATIVE_GRAPHS and DUPLEX_GRAPH_MAX_BATCH override.
 """
 
 import contextlib
@@ -18,7 +16,8 @@ from models.interaction.checkpoint import build, parameter_count, save_checkpoin
 from models.interaction.config import PRESETS, InteractionConfig, preset
 from models.interaction.kv import KVPool, PoolFullError
 from models.interaction.model import InteractionTransformer, TurnFeatures, init_weights
-from models.interaction.runtime import NativeModel, NativeSession
+from models.interaction.serving import NativeModel, NativeSession, StepObserver
+from models.registry import NativeOptions
 
 __all__ = [
     "PRESETS",
@@ -28,6 +27,7 @@ __all__ = [
     "NativeModel",
     "NativeSession",
     "PoolFullError",
+    "StepObserver",
     "TurnFeatures",
     "init_weights",
     "load_native",
@@ -40,9 +40,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def set_cpu_threads() -> int:
-    """One inference thread calls step; let its matmuls use the cores this process may run on."""
-    n = int(os.environ.get("DUPLEX_TORCH_THREADS", "0")) or len(os.sched_getaffinity(0))
+def set_cpu_threads(threads: int | None = None) -> int:
+    """One inference thread calls step; let its matmuls use the cores this process may run on.
+    `threads`: 0 = every core; None = NativeOptions' default (DUPLEX_TORCH_THREADS overrides it)."""
+    if threads is None:
+        threads = NativeOptions.from_env().threads
+    n = threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(n)
     # No inter-op parallelism in one fixed-shape step. Fails if already set or work already ran: harmless.
     with contextlib.suppress(RuntimeError):
@@ -56,7 +59,7 @@ def slots_for_budget(cfg: InteractionConfig, dtype: torch.dtype, budget_bytes: i
     if n < 1:
         raise ValueError(
             f"KV budget of {budget_bytes / 2**20:.1f} MiB cannot hold even one {what} session "
-            f"({per / 2**20:.1f} MiB each); raise DUPLEX_KV_BUDGET_MB or use a smaller preset"
+            f"({per / 2**20:.1f} MiB each); raise --kv-budget-mb (DUPLEX_KV_BUDGET_MB) or use a smaller preset"
         )
     return int(n)
 
@@ -67,25 +70,30 @@ def load_native(
     device: str | None = None,
     kv_budget_mb: float | None = None,
     deterministic: bool | None = None,
+    options: NativeOptions | None = None,
 ) -> NativeModel:
+    """`options`: how to serve it (None: the defaults, environment overrides included); `kv_budget_mb`
+    and `deterministic`, when given, override those two of them."""
+    opts = options or NativeOptions.from_env()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu")
     if dev.type == "cpu":
-        set_cpu_threads()
+        set_cpu_threads(opts.threads)
     net = build(preset_name, checkpoint)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     net = net.to(device=dev, dtype=dtype)
-    if kv_budget_mb is None and os.environ.get("DUPLEX_KV_BUDGET_MB"):
-        kv_budget_mb = float(os.environ["DUPLEX_KV_BUDGET_MB"])
+    if kv_budget_mb is None:
+        kv_budget_mb = opts.kv_budget_mb
     if kv_budget_mb is None:
         budget = int(torch.cuda.mem_get_info(dev)[0] * 0.85) if dev.type == "cuda" else 512 * 2**20
     else:
         budget = int(kv_budget_mb * 2**20)
     n_slots = slots_for_budget(net.cfg, dtype, budget, f"native:{preset_name}")
     if deterministic is None:
-        deterministic = os.environ.get("DUPLEX_NATIVE_DETERMINISTIC", "1") != "0"
-    model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic)
+        deterministic = opts.deterministic
+    model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic, matmul=opts.matmul,
+                        graphs=opts.graphs, graph_max_batch=opts.graph_max_batch)
     log.info(
         "native:%s: %.1f M parameters on %s, %d KV slots of %.1f MiB, deterministic=%s",
         preset_name,

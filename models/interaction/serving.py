@@ -1,4 +1,5 @@
-"""NativeModel: the InteractionModel adapter around the transformer, its KV pool and its vocoder.
+"""NativeModel: the native model's serving adapter (an InteractionModel) around the transformer, its KV
+pool and its vocoder.
 
 Per micro-turn and batch: featurise (dMel, patches, bytes) -> one batched forward_step -> control,
 text and transcript heads -> flow head -> Griffin-Lim -> gate by the control decision -> feed the
@@ -9,8 +10,7 @@ thread that calls `step`.
 import codecs
 import hashlib
 import logging
-import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -25,12 +25,12 @@ from models.interaction.kv import KVPool
 from models.interaction.layers import Lin
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
 from models.interaction.video import PATCH, frame_patches
+from models.registry import GRAPH_MODES
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT = 16_384  # bytes of typed/background text waiting for slots; beyond it new text is dropped
-# DUPLEX_NATIVE_MATMUL: what the transformer blocks' products run in (bench/precision.py measures the cost in quality)
+# --native-matmul: what the transformer blocks' products run in (bench/precision.py measures the cost in quality)
 MATMUL_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
-GRAPH_MODES = ("off", "eager", "cuda")
 SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = range(len(ACTIONS))
 
 
@@ -60,8 +60,12 @@ class NativeSession:
     text_dec: codecs.IncrementalDecoder = field(default_factory=_utf8)
     transcript_dec: codecs.IncrementalDecoder = field(default_factory=_utf8)
     closed: bool = False
-    # Tests set this to a list to record (features, head outputs) per micro-turn for teacher forcing.
-    trace: list[tuple[TurnFeatures, HeadOutputs]] | None = None
+
+
+# Told, for each session of a step, what the model saw and what its heads said: (state, features row,
+# head outputs row [1, ...]). Passed to `step` by callers that replay a session whole (teacher forcing
+# in tests and training); the server never passes one.
+StepObserver = Callable[[NativeSession, TurnFeatures, HeadOutputs], None]
 
 
 def _take(queue: bytearray, n: int) -> list[int]:
@@ -91,40 +95,44 @@ class NativeModel:
         n_slots: int,
         device: torch.device,
         deterministic: bool,
-        matmul: str | None = None,
+        matmul: str = "fp32",
         graphs: str | None = None,
+        graph_max_batch: int = 64,
     ) -> None:
+        """`matmul`, `graphs`, `graph_max_batch`: see `NativeOptions` (models/registry.py)."""
         self.net = net.eval()
         self.cfg = net.cfg
         self.name = name
         self.device = device
         self.dtype = next(net.parameters()).dtype
         self.pool = KVPool(self.cfg, n_slots, device, self.dtype)
-        # DUPLEX_NATIVE_GRAPHS: "cuda" (default on a GPU) replays the transformer step from CUDA graphs
-        # per batch-size bucket; "eager" runs the same bucketed step without graphs (checks it on a CPU);
+        # --native-graphs: "cuda" (default on a GPU) replays the transformer step from CUDA graphs per
+        # batch-size bucket; "eager" runs the same bucketed step without graphs (checks it on a CPU);
         # "off" (default on a CPU) steps exactly the sessions given.
-        mode = graphs or os.environ.get("DUPLEX_NATIVE_GRAPHS") or ("cuda" if device.type == "cuda" else "off")
+        mode = graphs or ("cuda" if device.type == "cuda" else "off")
         if mode not in GRAPH_MODES or (mode == "cuda" and device.type != "cuda"):
-            raise ValueError(f"DUPLEX_NATIVE_GRAPHS={mode!r}: use one of {', '.join(GRAPH_MODES)} ('cuda' needs a GPU)")
+            raise ValueError(f"native graphs {mode!r} (--native-graphs, DUPLEX_NATIVE_GRAPHS): use one of "
+                             f"{', '.join(GRAPH_MODES)} ('cuda' needs a GPU)")
         self.graphs: BucketedStep | None = None
         if mode != "off":
             if n_slots < 2:
                 raise ValueError("bucketed steps need a KV pool of at least 2 slots (one is scratch)")
-            top = min(n_slots - 1, int(os.environ.get("DUPLEX_GRAPH_MAX_BATCH", "64")))
+            top = min(n_slots - 1, graph_max_batch)
             self.graphs = BucketedStep(net, self.pool, top, capture=mode == "cuda")
         self.max_sessions: int | None = n_slots - self.pool.n_reserved
         self.frontend = dmel.DMelFrontend(self.cfg.dmel_bins, self.cfg.dmel_levels, device)
         self.vocoder = vocoder.GriffinLim(self.cfg.mel_bins, self.cfg.griffin_lim_iters, device)
         self.deterministic = deterministic
         self.set_deterministic(deterministic)
-        self.matmul = matmul or os.environ.get("DUPLEX_NATIVE_MATMUL", "fp32")
-        self.set_matmul(self.matmul)
+        self.matmul = matmul
+        self.set_matmul(matmul)
 
     def set_matmul(self, name: str) -> None:
         """Run the transformer blocks' products in fp32 or bf16 (from serving copies of their weights;
         the parameters, checkpoints and everything outside the blocks stay as they are)."""
         if name not in MATMUL_DTYPES:
-            raise ValueError(f"DUPLEX_NATIVE_MATMUL={name!r} is not one of {', '.join(MATMUL_DTYPES)}")
+            raise ValueError(f"native matmul {name!r} (--native-matmul, DUPLEX_NATIVE_MATMUL) is not one of "
+                             f"{', '.join(MATMUL_DTYPES)}")
         dtype = MATMUL_DTYPES[name]
         for blk in self.net.blocks:
             for m in blk.modules():
@@ -152,7 +160,7 @@ class NativeModel:
     @property
     def steady_age(self) -> int:
         """Micro-turns after which a session's step cost stops growing: every layer's store is full
-        (attention reads only written keys). Admission calibrates at this age."""
+        (attention reads only written keys). Admission calibrates at this age (`Ageing`, models/base.py)."""
         return max(g.turns for g in self.pool.geoms)
 
     @property
@@ -239,7 +247,11 @@ class NativeModel:
         )
 
     @torch.inference_mode()
-    def step(self, batch: Sequence[tuple[NativeSession, TickInput]]) -> list[TickOutput]:
+    def step(
+        self, batch: Sequence[tuple[NativeSession, TickInput]], observe: StepObserver | None = None
+    ) -> list[TickOutput]:
+        """One micro-turn for every session of `batch`; `observe` (not the server's) sees each row's
+        features and head outputs."""
         if not batch:
             return []
         states = [s for s, _ in batch]
@@ -270,8 +282,8 @@ class NativeModel:
             gate, text, user_text, events = self._decide(st, tick, actions[i], voice[i], text_ids[i], transcript_ids[i])
             spoken.append(audio[i] * gate)
             outs.append(TickOutput(spoken[-1].float().cpu().numpy(), text=text, user_text=user_text, events=events))
-            if st.trace is not None:
-                st.trace.append((feats.row(i), HeadOutputs(*(x[i : i + 1] for x in vars(heads).values()))))
+            if observe is not None:
+                observe(st, feats.row(i), HeadOutputs(*(x[i : i + 1] for x in vars(heads).values())))
         # 4. the model hears itself: dMel of what it actually said becomes next micro-turn's self audio
         own = torch.stack([torch.cat([st.self_tail, a]) for st, a in zip(states, spoken, strict=True)])
         self_dmel = self.frontend(own, self.deterministic)
@@ -313,11 +325,12 @@ class NativeModel:
         gate = 1.0 if action in (SPEAK, BACKCHANNEL) else 0.0
         return gate, st.text_dec.decode(bytes(written)), user_text, events
 
-    # -- benchmark helpers (bench/engine.py finds them by name) -------------------------------
+    # -- ageing (`Ageing`, models/base.py: admission calibrates at `steady_age`) -------------------
 
     @torch.inference_mode()
     def fast_forward(self, state: NativeSession, turns: int) -> None:
-        """Age a fresh session to `turns` micro-turns without stepping them (for benchmarks only).
+        """Age a fresh session to `turns` micro-turns without stepping them: what a step costs at an
+        age, measured without talking that long (admission at start-up, bench/engine.py).
 
         Every store index the pool would hold at that age is filled with seeded random keys and
         values, the conv state likewise, and the micro-turn counter is set. Attention reads exactly
@@ -335,6 +348,8 @@ class NativeModel:
                 store[state.slot] = x * held[:, None, None, None]
         self.pool.conv[state.slot] = torch.randn(self.pool.conv.shape[1:], generator=g).to(self.device, self.dtype)
         state.turn = turns
+
+    # -- the re-prefill baseline (bench/engine.py) ---------------------------------------------
 
     def silent_features(self, n: int) -> TurnFeatures:
         """n micro-turns of silence and no input: a stand-in history for the re-prefill baseline."""

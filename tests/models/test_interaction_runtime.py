@@ -20,7 +20,8 @@ from models.interaction import (
 from models.interaction.checkpoint import build
 from models.interaction.config import ACTIONS
 from models.interaction.dmel import CONTEXT, DMelFrontend
-from models.interaction.runtime import QUEUE_LIMIT
+from models.interaction.model import HeadOutputs
+from models.interaction.serving import QUEUE_LIMIT
 from tests.models.test_interaction_core import one_thread, small_cfg, small_net  # noqa: F401 - fixture
 
 CPU = torch.device("cpu")
@@ -86,14 +87,14 @@ def test_runtime_stream_equals_teacher_forced_sequence_including_feedback() -> N
     net = speaking_net()
     model = NativeModel(net, "native:test", 1, CPU, deterministic=True)
     s = model.open("trace")
-    s.trace = []
+    trace: list[tuple[TurnFeatures, HeadOutputs]] = []
     for t in ticks(3, 9):
-        model.step([(s, t)])
-    feats = TurnFeatures.cat([f for f, _ in s.trace])
+        model.step([(s, t)], observe=lambda _, f, h: trace.append((f, h)))
+    feats = TurnFeatures.cat([f for f, _ in trace])
     assert feats.self_dmel[1:].any(), "the model's own audio must come back as input"
     with torch.inference_mode():
         whole = net.forward_sequence(feats)
-    for n, (_, heads) in enumerate(s.trace):
+    for n, (_, heads) in enumerate(trace):
         for k in ("control", "text", "transcript", "audio_cond"):
             assert torch.equal(getattr(heads, k)[0], getattr(whole, k)[n]), f"{k} differs at micro-turn {n}"
 

@@ -12,6 +12,7 @@ from bench._flops import step_flops
 from bench.vocoder_quality import measure as vocoder_quality
 from models.interaction import NativeModel, TurnFeatures
 from models.interaction.kv import geometries
+from models.interaction.model import HeadOutputs
 from models.interaction.rowblock import ROW_BLOCK, det_linear, rows_invariant
 from tests.models.test_interaction_core import one_thread, small_cfg, small_net  # noqa: F401 - fixture
 from tests.models.test_interaction_runtime import same, speaking_net, ticks
@@ -78,13 +79,13 @@ def test_bf16_products_stay_bit_exact_where_it_matters_and_close_to_fp32() -> No
     alone = NativeModel(net, "native:test", 1, CPU, deterministic=True, matmul="bf16")
     batch = NativeModel(net, "native:test", 2, CPU, deterministic=True, matmul="bf16")
     x_alone, y, x = alone.open("x"), batch.open("y"), batch.open("x")
-    x_alone.trace = []
+    trace: list[tuple[TurnFeatures, HeadOutputs]] = []
     for n, (tx, ty) in enumerate(zip(ticks(0, 5), ticks(1, 5), strict=True)):
-        (ref,) = alone.step([(x_alone, tx)])
+        (ref,) = alone.step([(x_alone, tx)], observe=lambda _, f, h: trace.append((f, h)))
         assert same(ref, batch.step([(y, ty), (x, tx)])[1]), f"bf16: alone and batched differ at micro-turn {n}"
-    feats = TurnFeatures.cat([f for f, _ in x_alone.trace])
+    feats = TurnFeatures.cat([f for f, _ in trace])
     whole = net.forward_sequence(feats)  # still in bf16: the serving copies live in the modules
-    streamed = torch.cat([h.audio_cond for _, h in x_alone.trace])
+    streamed = torch.cat([h.audio_cond for _, h in trace])
     assert torch.equal(streamed, whole.audio_cond), "bf16: streaming and teacher-forced differ"
     alone.set_matmul("fp32")
     exact = net.forward_sequence(feats)
@@ -117,14 +118,14 @@ def test_bucketed_step_the_cuda_graph_path_run_eagerly_keeps_batch_invariance() 
     assert alone.graphs is not None and batch.graphs is not None
     assert batch.graphs.sizes == [1, 2, 3] and batch.graphs.bucket_for(3) == 3
     x_alone, y, x, z = alone.open("x"), batch.open("y"), batch.open("x"), batch.open("z")
-    x_alone.trace = []
+    trace: list[tuple[TurnFeatures, HeadOutputs]] = []
     for n, (tx, ty, tz) in enumerate(zip(ticks(0, 5), ticks(1, 5), ticks(2, 5), strict=True)):
-        (ref,) = alone.step([(x_alone, tx)])
+        (ref,) = alone.step([(x_alone, tx)], observe=lambda _, f, h: trace.append((f, h)))
         rows = [(y, ty), (x, tx)] + ([(z, tz)] if n >= 2 else [])  # bucket 2, then bucket 3
         assert same(ref, batch.step(rows)[1]), f"bucketed: alone and batched differ at micro-turn {n}"
-    feats = TurnFeatures.cat([f for f, _ in x_alone.trace])
+    feats = TurnFeatures.cat([f for f, _ in trace])
     plain = net.forward_sequence(feats)  # the per-tile, written-keys-only path
-    streamed = torch.cat([h.audio_cond for _, h in x_alone.trace])
+    streamed = torch.cat([h.audio_cond for _, h in trace])
     torch.testing.assert_close(streamed, plain.audio_cond, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="DUPLEX_NATIVE_GRAPHS"):
         NativeModel(net, "native:test", 2, CPU, deterministic=True, graphs="cuda")

@@ -1,11 +1,11 @@
-"""The foreground interaction-model contract (DESIGN.md: Contracts).
+"""The foreground interaction-model contract and its optional features (docs/architecture.md: the model contract).
 
 Every 200 ms micro-turn the engine calls `step` once with every session due that tick. `step` runs on
 the one inference thread, never on the event loop, and a session's output must not depend on which
 other sessions share its batch.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, runtime_checkable
@@ -19,10 +19,17 @@ __all__ = [
     "SAMPLE_RATE",
     "TICK_SAMPLES",
     "TICK_SECONDS",
+    "Ageing",
     "BackgroundChunk",
+    "Delegation",
     "Event",
     "InteractionModel",
+    "ModelFeatures",
+    "OffThreadWork",
+    "Preloading",
     "SessionState",
+    "Shutdown",
+    "StepBudget",
     "TickInput",
     "TickOutput",
     "silence",
@@ -65,7 +72,7 @@ class TickInput:
     video: npt.NDArray[np.uint8] | None = None  # [H, W, 3] newest frame seen during the tick
     text: list[str] = field(default_factory=list)  # typed / injected user text
     background: list[BackgroundChunk] = field(default_factory=list)  # arrived since last tick
-    # Extension to DESIGN.md: the client asked to stop the current utterance (response.cancel).
+    # Beyond the basic contract: the client asked to stop the current utterance (response.cancel).
     # The model drops what it was going to say; it is a request, not a state.
     cancel: bool = False
 
@@ -97,8 +104,6 @@ class InteractionModel(Protocol):
     name: str
     # How many sessions the model can hold at once (KV slots); None when memory is not the limit.
     max_sessions: int | None
-    # Optional, read with getattr (default True): False for a model that never emits `delegate`, so the
-    # server does not load a background reasoner at start-up for it (server/runtime.py).
 
     def open(self, session_id: str) -> SessionState:
         """Allocate a session's persistent state. Called on the inference thread."""
@@ -146,3 +151,66 @@ class OffThreadWork(Protocol):
         """The work (done or not) that the session's next step will use. Called on the event loop while
         no step of the session runs; must only read the state."""
         ...
+
+
+@runtime_checkable
+class Delegation(Protocol):
+    """Optional: whether the model ever emits `delegate`. A model without this attribute may; one with
+    `delegates = False` (echo) never does, so the server does not preload a background reasoner for it."""
+
+    delegates: bool
+
+
+@runtime_checkable
+class Shutdown(Protocol):
+    """Optional: a model with threads, processes or files to release when the server stops."""
+
+    def shutdown(self) -> None:
+        """Called once, on the inference thread, after the last step."""
+        ...
+
+
+@runtime_checkable
+class Ageing(Protocol):
+    """Optional: a model whose step cost grows with a session's age, up to `steady_age` micro-turns.
+
+    Admission measures the step cost at that age (server/admission.py), so that the capacity it
+    derives holds for sessions that have talked for a long time; benchmarks measure costs by age.
+    """
+
+    @property
+    def steady_age(self) -> int:
+        """Micro-turns after which a session's step cost stops growing."""
+        ...
+
+    def fast_forward(self, state: SessionState, turns: int) -> None:
+        """Age a fresh session to `turns` micro-turns without stepping them: its next step costs what a
+        step at that age costs (its outputs mean nothing). Called on the inference thread."""
+        ...
+
+
+@runtime_checkable
+class Preloading(Protocol):
+    """Optional, on a background reasoner (models/background): load its weights now, on its own thread,
+    so that the first answer does not wait for them. A failure is raised again by the first request."""
+
+    def preload(self) -> Future[None]: ...
+
+
+@dataclass(frozen=True)
+class ModelFeatures:
+    """Which optional Protocols a model implements, resolved once (the engine holds them)."""
+
+    delegates: bool  # `Delegation` (True when the model does not say)
+    step_budget: Callable[[float | None], None] | None  # `StepBudget`
+    pending_work: Callable[[SessionState], Sequence[Future[Any]]] | None  # `OffThreadWork`
+    ageing: Ageing | None  # `Ageing`: the model itself
+    shutdown: Callable[[], None] | None  # `Shutdown`
+
+    @classmethod
+    def of(cls, model: InteractionModel) -> "ModelFeatures":
+        return cls(delegates=model.delegates if isinstance(model, Delegation) else True,
+                   step_budget=model.step_budget if isinstance(model, StepBudget) else None,
+                   pending_work=model.pending_work if isinstance(model, OffThreadWork) else None,
+                   ageing=model if isinstance(model, Ageing) else None,
+                   shutdown=model.shutdown if isinstance(model, Shutdown) else None)

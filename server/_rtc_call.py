@@ -1,8 +1,8 @@
 """One WebRTC call: a peer connection bound to one session, for as long as the peer is alive.
 
-    peer --Opus--> read_audio -> engine
+    peer --Opus--> read_audio -> Runtime.push_live_audio (the WebSocket's real-time path)
     engine -> RealtimeConnection.deliver -> PacedAudioTrack (its AudioOutput) --Opus--> peer
-    peer --video-> read_video -> session.inbox.video
+    peer --video-> read_video -> Runtime.push_video
     peer <-JSON--> data channel <-> RealtimeConnection (the same event codec as the WebSocket, given
                                     this call's PacedAudioTrack as its audio output)
 
@@ -189,12 +189,13 @@ class RtcCall:
         if self.state is not CallState.LIVE or self.session.closed:
             return
         self.session.last_activity = self.last_seen or time.monotonic()
-        # RTP arrives in real time; the engine counts any overrun (a stalled loop catching up).
-        self.runtime.engine.push_audio(self.session, audio)
+        # RTP arrives in real time; an overrun (a stalled loop catching up) is counted and reported on
+        # the data channel, as a WebSocket client's is.
+        self.runtime.push_live_audio(self.session, audio)
 
     def _store_video(self, frame: Frame) -> None:
         if self.state is CallState.LIVE and not self.session.closed:
-            self.session.inbox.video = frame  # the engine takes the newest one at the next micro-turn
+            self.runtime.push_video(self.session, frame)  # the next micro-turn takes the newest one
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """What the engine can afford: how many sessions fit the micro-turn budget, and how many phase groups.
 
 Measured at start-up by stepping batches of throw-away sessions with silence (aged to the model's
-`steady_age` when it has one, so the fit holds for old sessions) and fitting
+`steady_age` when it implements `Ageing`, models/base.py, so the fit holds for old sessions) and fitting
 `step(b) = overhead + b * per_session`. Two decisions follow from that fit:
 
 - **phase groups**: every group is one more batched step per micro-turn, so it costs one more
@@ -54,15 +54,14 @@ class Calibration:
 
 def _measure(engine: Engine, batch: int, reps: int = 3) -> float:
     """Seconds per batched step (median of `reps`) with `batch` fresh sessions; runs on the inference thread."""
-    model = engine.model
+    model, ageing = engine.model, engine.features.ageing
     states = [model.open(f"calibrate-{i}") for i in range(batch)]
     try:
         # A step whose cost grows with session age (the native model attends to what was written, up
         # to its cap) is measured at the age where it stops growing: capacity must hold for old sessions.
-        age = getattr(model, "steady_age", 0)
-        if age and hasattr(model, "fast_forward"):
+        if ageing is not None and ageing.steady_age:
             for st in states:
-                model.fast_forward(st, age)
+                ageing.fast_forward(st, ageing.steady_age)
         times = []
         for _ in range(reps + 1):  # the first step warms caches and is not counted
             inputs = [(st, TickInput(silence(), TICK_SAMPLES)) for st in states]

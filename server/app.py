@@ -45,7 +45,7 @@ def freeze_startup_objects() -> None:
     is imported, which paused the event loop for 29 ms and 97 ms (measured) in the middle of real-time
     micro-turns. Frozen, the start-up objects are neither scanned nor counted, so a full collection
     costs what the live sessions hold; the reaper runs one every few seconds (server/runtime.py) to
-    free finished connections promptly (found by bench.soak, issue 13). Frozen objects that later
+    free finished connections promptly (found by bench.soak). Frozen objects that later
     become cyclic garbage are never freed; start-up objects live as long as the process anyway.
     """
     gc.collect()  # what start-up left as garbage is freed now, not frozen with the rest
@@ -65,15 +65,12 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
         runtime = await Runtime.create(config, model)
         app.state.runtime = runtime
         freeze_startup_objects()
-        calls = webrtc.Calls(runtime, ice) if webrtc is not None else None
-        app.state.webrtc_calls = calls
+        # The WebRTC transport's peers are ended by runtime.stop, after its drain (Calls registers itself).
+        app.state.webrtc_calls = webrtc.Calls(runtime, ice) if webrtc is not None else None
         try:
             yield
         finally:
-            await runtime.drain("server shutting down")  # every session is told why, then closed
-            if calls is not None:
-                await calls.close_all()
-            await runtime.stop()
+            await runtime.stop()  # drain (every session is told why), transports, engine, reasoner, model
 
     app = FastAPI(title="duplex", version="0.1.0", lifespan=lifespan)
     app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
@@ -81,11 +78,11 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
         runtime: Runtime = request.app.state.runtime
-        reg = runtime.registry
         problem = runtime.health()
         status = "draining" if runtime.draining else ("unhealthy" if problem else "ok")
-        body: dict[str, Any] = {"status": status, "model": runtime.model.name, "sessions": len(reg),
-                                "capacity": reg.capacity, "pid": os.getpid()}
+        # Sessions being opened count: they hold a place, and admission counts them.
+        body: dict[str, Any] = {"status": status, "model": runtime.model.name, "sessions": runtime.in_use,
+                                "capacity": runtime.capacity, "pid": os.getpid()}
         if problem:
             body["problem"] = problem
         return JSONResponse(body, status_code=503 if runtime.draining or problem else 200)
@@ -108,3 +105,11 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
             return RedirectResponse("/static/index.html")
 
     return app
+
+
+def started_runtime(app: Any) -> Runtime | None:
+    """The runtime of an app made by `create_app` once its lifespan has started it; else None."""
+    while app is not None and not isinstance(app, FastAPI):  # uvicorn may wrap it in middlewares
+        app = getattr(app, "app", None)
+    runtime = getattr(app.state, "runtime", None) if app is not None else None
+    return runtime if isinstance(runtime, Runtime) else None

@@ -11,6 +11,7 @@ import hmac
 from collections.abc import Iterable
 
 from starlette.datastructures import Headers
+from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -86,3 +87,13 @@ def client_id(scope: Scope) -> str:
     """Who a connection is, for the per-client session cap: its address (one API key serves everyone)."""
     client = scope.get("client")
     return f"addr:{client[0]}" if client else "addr:unknown"
+
+
+def resume_token(conn: HTTPConnection) -> str | None:
+    """The resume token a WebSocket or HTTP request (WebRTC offer) carries: the subprotocol
+    `duplex-resume-token.TOKEN` (browsers' WebSockets), the `X-Duplex-Resume-Token` header, or, for
+    older clients, `?resume_token=` (redacted from the access log: server/cli.py)."""
+    for proto in conn.scope.get("subprotocols", ()):
+        if proto.startswith(RESUME_SUBPROTOCOL_PREFIX):
+            return str(proto[len(RESUME_SUBPROTOCOL_PREFIX):])
+    return conn.headers.get(RESUME_HEADER) or conn.query_params.get("resume_token")

@@ -34,6 +34,7 @@ from models.background.factory import ReasonerSpec, make_reasoner
 from models.base import BackgroundChunk, TickOutput
 from server import protocol as p
 from server.background_context import Pending, ReasonerContext
+from server.config import ServerConfig
 from server.limits import MAX_FUNCTION_OUTPUT_CHARS
 from server.metrics import Metrics
 from server.sessions import BackgroundHook, NoBackground, Pace, Session
@@ -67,14 +68,14 @@ class _Request:
     epoch: int
     query: str
     source: str  # "model" (delegate event) or "client"
-    start_tick: int = 0  # micro-turn whose output asked for it (virtual clock, issue 11)
+    start_tick: int = 0  # micro-turn whose output asked for it (its virtual clock)
     text: list[str] = field(default_factory=list)  # answer so far
     context: Pending | None = None  # its turn in the reasoner's context, committed when it completes
     asked: float = field(default_factory=time.monotonic)  # wall time it was asked (metrics)
 
 
 class BackgroundWorker:
-    """Implements `BackgroundHook` (plus `on_client_event`) for one session."""
+    """Implements `BackgroundHook` for one session."""
 
     def __init__(self, session: Session, reasoner: Reasoner, settings: BackgroundSettings | None = None,
                  metrics: Metrics | None = None, shared: SharedWork | None = None) -> None:
@@ -84,7 +85,7 @@ class BackgroundWorker:
         self.metrics = metrics
         self.epoch = 0  # last epoch handed out
         self.floor = 0  # chunks of epochs below this are stale
-        # (due micro-turn, chunk): delivered at the micro-turn its virtual-clock stamp says (issue 11).
+        # (due micro-turn, chunk): delivered at the micro-turn its virtual-clock stamp says.
         self._pending: list[tuple[int, BackgroundChunk]] = []
         # The running request on the session's micro-turns: in media pace an in-process reasoner's by its
         # work clock, shared with the other sessions (one per reasoner: make_background_factory).
@@ -103,14 +104,14 @@ class BackgroundWorker:
     # -- BackgroundHook ---------------------------------------------------------------------------
 
     def drain(self) -> list[BackgroundChunk]:
-        # Called while the engine takes micro-turn `session.tick`'s input (issue 11: only what is due).
+        # Called while the engine takes micro-turn `session.tick`'s input (only what is due).
         tick = self.session.tick
         out = [c for due, c in self._pending if c.epoch >= self.floor and due <= tick]
         self._pending = [(due, c) for due, c in self._pending if c.epoch >= self.floor and due > tick]
         return out
 
     def media_wait(self, tick: int) -> float:
-        """Seconds before micro-turn `tick` may be stepped in media pace (issue 11, virtual clock)."""
+        """Seconds before micro-turn `tick` may be stepped in media pace (its virtual clock)."""
         return self.clock.wait_before(tick)
 
     def on_output(self, out: TickOutput, tick: int) -> None:
@@ -415,30 +416,24 @@ class BackgroundWorker:
         self.session.emit(p.error_event(code, message, param, eid))
 
 
-def settings_from_config(config: Any) -> BackgroundSettings:
-    """Optional server settings (read with defaults, so older configs without them still work)."""
-    s = BackgroundSettings()
-    policy = getattr(config, "background_policy", None)
-    if policy is not None:
-        s.policy = Policy(policy)
-    timeout = getattr(config, "background_timeout", None)
-    if timeout:
-        s.request_timeout = float(timeout)
-    tool_timeout = getattr(config, "background_tool_timeout", None)
-    if tool_timeout:
-        s.tool_timeout = float(tool_timeout)
+def settings_from_config(config: ServerConfig) -> BackgroundSettings:
+    """The worker settings the server's options set (None or 0 there: the worker's default)."""
+    s = BackgroundSettings(policy=Policy(config.background_policy))
+    if config.background_timeout:
+        s.request_timeout = float(config.background_timeout)
+    if config.background_tool_timeout:
+        s.tool_timeout = float(config.background_tool_timeout)
     return s
 
 
 def make_background_factory(
-    cfg: Any, metrics: Metrics | None = None
+    cfg: ServerConfig, metrics: Metrics | None = None
 ) -> tuple[Reasoner | None, Callable[[Session], BackgroundHook]]:
     """Build the server's one reasoner (shared by all sessions; the caller closes it) and a per-session
-    worker factory. `cfg` is the ServerConfig (read with getattr, so older configs still work)."""
+    worker factory."""
     spec = ReasonerSpec(kind=cfg.background, url=cfg.background_url, model=cfg.background_model,
-                        max_tokens=getattr(cfg, "background_max_tokens", None),
-                        max_sentences=getattr(cfg, "background_max_sentences", None),
-                        threads=getattr(cfg, "background_threads", None) or 1)
+                        max_tokens=cfg.background_max_tokens, max_sentences=cfg.background_max_sentences,
+                        threads=cfg.background_threads or 1)
     reasoner = make_reasoner(spec)
     if reasoner is None:
         return None, lambda session: NoBackground()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from models.registry import DEFAULT_MODEL
+from models.registry import DEFAULT_MODEL, NativeOptions
 from server.limits import DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
 
@@ -16,6 +16,9 @@ class ServerConfig:
     model: str = DEFAULT_MODEL
     checkpoint: str | None = None
     device: str | None = None
+    # The native model's serving options (--native-deterministic, --torch-threads, --native-matmul,
+    # --native-graphs, --graph-max-batch, --kv-budget-mb); the other models ignore them.
+    native: NativeOptions = field(default_factory=NativeOptions.from_env)
     api_key: str | None = None  # when set, every API endpoint requires it
     allow_no_auth: bool = False  # explicit opt-in to serve a non-loopback interface without a key
     allowed_origins: list[str] = field(default_factory=list)  # extra browser origins ("*" = any)

@@ -5,18 +5,17 @@ What it does every micro-turn, for every live session:
   2. run one batched `model.step` for all sessions due at the same moment, on the inference thread,
   3. hand each output to its session's transport, on the event loop.
 
-Real-time sessions tick at absolute deadlines `t0 + n * 200 ms + slot * grid`. The slot (phase) of each
-session is chosen from when its input actually arrives, so a client whose 200 ms chunks land just
-after a shared tick does not wait almost a whole micro-turn: the micro-turn is cut into `phase_groups`
-slots and each session ticks in the first slot after its chunks are complete. Sessions in the same
-slot are stepped in one batch; more groups mean less waiting but smaller batches (bench/latency.py
-measures both).
+Real-time sessions tick at absolute deadlines on a grid of phase slots (server/schedule.py). The slot
+of each session is chosen from when its input actually arrives, so a client whose 200 ms chunks land
+just after a shared tick does not wait almost a whole micro-turn: each session ticks in the first slot
+after its chunks are complete. Sessions in the same slot are stepped in one batch. The steps run on
+the inference thread (server/inference.py).
 
 Media-pace sessions are stepped as soon as a full micro-turn of input has arrived, as fast as the
 model allows; the model sees exactly the same inputs as in real time, so the outputs are identical.
 
-What the engine does not know: sockets, JSON, the wire protocol. Transports push input into a
-`Session` and receive outputs through its `OutputSink`.
+What the engine does not know: sockets, JSON, the wire protocol. The runtime (server/runtime.py)
+pushes the transports' input into a `Session`; outputs leave through its `OutputSink`.
 """
 
 from __future__ import annotations
@@ -24,33 +23,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
-from models.base import (
-    Event,
-    InteractionModel,
-    OffThreadWork,
-    SessionState,
-    StepBudget,
-    TickInput,
-    TickOutput,
-    silence,
-)
+from models.base import InteractionModel, ModelFeatures, SessionState, TickInput
+from server.inference import Batch, InferenceThread, StepResult
 from server.metrics import Metrics
+from server.schedule import PhaseGrid
 from server.sessions import Pace, Session
 from streaming.types import TICK_SAMPLES, TICK_SECONDS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_StepResult = tuple[list[TickOutput], float, float]  # outputs, step start, step end (engine clock)
 MAX_IN_FLIGHT = 2  # steps queued per session before its next deadline waits (bounded memory when overloaded)
 # How much later than its deadline a real-time step may start because an earlier batch's step waited
 # for late off-thread work (`StepBudget`): a pause's end-of-turn job a little past its micro-turn is
@@ -63,11 +53,6 @@ CATCH_UP_STREAK = 3  # ticks a surplus must persist before an extra tick is step
 def _loop_ended(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("engine task %s died; /healthz now answers 503", task.get_name(), exc_info=task.exception())
-
-
-def _failed(exc: Exception) -> TickOutput:
-    """The output of a session whose step raised: silence and an error event for its client."""
-    return TickOutput(silence(), events=[Event("error", {"message": f"model step failed: {exc}"})])
 
 
 @dataclass
@@ -86,43 +71,42 @@ class Engine:
         if phase_groups < 1:
             raise ValueError("phase_groups must be >= 1")
         self.model = model
+        self.features = ModelFeatures.of(model)  # its optional Protocols (models/base.py), resolved once
         self.metrics = metrics
         self.period = period
-        self.groups = phase_groups
-        self.grid = period / phase_groups  # spacing of phase slots (s)
+        self.phases = PhaseGrid(period, phase_groups, clock)
         self.guard = guard  # margin after a chunk's arrival before its tick, for jitter (s)
         self.late_input = late_input  # how long a tick waits for a late chunk before stepping silence (s)
         self.clock = clock
-        self.t0 = clock()
-        # One thread owns the model and its state (KV pool): open, step and close all run here.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="duplex-inference")
+        self.inference = InferenceThread(model, self.features, metrics, clock, hang_after)
         self._realtime: set[Session] = set()
         self._media: set[Session] = set()
         self._rt_wake = asyncio.Event()
         self._media_wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
-        self.hang_after = hang_after  # a step running longer than this is reported as hung (s)
-        self._stepping: dict[int, float] = {}  # batch id -> clock() at its start, while it runs
-        self._hung_reported: set[int] = set()
         self._miss_logged_at = -float("inf")  # when the last missed deadline was logged (rate limit)
         self._hooked: set[int] = set()  # off-thread work whose completion will wake the media loop
-        self._pending_work = model.pending_work if isinstance(model, OffThreadWork) else None
-        self._step_budget = model.step_budget if isinstance(model, StepBudget) else None
+
+    @property
+    def groups(self) -> int:
+        return self.phases.groups
+
+    @property
+    def grid(self) -> float:
+        """Spacing of phase slots (s)."""
+        return self.phases.grid
 
     def set_phase_groups(self, groups: int) -> None:
         """Choose the phase grid (server/admission.py decides it at start-up, before any session)."""
-        if groups < 1:
-            raise ValueError("phase groups must be >= 1")
         if self._realtime:
             raise RuntimeError("phase groups can only change while no real-time session is live")
-        self.groups = groups
-        self.grid = self.period / groups
+        self.phases.set_groups(groups)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.t0 = self.clock()
+        self.phases.start()
         self._loops = [asyncio.create_task(self._realtime_loop(), name="duplex-realtime"),
                        asyncio.create_task(self._media_loop(), name="duplex-media"),
                        asyncio.create_task(self._watchdog(), name="duplex-step-watchdog")]
@@ -135,29 +119,13 @@ class Engine:
             if task.done():
                 exc = None if task.cancelled() else task.exception()
                 return f"engine loop {task.get_name()} stopped" + (f": {type(exc).__name__}: {exc}" if exc else "")
-        if self._stepping:
-            self._report_hangs()  # whoever sees a hang first (this or the watchdog) counts it, once
-            running = self.clock() - min(self._stepping.values())
-            if running > self.hang_after:
-                return f"a model step has been running for {running:.1f} s (hung?)"
-        return None
+        return self.inference.hang()
 
     async def _watchdog(self) -> None:
         """Report a step that runs far past a micro-turn: it stalls every session of its batch."""
         while True:
-            await asyncio.sleep(self.hang_after / 4)
-            self._report_hangs()
-
-    def _report_hangs(self) -> None:
-        """Log and count each step running past `hang_after`, once per step."""
-        now = self.clock()
-        for batch, started in list(self._stepping.items()):
-            if now - started > self.hang_after and batch not in self._hung_reported:
-                self._hung_reported.add(batch)
-                self.metrics.hung_steps.inc()
-                log.error("model step running for %.1f s (over %.1f s): the model may be hung; every "
-                          "session in its batch is stalled", now - started, self.hang_after)
-        self._hung_reported &= set(self._stepping)
+            await asyncio.sleep(self.inference.hang_after / 4)
+            self.inference.report_hangs()
 
     async def stop(self, last: Callable[[], object] | None = None) -> None:
         """Cancel the loops, let in-flight steps finish, run `last` (model shutdown) on the inference
@@ -174,11 +142,11 @@ class Engine:
                 await self.call(last)
             except Exception:
                 log.exception("model shutdown failed")
-        self._executor.shutdown(wait=True)
+        self.inference.shutdown()
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` on the inference thread (model open/close, calibration)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await self.inference.call(fn, *args)
 
     async def open_state(self, session_id: str) -> SessionState:
         return await self.call(self.model.open, session_id)
@@ -257,26 +225,15 @@ class Engine:
     # -- real-time scheduling --------------------------------------------------------------------
 
     def _deadline(self, s: Session) -> float:
-        return self.t0 + s.sched.period_index * self.period + s.sched.slot * self.grid
+        return self.phases.deadline(s.sched)
 
     def _schedule_at(self, s: Session, t: float) -> None:
         """Put `s` on the first slot boundary at or after `t`."""
-        k = math.ceil((t - self.t0) / self.grid - 1e-9)
-        s.sched.period_index, s.sched.slot = divmod(k, self.groups)
+        self.phases.place(s.sched, t)
 
     def _rephase(self, s: Session, now: float) -> None:
-        """A full micro-turn of input just completed: tick in the first slot after it (plus the guard).
-
-        Each arrival places the session's next tick; a chunk that comes a little late next time is
-        waited for (`late_input`), so there is no need to hold the tick back for the worst recent
-        jitter. (An earlier version targeted the latest of the last 8 arrivals: one late chunk then
-        delayed the next eight by its lateness, which was most of the p99.)
-        """
-        phase = (now - self.t0) % self.period
-        slot = math.ceil((phase + self.guard) / self.grid - 1e-9) % self.groups
-        if slot != s.sched.slot or self._deadline(s) > now + self.period:
-            next_time = now + ((slot * self.grid - phase) % self.period)
-            self._schedule_at(s, next_time)
+        """A full micro-turn of input just completed: tick in the first slot after it (plus the guard)."""
+        if self.phases.rephase(s.sched, now, self.guard):
             self._rt_wake.set()
 
     def _due_at(self, s: Session) -> float:
@@ -335,9 +292,10 @@ class Engine:
     def _work_done(self, s: Session) -> bool:
         """A media-pace tick waits until the off-thread work its step uses is done (`OffThreadWork`),
         so the step never falls back to a cheaper answer than it would have had in real time."""
-        if self._pending_work is None:
+        pending_work = self.features.pending_work
+        if pending_work is None:
             return True
-        waiting = [f for f in self._pending_work(s.state) if not f.done()]
+        waiting = [f for f in pending_work(s.state) if not f.done()]
         if not waiting:
             return True
         loop = asyncio.get_running_loop()
@@ -361,7 +319,7 @@ class Engine:
     def _launch(self, sessions: Sequence[Session], realtime: bool) -> asyncio.Task[None]:
         """Take one micro-turn of input from each session and step them as one batch."""
         planned: list[_Planned] = []
-        inputs: list[tuple[SessionState, TickInput]] = []
+        inputs: Batch = []
         for s in sessions:
             deadline = ready_at = None
             if realtime:
@@ -375,7 +333,7 @@ class Engine:
                     deadline = max(self._deadline(s), s.sched.ready_at)
                     ready_at = s.sched.ready_at if s.inbox.chunker.ready() == 1 else None  # older surplus: not timed
                 if not s.sched.catch_up:
-                    s.sched.period_index += 1  # absolute cadence: the next deadline is one period on
+                    self.phases.advance(s.sched)  # absolute cadence: the next deadline is one period on
                 s.sched.catch_up = False
             tick_input = self._take_input(s, realtime)
             s.inbox.heard += tick_input.received
@@ -388,7 +346,7 @@ class Engine:
         # would then free the state this step still uses (seen in a cascade soak: a session that left
         # right after its input was taken was stepped with its recogniser already returned).
         until = self._free_until(sessions) if realtime else None
-        first = asyncio.get_running_loop().run_in_executor(self._executor, self._step, inputs, until)
+        first = self.inference.submit(inputs, until)
         task = asyncio.create_task(self._step_and_deliver(planned, inputs, realtime, first))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -401,7 +359,7 @@ class Engine:
         step would start that much later: its output leaves later within its micro-turn, the same
         output; each batch's own bound keeps such delays from adding up)."""
         inside = set(batch)
-        nexts = [self._deadline(s) for s in batch]  # their period_index has moved on: the next deadlines
+        nexts = [self._deadline(s) for s in batch]  # their marks have moved on: the next deadlines
         nexts += [self._deadline(o) + STEP_DELAY_S for o in self._realtime
                   if o not in inside and o.attached and not o.closed and o.sched.ticking]
         return min(nexts)
@@ -422,14 +380,10 @@ class Engine:
         box.video, box.cancel = None, False
         return tick
 
-    async def _step_and_deliver(self, planned: list[_Planned], inputs: list[tuple[SessionState, TickInput]],
-                                realtime: bool, first: asyncio.Future[_StepResult]) -> None:
+    async def _step_and_deliver(self, planned: list[_Planned], inputs: Batch, realtime: bool,
+                                first: asyncio.Future[StepResult]) -> None:
         m = self.metrics
-        self._stepping[id(planned)] = self.clock()  # watched by _watchdog
-        try:
-            outs, t_start, t_end = await self._run_step(inputs, [p.session for p in planned], first)
-        finally:
-            del self._stepping[id(planned)]
+        outs, t_start, t_end = await self.inference.run(inputs, [p.session for p in planned], first)
         m.step_seconds.observe(t_end - t_start)
         m.batch_size.observe(len(inputs))
         m.ticks.labels("realtime" if realtime else "media").inc(len(inputs))
@@ -480,51 +434,3 @@ class Engine:
                     "%.0f ms after its deadline): the step started %.0f ms after the deadline and ran %.0f ms",
                     len(missed), batch, worst.session.id, worst.tick, (t_end - worst.deadline) * 1e3,
                     (t_start - worst.deadline) * 1e3, (t_end - t_start) * 1e3)
-
-    async def _run_step(self, inputs: list[tuple[SessionState, TickInput]], sessions: list[Session],
-                        first: asyncio.Future[_StepResult]) -> _StepResult:
-        """One batched step; if it fails, step each session alone so that only the failing ones get an error.
-
-        A model failure is usually one session's input or state; stepping the rest again alone keeps
-        them going (each session's output does not depend on its batch: a tested property). A step
-        that failed may have advanced some states before raising; the model contract says nothing
-        about that, so the retried sessions may skip a micro-turn of model state, never crash.
-        """
-        loop = asyncio.get_running_loop()
-        try:
-            return await first  # the batched step, already queued on the inference thread by _launch
-        except Exception as exc:
-            if len(inputs) == 1:
-                log.exception("model step failed")
-                self.metrics.step_failures.inc()
-                t = self.clock()
-                return [_failed(exc)], t, t
-            log.warning("model step failed for a batch of %d (%s); stepping each session alone", len(inputs), exc)
-        outs: list[TickOutput] = []
-        t_start = self.clock()
-        for one, session in zip(inputs, sessions, strict=True):
-            if session.closed:  # closed meanwhile: its state may be freed already, and nobody gets this output
-                outs.append(TickOutput(silence()))
-                continue
-            try:
-                out, _, _ = await loop.run_in_executor(self._executor, self._step, [one])
-                outs.extend(out)
-            except Exception as exc:
-                log.exception("model step failed for one session")
-                self.metrics.step_failures.inc()
-                outs.append(_failed(exc))
-        return outs, t_start, self.clock()
-
-    def _step(self, inputs: list[tuple[SessionState, TickInput]], until: float | None = None) -> _StepResult:
-        """Runs on the inference thread. `until`: when the thread is next needed (real time), else None."""
-        t_start = self.clock()
-        if self._step_budget is not None:
-            self._step_budget(None if until is None else max(0.0, until - t_start))
-        outs = self.model.step(inputs)
-        t_end = self.clock()
-        if len(outs) != len(inputs):
-            raise RuntimeError(f"model {self.model.name} returned {len(outs)} outputs for {len(inputs)} inputs")
-        for out in outs:
-            if out.audio.shape != (TICK_SAMPLES,):
-                raise RuntimeError(f"model {self.model.name} returned audio of shape {out.audio.shape}")
-        return outs, t_start, t_end

@@ -46,7 +46,8 @@ class Metrics:
             "duplex_input_dropped_samples", "Input samples dropped because a client ran ahead of real time",
             registry=r,
         )
-        self.sessions_live = Gauge("duplex_sessions_live", "Sessions held (attached or awaiting resume)", registry=r)
+        self.sessions_live = Gauge("duplex_sessions_live",
+                                   "Sessions held (attached or awaiting resume) or being opened", registry=r)
         self.sessions_refused = Counter(
             "duplex_sessions_refused", "Connections refused because the server was full", registry=r
         )

@@ -1,10 +1,12 @@
 """One client connection speaking the Realtime event protocol, independent of its transport.
 
 The WebSocket endpoint and the WebRTC data channel both feed client messages in (`handle_text`,
-`handle_audio_bytes`) and drain serialized server events from `outbox`. The connection is the
-session's `OutputSink`: the runtime binds it to a session (`bind`), and the engine hands it each
-micro-turn's output, which it turns into events. A transport with its own audio path (WebRTC) passes
-an `AudioOutput`; output audio then goes there instead of into events.
+`handle_audio_bytes`) and drain serialized server events from `outbox`. What a client sends goes to
+the runtime (`Runtime.push_audio`, `push_text`, `cancel`, `settings_changed`...), never to the engine
+or the session's inbox. The connection is the session's `OutputSink`: the runtime binds it to a
+session (`bind`), and the engine hands it each micro-turn's output, which it turns into events. A
+transport with its own audio path (WebRTC) passes an `AudioOutput`; output audio then goes there
+instead of into events.
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE, TICK_SECONDS
 
 log = logging.getLogger(__name__)
-
-OVERRUN_ERROR_INTERVAL = 1.0  # seconds between repeated input_overrun errors
 
 
 # Server event names of the Realtime beta protocol, for clients that connect with `OpenAI-Beta: realtime=v1`.
@@ -86,9 +86,8 @@ class RealtimeConnection:
         self._transcript: list[str] = []
         self._user_item: str | None = None
         self._user_text: list[str] = []
-        self._late_item: str | None = None  # closed by speech_stopped, final transcript pending (issue 11)
+        self._late_item: str | None = None  # closed by speech_stopped, final transcript pending
         self._suppress_before = 0  # outputs of ticks before this were cancelled by response.cancel
-        self._last_overrun_error = 0.0
         self.resumed = False
         # One table for every client event, whatever the transport.
         self._handlers: dict[str, Handler] = {
@@ -212,8 +211,8 @@ class RealtimeConnection:
             self._finish_response("completed")
         if s.settings.tick_stats:
             self.emit({"type": "duplex.tick", "event_id": p.new_id("event"), "tick": tick,
-                       "buffered_ms": int(s.inbox.chunker.buffered / SAMPLE_RATE * 1000),
-                       "dropped_samples": s.inbox.chunker.dropped, "late_ms": round(s.last_lateness * 1000, 1),
+                       "buffered_ms": int(s.buffered_samples / SAMPLE_RATE * 1000),
+                       "dropped_samples": s.dropped_samples, "late_ms": round(s.last_lateness * 1000, 1),
                        "heard_samples": s.heard_through})
 
     def send_audio(self, audio: np.ndarray, tick: int) -> None:
@@ -253,7 +252,7 @@ class RealtimeConnection:
     def _user_transcript(self, text: str, tick: int) -> None:
         late, self._late_item = self._late_item, None
         if late is not None and self._user_item is None:
-            # Issue 11: a final transcript made after the end of turn (cascade + Whisper) completes
+            # A final transcript made after the end of turn (cascade + Whisper) completes
             # the item that speech_stopped closed, as Realtime's asynchronous transcription does.
             self.emit({"type": "conversation.item.input_audio_transcription.completed",
                        "event_id": p.new_id("event"), "item_id": late, "content_index": 0, "transcript": text})
@@ -278,7 +277,7 @@ class RealtimeConnection:
                 self.emit({"type": "conversation.item.input_audio_transcription.completed",
                            "event_id": p.new_id("event"), "item_id": item, "content_index": 0,
                            "transcript": " ".join(self._user_text)})
-            self._late_item = None if self._user_text else item  # issue 11: its transcript may follow
+            self._late_item = None if self._user_text else item  # its transcript may follow
             self._user_item, self._user_text = None, []
         elif etype == "error":
             self.runtime.metrics.client_errors.labels("model_error").inc()
@@ -325,22 +324,12 @@ class RealtimeConnection:
         await self.push_audio(audio)
 
     async def push_audio(self, audio: np.ndarray) -> None:
-        """float32 audio in the session's input rate -> engine (24 kHz)."""
+        """float32 audio in the session's input rate -> the runtime (24 kHz)."""
         if self._released:
             return
         if self._in_resampler is not None:
             audio = self._in_resampler.process(audio)
-        engine, s = self.runtime.engine, self.session
-        if s.settings.pace is Pace.MEDIA:
-            await engine.push_audio_media(s, audio)
-            return
-        if engine.push_audio(s, audio):
-            now = time.monotonic()
-            if now - self._last_overrun_error > OVERRUN_ERROR_INTERVAL:
-                self._last_overrun_error = now
-                self.error(ProtocolError("input_overrun", "audio is arriving faster than real time; the oldest "
-                                         f"input was dropped ({s.inbox.chunker.dropped} samples so far). "
-                                         "Send at real-time pace or use session.pace 'media'"))
+        await self.runtime.push_audio(self.session, audio)
 
     async def _dispatch(self, ev: dict[str, Any]) -> None:
         handler = self._handlers.get(ev["type"])
@@ -353,11 +342,8 @@ class RealtimeConnection:
 
     def _on_session_update(self, ev: dict[str, Any], eid: str | None) -> None:
         s = self.session
-        new = updated_settings(ev.get("session"), s.settings, s.inbox.audio_started, self.media_ok, eid)
-        pace_changed = new.pace is not s.settings.pace
-        s.settings = new
-        if pace_changed:
-            self.runtime.engine.add(s)
+        self.runtime.settings_changed(s, updated_settings(ev.get("session"), s.settings, s.audio_started,
+                                                          self.media_ok, eid))
         self._apply_formats()
         self.emit({"type": "session.updated", "event_id": p.new_id("event"), "session": self.describe()})
 
@@ -370,9 +356,7 @@ class RealtimeConnection:
                    "item_id": p.new_id("item"), "previous_item_id": None})
 
     def _on_clear(self, ev: dict[str, Any], eid: str | None) -> None:
-        box = self.session.inbox
-        box.chunker.clear()
-        box.room.set()
+        self.runtime.clear_input(self.session)
         self.emit({"type": "input_audio_buffer.cleared", "event_id": p.new_id("event")})
 
     def _on_item_create(self, ev: dict[str, Any], eid: str | None) -> None:
@@ -393,12 +377,10 @@ class RealtimeConnection:
             raise ProtocolError("item_too_large", f"the message has {len(text)} characters; the limit is "
                                 f"{MAX_ITEM_TEXT_CHARS}", "item.content", eid)
         try:
-            s.inbox.add_text(text)
+            self.runtime.push_text(s, text)
         except TextFull as exc:
             self.runtime.metrics.dropped_events.labels("inbox_full").inc()
             raise ProtocolError("text_buffer_full", str(exc), "item.content", eid) from None
-        s.log.add(s.tick * TICK_SECONDS, "user", text, kind="typed")
-        self.runtime.engine.nudge(s)
         given = item.get("id") if isinstance(item, dict) else None
         item_id = given[:64] if isinstance(given, str) else p.new_id("item")
         self.emit({"type": "conversation.item.added", "event_id": p.new_id("event"), "previous_item_id": None,
@@ -407,7 +389,7 @@ class RealtimeConnection:
 
     def _on_response_create(self, ev: dict[str, Any], eid: str | None) -> None:
         # The model decides when to speak every micro-turn; a client request is only a hint.
-        self.runtime.engine.nudge(self.session)
+        self.runtime.respond(self.session)
 
     def _on_response_cancel(self, ev: dict[str, Any], eid: str | None) -> None:
         s = self.session
@@ -415,9 +397,8 @@ class RealtimeConnection:
             self.audio_out.clear()  # what is queued for the speaker stops now
         if self._response_id is None:
             raise ProtocolError("response_cancel_not_active", "there is no active response to cancel", None, eid)
-        s.inbox.cancel = True
         self._suppress_before = s.tick  # ticks already in flight are silenced
-        self.runtime.engine.nudge(s)
+        self.runtime.cancel(s)
         self._finish_response("cancelled")
 
     def _on_output_clear(self, ev: dict[str, Any], eid: str | None) -> None:
@@ -428,7 +409,6 @@ class RealtimeConnection:
                        "dropped_ms": dropped_ms})
 
     def _background_event(self, ev: dict[str, Any], eid: str | None) -> None:
-        handler = getattr(self.session.background, "on_client_event", None)
-        if handler is None or not handler(ev):
+        if not self.runtime.client_event(self.session, ev):
             raise ProtocolError("background_unavailable", "this server runs no background reasoner "
                                 "(start it with --background)", "type", eid)

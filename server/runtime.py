@@ -2,9 +2,10 @@
 
 `Runtime.create` builds it whole (model, engine, registry, background reasoner) and starts it; there
 is no half-built state. Transports (WebSocket, WebRTC) only parse messages and move bytes: they ask
-the runtime to `attach` a sink (new session or resume), `detach` it when their connection ends, and
-the runtime (or the reaper, or a drain) `close`s sessions. The registry and the engine are called in
-one order, here, and nowhere else.
+the runtime to `attach` a sink (new session or resume), hand it the client's input (`push_audio`,
+`push_text`, `cancel`, `settings_changed`...), and `detach` when their connection ends; the runtime
+(or its reaper, or a drain) `close`s sessions. The registry, the engine and a session's inbox are
+called here and nowhere else; so are reaping, draining and shutting down.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from models import heap
 from models.background import Reasoner
-from models.base import InteractionModel
+from models.base import InteractionModel, Preloading
 from models.registry import load_model
 from server import protocol as p
 from server.admission import HARD_CAP, budget, calibrate
@@ -27,12 +32,23 @@ from server.background import make_background_factory
 from server.config import ServerConfig
 from server.engine import Engine
 from server.metrics import Metrics
-from server.sessions import BackgroundHook, OutputSink, Pace, RegistryFull, Session, SessionRegistry
+from server.sessions import (
+    RETRY_AFTER_FULL,
+    BackgroundHook,
+    OutputSink,
+    Pace,
+    Refused,
+    Session,
+    SessionRegistry,
+    SessionSettings,
+)
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Refused", "Runtime"]
+
 BackgroundFactory = Callable[[Session], BackgroundHook]
-RETRY_AFTER_FULL = 5  # seconds a refused client is told to wait before trying again
+Samples = npt.NDArray[np.float32]  # mono float32 at 24 kHz
 # Seconds between the reaper's full garbage collections. A finished connection (uvicorn's protocol,
 # websockets' zlib contexts, our connection and session) sits in reference cycles that only a full
 # collection frees, and CPython starts one by itself only after about 70,000 net container
@@ -43,16 +59,7 @@ RETRY_AFTER_FULL = 5  # seconds a refused client is told to wait before trying a
 COLLECT_EVERY = 10.0
 REAP_EVERY = 1.0  # seconds between reaps of idle and expired sessions
 LAG_PROBE = 0.1  # seconds between event-loop lag probes (duplex_event_loop_lag_seconds)
-
-
-class Refused(Exception):
-    """`attach` cannot admit this client; each transport turns it into its own refusal."""
-
-    def __init__(self, code: str, message: str, http_status: int, ws_close: int,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.http_status, self.ws_close = code, message, http_status, ws_close
-        self.headers = headers
+OVERRUN_ERROR_INTERVAL = 1.0  # seconds between repeated input_overrun errors to one session
 
 
 class Runtime:
@@ -68,11 +75,14 @@ class Runtime:
         self.background_factory = background_factory
         self.registry = SessionRegistry(capacity, engine.open_state, self._free, config.max_backlog_ticks,
                                         config.resume_grace, config.idle_timeout)
+        # Read when scraped: sessions being opened count as well as those held, as admission counts them.
+        metrics.sessions_live.set_function(lambda: self.registry.in_use)
         self.draining = False
         self.drained = asyncio.Event()  # set once drain() began: transports stop waiting on slow clients
         self.allowed_origins = default_origins(config.host, config.port) | set(config.allowed_origins)
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
+        self._transports: list[Callable[[], Awaitable[None]]] = []  # each closes its connections at stop
 
     @classmethod
     async def create(cls, config: ServerConfig, model: InteractionModel | None = None) -> Runtime:
@@ -82,7 +92,7 @@ class Runtime:
             log.info("loading model %s ...", cfg.model)
             # Loading imports torch and reads weights: keep it off the event loop.
             model = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: load_model(cfg.model, cfg.checkpoint, cfg.device))
+                None, lambda: load_model(cfg.model, cfg.checkpoint, cfg.device, cfg.native))
         metrics = Metrics()
         engine = Engine(model, metrics, phase_groups=cfg.phase_groups or 1, guard=cfg.guard_ms / 1000,
                         late_input=cfg.late_input_ms / 1000, hang_after=cfg.step_watchdog_s)
@@ -97,12 +107,11 @@ class Runtime:
         log.info("model %s ready; admitting up to %d sessions; %d phase groups (%.1f ms apart)",
                  model.name, capacity, groups, engine.grid * 1000)
         reasoner, factory = make_background_factory(cfg, metrics)
-        preload = getattr(reasoner, "preload", None)
-        if callable(preload) and getattr(model, "delegates", True):
+        if isinstance(reasoner, Preloading) and engine.features.delegates:
             # On the reasoner's own thread, now: the first answer does not wait for the weights to load
             # and their cost to be measured (~1.3 s, token_clock.py). A failure is raised again by that
             # request. A model that never delegates (`delegates = False`: echo) never pays for it.
-            preload()
+            reasoner.preload()
         runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
         await engine.start()
         runtime._reaper = asyncio.create_task(runtime._reap_forever(), name="duplex-reaper")
@@ -147,9 +156,9 @@ class Runtime:
                           {"Retry-After": str(RETRY_AFTER_FULL)})
         try:
             session = await self.registry.open(client)
-        except RegistryFull as exc:
+        except Refused:
             self.metrics.sessions_refused.inc()
-            raise Refused("server_full", str(exc), 503, 1013, {"Retry-After": str(RETRY_AFTER_FULL)}) from None
+            raise
         if self.draining:  # the drain began while the model state was being opened
             await self.registry.close(session)
             raise Refused("server_shutting_down", "server is shutting down; reconnect later", 503, 1013)
@@ -157,7 +166,6 @@ class Runtime:
         self.registry.reattach(session, sink)
         sink.bind(session, resumed=False)
         self.engine.add(session)
-        self.metrics.sessions_live.set(len(self.registry))
         return session
 
     async def detach(self, session: Session, normal: bool, sink: OutputSink | None = None,
@@ -188,16 +196,102 @@ class Runtime:
             await session.background.stop()
         finally:
             await self.engine.close_state(session)
-            self.metrics.sessions_live.set(len(self.registry))
+
+    def session(self, session_id: str) -> Session | None:
+        """The session (attached or awaiting resume) with this id, whatever its transport."""
+        return self.registry.get(session_id)
+
+    # -- a session's input (every transport's) ------------------------------------------------------
+
+    async def push_audio(self, session: Session, audio: Samples) -> None:
+        """Client audio, mono float32 at 24 kHz: media pace waits while the session's backlog is full
+        (back-pressure), real time drops the oldest (`push_live_audio`)."""
+        if session.settings.pace is Pace.MEDIA:
+            await self.engine.push_audio_media(session, audio)
+        else:
+            self.push_live_audio(session, audio)
+
+    def push_live_audio(self, session: Session, audio: Samples) -> None:
+        """Real-time audio (RTP comes only this way): what overruns the backlog drops its oldest input,
+        and the client is told (an `input_overrun` error, at most one a second)."""
+        if not self.engine.push_audio(session, audio):
+            return
+        box = session.inbox
+        now = time.monotonic()
+        if now - box.overrun_reported_at > OVERRUN_ERROR_INTERVAL:
+            box.overrun_reported_at = now
+            self.metrics.client_errors.labels("input_overrun").inc()
+            session.emit(p.error_event("input_overrun", "audio is arriving faster than real time; the oldest input "
+                                       f"was dropped ({box.chunker.dropped} samples so far). Send at real-time pace "
+                                       "or use session.pace 'media'"))
+
+    def push_text(self, session: Session, text: str) -> None:
+        """Typed user text for the next micro-turn; raises TextFull past the inbox's bound."""
+        session.inbox.add_text(text)
+        session.log.add(session.tick * self.engine.period, "user", text, kind="typed")
+        self.engine.nudge(session)
+
+    def push_video(self, session: Session, frame: npt.NDArray[np.uint8]) -> None:
+        """The newest camera frame; the next micro-turn takes it (an older one not yet taken is replaced)."""
+        session.inbox.video = frame
+
+    def respond(self, session: Session) -> None:
+        """The client asked for a response: only a hint (the model decides every micro-turn), but a media
+        session may be steppable now."""
+        self.engine.nudge(session)
+
+    def cancel(self, session: Session) -> None:
+        """The client asked to stop the current utterance: the next micro-turn carries the request."""
+        session.inbox.cancel = True
+        self.engine.nudge(session)
+
+    def clear_input(self, session: Session) -> None:
+        """Drop the audio waiting for the coming micro-turns (input_audio_buffer.clear)."""
+        session.inbox.chunker.clear()
+        session.inbox.room.set()
+
+    def settings_changed(self, session: Session, new: SessionSettings) -> None:
+        """The client changed its settings (session.update); a new pace moves it to the other engine loop."""
+        pace_changed = new.pace is not session.settings.pace
+        session.settings = new
+        if pace_changed:
+            self.engine.add(session)
+
+    def client_event(self, session: Session, event: dict[str, Any]) -> bool:
+        """A client event for the background reasoner; False when the server runs none."""
+        return session.background.on_client_event(event)
 
     # -- server life --------------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.registry.capacity
+
+    @property
+    def in_use(self) -> int:
+        """Sessions held (attached or awaiting resume) and being opened: what admission counts."""
+        return self.registry.in_use
 
     def health(self) -> str | None:
         """None when healthy; otherwise why not (the engine loop died, a step hangs)."""
         return self.engine.health()
 
+    def add_transport(self, close_all: Callable[[], Awaitable[None]]) -> None:
+        """A transport with connections of its own to end at shutdown (WebRTC peers): `stop` awaits
+        `close_all` after the drain has told every session why."""
+        self._transports.append(close_all)
+
+    async def reap(self, now: float) -> list[Session]:
+        """Close sessions past their resume grace, and attached sessions idle past the idle timeout."""
+        expired = self.registry.expired(now)
+        for s in expired:
+            log.info("reaping session %s (%s)", s.id, "resume grace over" if s.detached_at else "idle")
+            await self.close(s, "" if s.detached_at else "session idle timeout")
+        return expired
+
     async def drain(self, reason: str) -> None:
-        """Stop admitting, tell every live session why, and close them all."""
+        """Stop admitting, tell every live session why, and close them all. Runs first on SIGTERM or
+        SIGINT (server/cli.py), before the listening sockets close, and again (a no-op) in `stop`."""
         self.draining = True
         self.drained.set()
         for session in self.registry.sessions():
@@ -207,14 +301,19 @@ class Runtime:
                 log.exception("closing session %s during drain failed", session.id)
 
     async def stop(self) -> None:
-        """Drain, stop the reaper and the engine, close the reasoner and the model."""
+        """Drain, end the transports' connections, stop the reaper and the engine, close the reasoner
+        and the model."""
         await self.drain("server shutting down")
+        for close_all in self._transports:
+            try:
+                await close_all()
+            except Exception:
+                log.exception("closing a transport's connections failed")
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        shutdown = getattr(self.model, "shutdown", None)  # optional: models with threads or files to release
-        await self.engine.stop(shutdown if callable(shutdown) else None)
+        await self.engine.stop(self.engine.features.shutdown)
         if self.reasoner is not None:
             try:
                 await self.reasoner.aclose()
@@ -236,8 +335,7 @@ class Runtime:
                 continue
             reaped = now
             try:
-                await self.registry.reap(time.monotonic())
-                self.metrics.sessions_live.set(len(self.registry))
+                await self.reap(time.monotonic())
             except Exception:  # reaping must never stop; log and go on
                 log.exception("session reaper failed")
             if time.monotonic() - collected >= COLLECT_EVERY:

@@ -1,14 +1,14 @@
-"""Session state held by the server and the registry that owns it (open / get / close / reap).
+"""Session state held by the server and the registry that holds it (open / get / close / expired).
 
 A session outlives its connection: when a client drops, the session is detached and paused (not
 stepped, so its model state is exactly where the client left it) and can be resumed with its token
 within a grace period. After that its model state is freed. `server/runtime.py` sequences these
-calls (attach / detach / close); transports never call the registry themselves.
+calls (attach / detach / close / reap); transports never call the registry themselves.
 
 A `Session` is three parts with different owners:
   - `settings`: what the client chose (formats, instructions, tools, stats); survives a resume;
   - `inbox`: client input waiting for the next micro-turn (audio, typed text, video, cancel), bounded;
-  - `sched`: the engine's scheduling state (server/engine.py), private to it.
+  - `sched`: the engine's scheduling state (server/schedule.py), private to it.
 """
 
 from __future__ import annotations
@@ -31,9 +31,23 @@ from models.base import BackgroundChunk, SessionState, TickOutput
 from server.conversation import ConversationLog
 from server.limits import BACKLOG_BYTES, BACKLOG_ITEMS, MAX_PENDING_TEXT_CHARS
 from server.protocol import AudioFormat
+from server.schedule import Schedule
 from streaming.chunker import Chunker
 
 log = logging.getLogger(__name__)
+
+RETRY_AFTER_FULL = 5  # seconds a client refused for want of room is told to wait before trying again
+
+
+class Refused(Exception):
+    """A client cannot have a session (server full, draining, unknown token...). Raised by the runtime
+    and the registry; each transport turns it into its own refusal (HTTP status or WebSocket close)."""
+
+    def __init__(self, code: str, message: str, http_status: int, ws_close: int = 1008,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.http_status, self.ws_close = code, message, http_status, ws_close
+        self.headers = headers
 
 
 class Pace(StrEnum):
@@ -72,6 +86,11 @@ class BackgroundHook(Protocol):
 
     async def stop(self) -> None: ...
 
+    def on_client_event(self, ev: dict[str, Any]) -> bool:
+        """A client event for the reasoner (duplex.background.request, a function_call_output item);
+        False when there is no reasoner to take it."""
+        ...
+
 
 class NoBackground:
     """Used when a server runs without a background reasoner (e.g. the echo diagnostics)."""
@@ -87,6 +106,9 @@ class NoBackground:
 
     async def stop(self) -> None:
         return None
+
+    def on_client_event(self, ev: dict[str, Any]) -> bool:
+        return False
 
 
 @dataclass
@@ -120,6 +142,7 @@ class Inbox:
     cancel: bool = False  # response.cancel waiting for the next tick
     audio_started: bool = False  # any audio received yet (pace and input format are fixed after that)
     heard: int = 0  # samples of real input taken by micro-turns so far (padding of underruns excluded)
+    overrun_reported_at: float = 0.0  # monotonic time the client was last told its input overran
     room: asyncio.Event = field(default_factory=asyncio.Event)  # media pace: audio buffer has room
 
     def __post_init__(self) -> None:
@@ -139,19 +162,6 @@ class Inbox:
     def take_text(self) -> list[str]:
         text, self.text, self.text_chars = self.text, [], 0
         return text
-
-
-@dataclass
-class Schedule:
-    """The engine's per-session scheduling state (server/engine.py). Nothing else reads or writes it."""
-
-    ticking: bool = False  # real-time: the clock runs for this session (from its first input on)
-    slot: int = 0  # phase slot within the micro-turn (real-time pace)
-    period_index: int = 0  # global micro-turn index of the next deadline
-    ready_at: float = 0.0  # monotonic time the newest whole micro-turn of input completed
-    catch_up: bool = False  # step once extra as soon as possible (a surplus persisted)
-    surplus_streak: int = 0
-    in_flight: int = 0  # steps submitted and not yet delivered
 
 
 class Backlog:
@@ -219,6 +229,21 @@ class Session:
     def attached(self) -> bool:
         return self.sink is not None
 
+    @property
+    def audio_started(self) -> bool:
+        """Any audio received yet (pace and input format are fixed after that)."""
+        return self.inbox.audio_started
+
+    @property
+    def buffered_samples(self) -> int:
+        """Input samples waiting for the coming micro-turns."""
+        return self.inbox.chunker.buffered
+
+    @property
+    def dropped_samples(self) -> int:
+        """Input samples dropped because the client ran ahead of real time, in all."""
+        return self.inbox.chunker.dropped
+
     def emit(self, event: dict[str, Any]) -> None:
         """Send an event to the client; while detached it waits in the backlog for the resume."""
         if self.sink is not None:
@@ -231,10 +256,6 @@ class Session:
             self.sink.deliver(out, tick)
         elif not self.closed:
             self.backlog.add_output(out, tick)
-
-
-class RegistryFull(Exception):
-    """Raised by `open` when admitting one more session would break the step budget or KV memory."""
 
 
 Opener = Callable[[str], Awaitable[SessionState]]
@@ -257,6 +278,11 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    @property
+    def in_use(self) -> int:
+        """Sessions held (attached or awaiting resume) and sessions being opened: what admission counts."""
+        return len(self._by_id) + self._opening
+
     def sessions(self) -> list[Session]:
         return list(self._by_id.values())
 
@@ -265,8 +291,10 @@ class SessionRegistry:
         return sum(1 for s in self._by_id.values() if s.client == client)
 
     async def open(self, client: str = "") -> Session:
-        if len(self._by_id) + self._opening >= self.capacity:
-            raise RegistryFull(f"server full: {len(self._by_id)} of {self.capacity} sessions in use; try again later")
+        """Admit and open a session; raises Refused("server_full") when every place is held or being opened."""
+        if self.in_use >= self.capacity:
+            raise Refused("server_full", f"server full: {self.in_use} of {self.capacity} sessions in use; try again "
+                          "later", 503, 1013, {"Retry-After": str(RETRY_AFTER_FULL)})
         self._opening += 1
         try:
             sid = "sess_" + secrets.token_hex(8)
@@ -338,14 +366,11 @@ class SessionRegistry:
             # their threads, recogniser) must not wait for the garbage collector with it.
             session.state = None
 
-    async def reap(self, now: float) -> list[Session]:
-        """Close sessions past their resume grace, and attached sessions idle past the idle timeout."""
-        expired = [
+    def expired(self, now: float) -> list[Session]:
+        """Sessions past their resume grace, and attached sessions idle past the idle timeout (the
+        runtime's reaper closes them)."""
+        return [
             s for s in self._by_id.values()
             if (s.detached_at is not None and now - s.detached_at > self.resume_grace)
             or (self.idle_timeout > 0 and s.attached and now - s.last_activity > self.idle_timeout)
         ]
-        for s in expired:
-            log.info("reaping session %s (%s)", s.id, "resume grace over" if s.detached_at else "idle")
-            await self.close(s, 1000, "" if s.detached_at else "session idle timeout")
-        return expired

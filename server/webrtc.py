@@ -28,13 +28,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from server._rtc_call import RtcCall
-from server.auth import RESUME_HEADER, client_id, origin_ok
+from server.auth import client_id, origin_ok, resume_token
 from server.limits import MAX_OFFER_BYTES, MAX_OFFER_MLINES
 from server.protocol import ProtocolError
 from server.runtime import Refused, Runtime
 
 log = logging.getLogger(__name__)
-
 
 
 def parse_ice_server(url: str) -> RTCIceServer:
@@ -63,24 +62,26 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 
 class Calls:
-    """The live calls of this server, by session id."""
+    """The live peer connections of this server. Their sessions live in the runtime's registry, like
+    the WebSocket ones; a call is found from its session (its sink is the call's connection)."""
 
     def __init__(self, runtime: Runtime, ice_servers: list[RTCIceServer]) -> None:
         self.runtime = runtime
         self.ice_servers = ice_servers
-        self.by_session: dict[str, RtcCall] = {}
+        self.live: set[RtcCall] = set()
+        runtime.add_transport(self.close_all)  # the runtime's stop ends the peers, after its drain
 
     async def open(self, offer: str, resume_token: str | None, client: str) -> tuple[RtcCall, str]:
-        """Attach (new or resumed) a session to a new call and answer the offer. Raises _Refused."""
+        """Attach (new or resumed) a session to a new call and answer the offer. Raises Refused."""
         runtime = self.runtime
         pc = RTCPeerConnection(RTCConfiguration(iceServers=self.ice_servers))
-        call = RtcCall(runtime, pc, resume_token=resume_token, on_end=self._forget)
+        call = RtcCall(runtime, pc, resume_token=resume_token, on_end=self.live.discard)
         try:
             session = await runtime.attach(call.conn, resume_token, client, media=False)
-        except Refused as exc:
+        except Refused:
             with contextlib.suppress(Exception):
                 await pc.close()
-            raise _Refused(exc.http_status, exc.code, exc.message, exc.headers) from None
+            raise
         try:
             answer = await call.answer(offer)
         except BaseException as exc:
@@ -91,23 +92,24 @@ class Calls:
             else:
                 await runtime.close(session)  # never connected: free its model state at once
             if isinstance(exc, ProtocolError):
-                raise _Refused(400, exc.code, exc.message) from None
+                raise Refused(exc.code, exc.message, 400) from None
             if isinstance(exc, ValueError | AssertionError):  # aiortc's complaints about a malformed offer
                 what = str(exc) or type(exc).__name__
-                raise _Refused(400, "invalid_sdp", f"the SDP offer could not be used: {what}; send the offer "
-                               "exactly as RTCPeerConnection.createOffer() produced it") from None
+                raise Refused("invalid_sdp", f"the SDP offer could not be used: {what}; send the offer "
+                              "exactly as RTCPeerConnection.createOffer() produced it", 400) from None
             raise
         call.start()
-        self.by_session[session.id] = call
+        self.live.add(call)
         return call, answer
 
-    def _forget(self, call: RtcCall) -> None:
-        sid = call.session_id
-        if sid is not None and self.by_session.get(sid) is call:
-            del self.by_session[sid]
+    def find(self, session_id: str) -> RtcCall | None:
+        """The live call whose session has this id; None for an unknown, detached or WebSocket session."""
+        session = self.runtime.session(session_id)
+        sink = session.sink if session is not None else None
+        return next((c for c in self.live if sink is not None and c.conn is sink), None)
 
     async def hangup(self, call_id: str) -> bool:
-        call = self.by_session.get(call_id)
+        call = self.find(call_id)
         if call is None:
             return False
         await self.runtime.close(call.session, "hung up by the client")
@@ -116,17 +118,11 @@ class Calls:
 
     async def close_all(self) -> None:
         """Server shutdown: the sessions were already told why (drain); close every peer connection."""
-        calls = list(self.by_session.values())
+        calls = list(self.live)
         for call in calls:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(call.wait_ended(), 1.0)  # let a draining call send its goodbye
             await call.finish("server shutting down")
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers
 
 
 async def _read_offer(request: Request) -> str | JSONResponse:
@@ -152,10 +148,6 @@ async def _read_offer(request: Request) -> str | JSONResponse:
     return offer
 
 
-def _resume_token(request: Request) -> str | None:
-    return request.headers.get(RESUME_HEADER) or request.query_params.get("resume_token")
-
-
 def register_routes(app: FastAPI) -> None:
     """The WebRTC routes; they use the `Calls` the app's lifespan puts in `app.state.webrtc_calls`."""
 
@@ -175,10 +167,10 @@ def register_routes(app: FastAPI) -> None:
         if isinstance(offer, JSONResponse):
             return offer
         try:
-            call, answer = await calls.open(offer, _resume_token(request), client_id(request.scope))
-        except _Refused as exc:
+            call, answer = await calls.open(offer, resume_token(request), client_id(request.scope))
+        except Refused as exc:
             runtime.metrics.client_errors.labels(exc.code).inc()
-            return _error(exc.status, exc.code, exc.message, exc.headers)
+            return _error(exc.http_status, exc.code, exc.message, exc.headers)
         return Response(answer, status_code=201, media_type="application/sdp",
                         headers={"Location": f"/v1/realtime/calls/{call.session.id}"})
 

@@ -1,8 +1,8 @@
 """WebSocket endpoint `/v1/realtime`: authentication, then `Runtime.attach`, then a reader and a writer task.
 
 The resume token comes in the `X-Duplex-Resume-Token` header or (browsers) the subprotocol
-`duplex-resume-token.TOKEN`; `?resume_token=` still works for older clients and is redacted from the
-access log (server/cli.py).
+`duplex-resume-token.TOKEN`; `?resume_token=` still works for older clients (server/auth.py reads
+all three, for WebRTC too).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from server import protocol as p
 from server.auth import (
     KEY_SUBPROTOCOL_PREFIXES,
-    RESUME_HEADER,
     RESUME_SUBPROTOCOL_PREFIX,
     client_id,
     key_ok,
     origin_ok,
+    resume_token,
 )
 from server.outbox import Close
 from server.realtime import RealtimeConnection
@@ -57,14 +57,6 @@ def _wants_beta(ws: WebSocket, offered: list[str]) -> bool:
     return "realtime=v1" in ws.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in offered
 
 
-def _resume_token(ws: WebSocket, offered: list[str]) -> str | None:
-    """The token from a header or subprotocol (kept out of access logs), or, for older clients, the query."""
-    for proto in offered:
-        if proto.startswith(RESUME_SUBPROTOCOL_PREFIX):
-            return proto[len(RESUME_SUBPROTOCOL_PREFIX):]
-    return ws.headers.get(RESUME_HEADER) or ws.query_params.get("resume_token")
-
-
 async def realtime_endpoint(ws: WebSocket) -> None:
     runtime: Runtime = ws.app.state.runtime
     offered = list(ws.scope.get("subprotocols", []))
@@ -80,7 +72,7 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         return
     await ws.accept(subprotocol=_pick_subprotocol(offered))
     conn = RealtimeConnection(runtime, beta=_wants_beta(ws, offered))
-    token = _resume_token(ws, offered)
+    token = resume_token(ws)
     try:
         session = await runtime.attach(conn, token, client_id(ws.scope))
     except Refused as exc:

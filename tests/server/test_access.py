@@ -83,6 +83,25 @@ async def test_server_full_refuses_with_1013(duplex_server) -> None:
     await b.close()
 
 
+async def test_clients_connecting_at_once_are_counted_while_their_sessions_open(duplex_server) -> None:
+    """Five clients at once to a server of capacity 3: three are admitted, and the two refusals (and
+    /healthz, /metrics) count the sessions being opened, not only those already held."""
+    server = duplex_server("--model", "echo", "--max-sessions", "3")
+    conns = await asyncio.gather(*(open_ws(server.ws_url) for _ in range(5)))
+    firsts = await asyncio.gather(*(recv_event(ws) for ws in conns))
+    admitted = [ws for ws, ev in zip(conns, firsts, strict=True) if ev["type"] == "session.created"]
+    refused = [ev for ev in firsts if ev["type"] == "error"]
+    assert len(admitted) == 3 and len(refused) == 2, firsts
+    for ev in refused:
+        assert ev["error"]["code"] == "server_full"
+        assert "3 of 3 sessions in use" in ev["error"]["message"], ev["error"]["message"]
+    health = httpx.get(f"{server.url}/healthz").json()
+    assert health["sessions"] == 3 and health["capacity"] == 3
+    assert "duplex_sessions_live 3.0" in httpx.get(f"{server.url}/metrics").text
+    for ws in conns:
+        await ws.close()
+
+
 def test_refuses_public_bind_without_key(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--host", "0.0.0.0", "--model", "echo"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)

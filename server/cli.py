@@ -1,4 +1,8 @@
-"""`duplex` command line: `duplex serve` runs the server."""
+"""`duplex serve`: its options and the server process (uvicorn with a drain first).
+
+The `duplex` command's dispatcher (duplex/cli.py) adds this command beside the others; `python -m
+server.cli serve ...` runs it alone (tests and benches start servers that way).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from typing import Any
 
 import uvicorn
 
-from models.registry import DEFAULT_MODEL, available
+from models.registry import DEFAULT_MODEL, GRAPH_MODES, MATMUL_MODES, NativeOptions, available
 from server.config import ServerConfig
 from server.limits import DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
@@ -54,11 +58,11 @@ class DrainingServer(uvicorn.Server):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:
-        app = self.config.loaded_app
-        # loaded_app is wrapped by uvicorn's middlewares; find the FastAPI app underneath.
-        while app is not None and not hasattr(app, "state"):
-            app = getattr(app, "app", None)
-        runtime = getattr(getattr(app, "state", None), "runtime", None)
+        from server.app import started_runtime
+
+        # Before uvicorn closes the sockets and waits for the connections: they carry the goodbyes.
+        # The rest of the shutdown (transports, engine, model) is the runtime's stop, in the lifespan.
+        runtime = started_runtime(self.config.loaded_app)
         if runtime is not None:
             await runtime.drain("server shutting down")
         await super().shutdown(sockets)
@@ -89,10 +93,16 @@ def _auto_int(value: str) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """A `duplex` parser with only `serve` (what `python -m server.cli` understands)."""
     parser = argparse.ArgumentParser(
         prog="duplex", description="duplex: a real-time full-duplex multimodal interaction server.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_serve_command(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return parser
+
+
+def add_serve_command(sub: Any) -> None:
+    """Add `serve` and its options to a parser's subcommands (`sub`: what add_subparsers returned)."""
     serve = sub.add_parser("serve", help="run the server", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                            description="Run the duplex server: WebSocket /v1/realtime, WebRTC /v1/realtime/calls, "
                            "the web client at /, /metrics and /healthz.")
@@ -103,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "a colon (echo:2 = echo delayed 2 micro-turns, native:tiny, native:base)")
     serve.add_argument("--checkpoint", default=None, help="weights file for the model (native: safetensors)")
     serve.add_argument("--device", default=None, help="torch device for the model (cpu, cuda, cuda:1)")
+    _add_native_options(serve)
     # No default here: the help shows defaults, and it must never print the key's value.
     serve.add_argument("--api-key", default=None,
                        help="require this key on every API endpoint (if not given: $DUPLEX_API_KEY)")
@@ -165,13 +176,43 @@ def build_parser() -> argparse.ArgumentParser:
                        "which deflate barely shrinks at a real CPU cost per session, plus ~300 kB of zlib state "
                        "per connection)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    sub.add_parser("train", help="train the native interaction model (duplex train --help)")
-    return parser
+
+
+def _add_native_options(serve: argparse.ArgumentParser) -> None:
+    """The native model's serving options; each default is overridden by its environment variable."""
+    env = NativeOptions.from_env()
+    native = serve.add_argument_group("native model", "how --model native:* is served (other models ignore these); "
+                                      "the defaults shown include any DUPLEX_* environment overrides")
+    native.add_argument("--native-deterministic", action=argparse.BooleanOptionalAction, default=env.deterministic,
+                        help="batch-invariant mode: a session's output is bit-identical alone or batched "
+                        "(--no-native-deterministic: fast mode) [$DUPLEX_NATIVE_DETERMINISTIC=0|1]")
+    native.add_argument("--torch-threads", type=int, default=env.threads, metavar="N",
+                        help="intra-op torch threads on a CPU (0 = every core this process may use) "
+                        "[$DUPLEX_TORCH_THREADS]")
+    native.add_argument("--native-matmul", choices=MATMUL_MODES, default=env.matmul,
+                        help="what the transformer blocks' products run in; bf16 uses serving copies of the "
+                        "weights (measure its quality with bench.precision first) [$DUPLEX_NATIVE_MATMUL]")
+    native.add_argument("--native-graphs", choices=("auto", *GRAPH_MODES), default=env.graphs or "auto",
+                        help="bucketed transformer step: cuda = replayed from CUDA graphs, eager = the same buckets "
+                        "without graphs, off = plain; auto = cuda on a GPU, off on a CPU [$DUPLEX_NATIVE_GRAPHS]")
+    native.add_argument("--graph-max-batch", type=int, default=env.graph_max_batch, metavar="N",
+                        help="largest bucket of the bucketed step (bigger steps run as several) "
+                        "[$DUPLEX_GRAPH_MAX_BATCH]")
+    native.add_argument("--kv-budget-mb", type=float, default=env.kv_budget_mb, metavar="MB",
+                        help="KV pool size (sessions = budget / KV bytes per session); default: 512 on a CPU, "
+                        "85%% of free GPU memory [$DUPLEX_KV_BUDGET_MB]")
+
+
+def native_options(args: argparse.Namespace) -> NativeOptions:
+    return NativeOptions(deterministic=args.native_deterministic, threads=args.torch_threads,
+                         matmul=args.native_matmul, graphs=None if args.native_graphs == "auto" else args.native_graphs,
+                         graph_max_batch=args.graph_max_batch, kv_budget_mb=args.kv_budget_mb)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host, port=args.port, model=args.model, checkpoint=args.checkpoint, device=args.device,
+        native=native_options(args),
         api_key=args.api_key or os.environ.get("DUPLEX_API_KEY") or None, allow_no_auth=args.allow_no_auth,
         allowed_origins=args.allow_origin,
         max_sessions=args.max_sessions, phase_groups=args.phase_groups, guard_ms=args.guard_ms,
@@ -214,16 +255,19 @@ def serve(config: ServerConfig) -> int:
     return 0 if server.started else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:  # handed over whole, imported lazily: the server never imports train/
-        from train.cli import main as train_main
+def run(args: argparse.Namespace) -> int:
+    """`duplex serve` with parsed options."""
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:  # options that do not fit together (NativeOptions checks its own)
+        print(f"duplex: {exc}", file=sys.stderr)
+        return 2
+    return serve(config)
 
-        return train_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    if args.command == "serve":
-        return serve(config_from_args(args))
-    return 2
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from bench._flops import matmul_peak_gflops, step_flops
-from models.base import InteractionModel, TickInput
+from models.base import Ageing, InteractionModel, TickInput
 from models.registry import load_model
 from streaming.types import TICK_SAMPLES, TICK_SECONDS
 
@@ -143,7 +143,8 @@ def measure(
         for age, states in groups.items():
             for s in states:
                 if age:
-                    model.fast_forward(s, age)  # type: ignore[attr-defined]
+                    assert isinstance(model, Ageing), "ages > 0 need a model that can fast-forward"
+                    model.fast_forward(s, age)
         inputs = [_ticks(warmup + steps + 1, seed=i) for i in range(sessions)]
         times: dict[tuple[int, str], list[tuple[float, float]]] = {(a, m): [] for a in ages for m in modes}
         for k in range(warmup + steps):
@@ -189,7 +190,8 @@ def measure_baseline(model: InteractionModel, age: int, repeats: int) -> Baselin
     state = model.open(f"bench-baseline-{age}")
     try:
         if age:
-            model.fast_forward(state, age)  # type: ignore[attr-defined]
+            assert isinstance(model, Ageing), "ages > 0 need a model that can fast-forward"
+            model.fast_forward(state, age)
         tick = _ticks(1, seed=99)[0]
         with heartbeat(f"re-prefill of {age + 1} micro-turns"):
             times = [_time(lambda: model.baseline_step([(state, tick)]))[0] for _ in range(repeats)]  # type: ignore[attr-defined]
@@ -201,7 +203,7 @@ def measure_baseline(model: InteractionModel, age: int, repeats: int) -> Baselin
 def run(args: argparse.Namespace) -> Report:
     progress(f"loading {args.model} ...")
     model = load_model(args.model, checkpoint=args.checkpoint, device=args.device)
-    can_age, can_baseline = hasattr(model, "fast_forward"), hasattr(model, "baseline_step")
+    can_age, can_baseline = isinstance(model, Ageing), hasattr(model, "baseline_step")
     report = Report(
         args.model, str(getattr(model, "device", "cpu")), getattr(model, "session_bytes", None), model.max_sessions
     )

@@ -111,7 +111,7 @@ def run_one(model: CascadeModel, question: Audio, clip: Audio, rng: random.Rando
         return None
     s = _talking(model, question)
     try:
-        mine, level = s.s.user_db, speech_db(resample(clip, SAMPLE_RATE, 16_000))
+        mine, level = s.s.user.db, speech_db(resample(clip, SAMPLE_RATE, 16_000))
         if mine is not None and level is not None:
             clip = np.clip(clip * 10 ** ((mine + rng.uniform(-3, 3) - level) / 20), -1, 1).astype(np.float32)
         start = s.n
@@ -121,8 +121,8 @@ def run_one(model: CascadeModel, question: Audio, clip: Audio, rng: random.Rando
         for i in range(0, len(audio), TICK_SAMPLES):
             s.step(audio[i : i + TICK_SAMPLES])
             held.append(s.s.turn.paused or s.yielded)
-            words = s.s.overlap_words or words
-            p = s.s.p_interrupt if s.s.p_interrupt is not None else p
+            words = s.s.overlap.words or words
+            p = s.s.overlap.p_interrupt if s.s.overlap.p_interrupt is not None else p
             if paused is None and held[-1]:
                 paused = (s.n - start) * TICK_S - segments[0][0]
                 cause = _cause(model, s)
@@ -140,7 +140,7 @@ def _cause(model: CascadeModel, s: Session) -> str:
     """Why the reply was first held: a barge-in, the probe's early pause, or the length rule."""
     if s.yielded:
         return "barge-in"
-    p = s.s.p_interrupt
+    p = s.s.overlap.p_interrupt
     return "probe" if p is not None and p >= model.opts.barge_in_early_p else "length"
 
 

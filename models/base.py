@@ -183,8 +183,8 @@ class Ageing(Protocol):
         """Micro-turns after which a session's step cost stops growing."""
         ...
 
-    def fast_forward(self, state: SessionState, turns: int) -> None:
-        """Age a fresh session to `turns` micro-turns without stepping them: its next step costs what a
+    def fast_forward(self, state: SessionState, ticks: int) -> None:
+        """Age a fresh session to `ticks` micro-turns without stepping them: its next step costs what a
         step at that age costs (its outputs mean nothing). Called on the inference thread."""
         ...
 

@@ -1,4 +1,4 @@
-"""Opt-in memory diagnostics for locating RSS growth in a long-running server (issue 13's soak).
+"""Opt-in memory diagnostics for locating RSS growth in a long-running server.
 
 Off unless `DUPLEX_TRACEMALLOC=PATH` is set when `duplex serve` starts. Then Python allocations are
 traced (`tracemalloc`, `DUPLEX_TRACEMALLOC_FRAMES` frames each, default 8; 0 = no tracing), and every SIGUSR1 appends a

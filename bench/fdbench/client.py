@@ -35,7 +35,7 @@ from streaming.pcm import Audio, float32_to_pcm16, pcm16_to_float32
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 
 # Output micro-turn n is what the model says while input micro-turn n + 1 is being heard: its
-# audio can only start once input n has fully arrived (DESIGN.md: one micro-turn in, one out).
+# audio can only start once input n has fully arrived (docs/architecture.md: one micro-turn in, one out).
 OUTPUT_TICK_OFFSET = 1
 # Media pace: micro-turns sent but not yet answered. Below the server's input backlog bound
 # (streaming.chunker default: 10 micro-turns) so nothing is ever dropped.

@@ -79,19 +79,6 @@ class CascadeState:
     user: UserLevel = field(default_factory=UserLevel)  # the user's own speech level (tells bystanders apart)
     tick: int = 0  # index of the micro-turn stepped last (the clock of the off-thread jobs' `due`)
 
-    # What a driver observes of a session (bench.overlap_handling reads these).
-    @property
-    def user_db(self) -> float | None:
-        return self.user.db
-
-    @property
-    def p_interrupt(self) -> float | None:
-        return self.overlap.p_interrupt
-
-    @property
-    def overlap_words(self) -> str | None:
-        return self.overlap.words
-
 
 class CascadeModel:
     """An `InteractionModel` from offline components; one instance serves every session."""

@@ -95,7 +95,7 @@ class CascadeOptions:
     eot_unsure_ms: int = 600  # silence that ends a turn where words and prosody do not both say finished
     # The words' own verdict: SmolLM2-135M (the embedded reasoner's GGUF, models.speech.text_turn) gives
     # P(the message ends here) of Whisper's words at each pause, in the same job. Measured with
-    # `python -m bench.text_turn` on everyday sentences (none from the benchmark) and every cut of them:
+    # `python -m bench.text_turn_judges` on everyday sentences (none from the benchmark) and every cut of them:
     # P >= 0.02 for 100% of whole sentences and 22% of cuts (the last-word list: 100% / 56%); P >= 0.2
     # for 88% of whole sentences and 4% of cuts. Below `text_open` the words need a continuation (the
     # turn waits as for "... because"); at `text_done` or above they may end whatever their last word
@@ -136,7 +136,7 @@ class CascadeOptions:
     # 0.89 -> 0.85 / 0.82 / 0.78, backchannels paused 0.13 -> 0.19 / 0.13 / 0.10 (the words resume
     # those). Held-out FD-bench set (seed 2222, v1.0 interruptions, media pace, samples talking in
     # both runs): stop 0.461 -> 0.341 s at 0.5 (10 samples), 0.495 -> 0.423 s at 0.6 (8: one
-    # interruption it missed at 0.6 waited for the pause by length); bench.overlap backchannels never
+    # interruption it missed at 0.6 waited for the pause by length); bench.overlap_handling backchannels never
     # paused 8 / 9 and cut 2 / 2 of 30 (8 and 2 at 200 ms): the words resume what it pauses.
     barge_in_early_ms: int = 100
     barge_in_early_p: float = 0.5
@@ -144,7 +144,7 @@ class CascadeOptions:
     # (due the next one). While its words are all backchannels the overlap may last twice
     # `barge_in_max_ms` before it cuts the reply; while they are clearly one ("mm-hm", "oh, really?",
     # "I see"; not "okay" or "yeah" alone, which also open "okay, stop") the 400 ms pause waits too
-    # (policy rule 2c). Measured with `python -m bench.overlap` (train/_texts.py texts, not the
+    # (policy rule 2c). Measured with `python -m bench.overlap_handling` (train/_texts.py texts, not the
     # benchmark's; one random voice each; media pace), off -> on: replies cut by a backchannel 6 -> 2
     # of 30, backchannels never paused 3 -> 7; interruptions' pause unchanged (0.358 s mean, p90
     # 0.454 s). Holding the pause for "okay" and "yeah" too spared 15 backchannels but paused

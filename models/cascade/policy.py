@@ -151,7 +151,7 @@ class TurnPolicy:
         cue alone errs on short utterances: the probe pauses about one backchannel in five, and
         Whisper tiny reads some hums as words, often sure of them ("of course" as "i'm close" at a mean
         log probability per token over -1, Whisper's own bar for a failed decode). `python -m
-        bench.overlap`: the probe or words Whisper is sure of cut 12 of 59 backchannels, the probe's
+        bench.overlap_handling`: the probe or words Whisper is sure of cut 12 of 59 backchannels, the probe's
         agreement 5."""
         if not overlap_words or only_backchannel(overlap_words) or echo_like:
             return False

@@ -48,7 +48,7 @@ class NativeSession:
     self_dmel: Tensor  # [20, bins] dMel of what the model said last micro-turn (fed back)
     voc_mag: Tensor  # [3, BINS] Griffin-Lim context magnitudes
     voc_phase: Tensor  # [3, BINS, 2] Griffin-Lim context phases as unit phasors (re, im)
-    turn: int = 0  # index of the next micro-turn (= micro-turns stepped so far)
+    tick: int = 0  # index of the next micro-turn (= micro-turns stepped so far)
     own_text: list[int] = field(default_factory=list)  # bytes written last micro-turn (fed back)
     typed: bytearray = field(default_factory=bytearray)  # typed text waiting for slots
     background: bytearray = field(default_factory=bytearray)  # background results waiting for slots
@@ -234,7 +234,7 @@ class NativeModel:
         flow = self.net.flow
         noise = turn_noise(
             [s.seed for s in states],
-            [s.turn for s in states],
+            [s.tick for s in states],
             (self.cfg.audio_out_tokens, flow.width),
             self.device,
         )
@@ -262,7 +262,7 @@ class NativeModel:
             raise ValueError("a session appears twice in one step batch; step each session once per micro-turn")
         # 1. inputs -> one batched transformer pass over the sessions' persistent KV
         feats = self._features(batch)
-        turns = torch.tensor([s.turn for s in states], device=self.device)
+        turns = torch.tensor([s.tick for s in states], device=self.device)
         slots = [s.slot for s in states]
         if self.graphs is not None:
             heads = self.graphs(feats, slots, turns)
@@ -290,7 +290,7 @@ class NativeModel:
         for i, st in enumerate(states):
             st.self_tail = own[i, -dmel.CONTEXT :]
             st.self_dmel = self_dmel[i]
-            st.turn += 1
+            st.tick += 1
         return outs
 
     def _decide(
@@ -328,28 +328,28 @@ class NativeModel:
     # -- ageing (`Ageing`, models/base.py: admission calibrates at `steady_age`) -------------------
 
     @torch.inference_mode()
-    def fast_forward(self, state: NativeSession, turns: int) -> None:
-        """Age a fresh session to `turns` micro-turns without stepping them: what a step costs at an
-        age, measured without talking that long (admission at start-up, bench/engine.py).
+    def fast_forward(self, state: NativeSession, ticks: int) -> None:
+        """Age a fresh session to `ticks` micro-turns without stepping them: what a step costs at an
+        age, measured without talking that long (admission at start-up, bench/engine_scaling.py).
 
         Every store index the pool would hold at that age is filled with seeded random keys and
         values, the conv state likewise, and the micro-turn counter is set. Attention reads exactly
         the store indices a session of that age has written, so the cost of the next micro-turn is
-        that of a session that really talked for `turns` micro-turns; its outputs are of course not.
+        that of a session that really talked for `ticks` micro-turns; its outputs are of course not.
         """
-        if state.turn != 0:
+        if state.tick != 0:
             raise ValueError("fast_forward ages fresh sessions only; open a new session")
         g = torch.Generator().manual_seed(state.seed)
-        last = torch.tensor([turns - 1])
+        last = torch.tensor([ticks - 1])
         for layer, geom in enumerate(self.pool.geoms):
             held = (geom.held_turns(last)[0] >= 0).to(self.device)  # [S] store indices in use
             for store in (self.pool.k[layer], self.pool.v[layer]):
                 x = torch.randn(store.shape[1:], generator=g).to(self.device, self.dtype)
                 store[state.slot] = x * held[:, None, None, None]
         self.pool.conv[state.slot] = torch.randn(self.pool.conv.shape[1:], generator=g).to(self.device, self.dtype)
-        state.turn = turns
+        state.tick = ticks
 
-    # -- the re-prefill baseline (bench/engine.py) ---------------------------------------------
+    # -- the re-prefill baseline (bench/engine_scaling.py) ---------------------------------------------
 
     def silent_features(self, n: int) -> TurnFeatures:
         """n micro-turns of silence and no input: a stand-in history for the re-prefill baseline."""
@@ -376,7 +376,7 @@ class NativeModel:
         """
         outs = []
         for st, _ in batch:
-            heads = self.net.forward_sequence(self.silent_features(st.turn + 1))
+            heads = self.net.forward_sequence(self.silent_features(st.tick + 1))
             audio, _, _ = self._synthesize(heads.audio_cond[-1:], [st])
             outs.append(TickOutput(audio[0].float().cpu().numpy()))
         return outs

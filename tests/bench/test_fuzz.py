@@ -1,6 +1,6 @@
 """bench.fuzz: 3,000 generated cases against a real echo server must find nothing.
 
-The full run (100,000 cases) is in the closing note of issue 13; this is the short version CI runs.
+The full run (100,000 cases) is run by hand (`python -m bench.fuzz --cases 100000`); this is the short version CI runs.
 A failure prints the minimal (shrunk) cases, which are the repros for the server.
 """
 

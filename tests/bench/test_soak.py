@@ -1,4 +1,4 @@
-"""bench.soak: the 60-second soak CI runs (issue 13), an echo server with clients coming, dropping,
+"""bench.soak: the 60-second soak CI runs, an echo server with clients coming, dropping,
 resuming and leaving.
 
 The 30-minute figures (RSS slope per 10 minutes after warm-up) are in the closing notes; a short run's

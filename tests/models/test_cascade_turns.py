@@ -1,4 +1,4 @@
-"""Issue 11 behaviour of the cascade, in process on synthesised speech (media pace): the learned end
+"""Turn-taking behaviour of the cascade, in process on synthesised speech (media pace): the learned end
 of turn, background speech that is not the user, and the off-thread jobs' fixed due micro-turns."""
 
 from __future__ import annotations

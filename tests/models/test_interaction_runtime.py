@@ -79,7 +79,7 @@ def test_session_alone_equals_batched_with_two_others_of_different_ages() -> Non
         assert ref.audio.shape == (4800,) and ref.audio.dtype == np.float32
         assert np.any(ref.audio), "the forced-speaking model must produce sound (else the test is vacuous)"
         assert same(ref, got), f"micro-turn {n}: alone and batched differ"
-    assert x.turn == 10 and y.turn == 14
+    assert x.tick == 10 and y.tick == 14
 
 
 def test_runtime_stream_equals_teacher_forced_sequence_including_feedback() -> None:

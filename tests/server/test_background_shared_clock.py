@@ -1,4 +1,4 @@
-"""Media sessions that share the embedded reasoner, on one clock of micro-turns (issue 11): a request
+"""Media sessions that share the embedded reasoner, on one clock of micro-turns: a request
 that waits behind another session's counts that wait from the moment it was asked on the shared
 clock, however far the reasoner's work has run ahead of the sessions; real-time requests run on the
 wall. Real llama.cpp reasoner, real workers, in process."""

@@ -98,7 +98,7 @@ async def test_server_without_reasoner_says_how_to_get_one(duplex_server) -> Non
 
 
 async def test_calculator_bomb_is_refused_and_no_session_stalls(duplex_server, stub: ScriptedOpenAI) -> None:
-    """Issue 12, fault 4: round(1, -10**399) passed every guard and froze the event loop computing
+    """round(1, -10**399) passed every guard and froze the event loop computing
     10**(10**399). Now every function's arguments are bounded, and built-ins run off the loop."""
     server = duplex_server("--model", "echo", "--background", "openai", "--background-url", stub.base_url,
                            "--background-model", "scripted")

@@ -1,4 +1,4 @@
-"""Issue 11: media pace means what real time means. The same two generated turn-taking samples are
+"""Media pace means what real time means. The same two generated turn-taking samples are
 streamed through one cascade server (with a scripted OpenAI-compatible background on loopback) in
 real-time pace and in media pace; where the model speaks must agree within one micro-turn."""
 

@@ -1,5 +1,5 @@
 """Engine faults through the real app and a real WebSocket client: a model step that fails for one
-session, a step that hangs, an engine loop that dies (issue 12, fault 9 and /healthz)."""
+session, a step that hangs, an engine loop that dies (and /healthz)."""
 
 from __future__ import annotations
 

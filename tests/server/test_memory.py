@@ -1,4 +1,4 @@
-"""A finished connection's memory is freed soon after it ends, not after a hundred more (issue 13).
+"""A finished connection's memory is freed soon after it ends, not after a hundred more.
 
 Found by bench.soak: the echo server's RSS rose by steps, about 4.5 MB per 10 minutes with 8 sessions
 coming, dropping and going. Nothing leaked (Python's allocations and object counts were flat); every

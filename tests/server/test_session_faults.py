@@ -1,4 +1,4 @@
-"""Session-lifecycle faults through the real server and real WebSocket clients (issue 12).
+"""Session-lifecycle faults through the real server and real WebSocket clients.
 
 Each test names the fault it guards against: a client that stops reading (1), sizes a client can
 make the server hold (2), JSON nested too deeply (3), formats lost on resume (5), a media session

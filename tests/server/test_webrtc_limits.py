@@ -1,4 +1,4 @@
-"""WebRTC limits through the real server and real aiortc peers (issue 12, faults 3 and 7): offer size
+"""WebRTC limits through the real server and real aiortc peers: offer size
 and media sections, calls that never connect, the per-client session cap, deep JSON on the data channel."""
 
 from __future__ import annotations

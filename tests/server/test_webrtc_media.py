@@ -93,7 +93,7 @@ async def test_video_keeps_only_the_newest_small_frame() -> None:
 
 
 class HugeTrack(VideoStreamTrack):
-    """A peer sending frames far over the size cap (issue 12, fault 7)."""
+    """A peer sending frames far over the size cap."""
 
     def __init__(self, frames: int) -> None:
         super().__init__()

@@ -68,7 +68,7 @@ async def test_shipped_model_replies_to_a_question_and_not_before(duplex_server)
 @pytest.mark.xfail(strict=True, reason=(
     "the shipped checkpoint takes the floor about 0.4 s into a pause after an unfinished clause and keeps "
     "talking (measured through this server); the control head has not yet learned the word cue "
-    "(issue 10: more training)"))
+    "(more training)"))
 async def test_shipped_model_waits_through_a_mid_sentence_pause(duplex_server) -> None:
     head = _speech("Yesterday I went to the market because")
     spoken = await _stream(_native(duplex_server).ws_url, np.concatenate([_silence(0.6), head, _silence(2.4)]))

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS, Audio
 
 __all__ = [
     "SAMPLE_RATE",
@@ -34,8 +34,6 @@ __all__ = [
     "TickOutput",
     "silence",
 ]
-
-Audio = npt.NDArray[np.float32]
 
 
 def silence() -> Audio:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.base import Audio, TickInput, TickOutput, silence
+from models.base import TickInput, TickOutput, silence
+from streaming.types import Audio
 
 
 @dataclass

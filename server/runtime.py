@@ -42,13 +42,13 @@ from server.sessions import (
     SessionRegistry,
     SessionSettings,
 )
+from streaming.types import Audio
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Refused", "Runtime"]
 
 BackgroundFactory = Callable[[Session], BackgroundHook]
-Samples = npt.NDArray[np.float32]  # mono float32 at 24 kHz
 # Seconds between the reaper's full garbage collections. A finished connection (uvicorn's protocol,
 # websockets' zlib contexts, our connection and session) sits in reference cycles that only a full
 # collection frees, and CPython starts one by itself only after about 70,000 net container
@@ -203,7 +203,7 @@ class Runtime:
 
     # -- a session's input (every transport's) ------------------------------------------------------
 
-    async def push_audio(self, session: Session, audio: Samples) -> None:
+    async def push_audio(self, session: Session, audio: Audio) -> None:
         """Client audio, mono float32 at 24 kHz: media pace waits while the session's backlog is full
         (back-pressure), real time drops the oldest (`push_live_audio`)."""
         if session.settings.pace is Pace.MEDIA:
@@ -211,7 +211,7 @@ class Runtime:
         else:
             self.push_live_audio(session, audio)
 
-    def push_live_audio(self, session: Session, audio: Samples) -> None:
+    def push_live_audio(self, session: Session, audio: Audio) -> None:
         """Real-time audio (RTP comes only this way): what overruns the backlog drops its oldest input,
         and the client is told (an `input_overrun` error, at most one a second)."""
         if not self.engine.push_audio(session, audio):

@@ -22,7 +22,7 @@ LLAMA_CMAKE ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_
 APT_RUN  := espeak-ng libsndfile1 cmake g++
 APT_TEST := chromium chromium-driver sox
 
-.PHONY: serve test setup setup-test lint typecheck check bench-latency clean help
+.PHONY: serve test setup setup-test lint typecheck check bench-latency bench-reasoner llama-server clean help
 
 help:
 	@echo "make serve   - set up and run the server with the embedded defaults (http://$(HOST):$(PORT))"
@@ -36,7 +36,7 @@ serve: setup
 test: setup-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-setup: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps
+setup: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps $(BIN)/llama-server.stamp
 
 setup-test: setup $(VENV)/.stamp-apt-test
 
@@ -73,8 +73,22 @@ $(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
 	$(BIN)/python -m models.background.llamacpp_check
 	@touch $@
 
+# llama.cpp's server (the shared background reasoner, models/background/llama_server.py), compiled from the
+# llama.cpp sources in the sdist of the llama-cpp-python version just installed: ~6 min on 2 cores the first
+# time; the module keeps a binary whose stamp names the same version and flags, so a rerun is instant.
+$(BIN)/llama-server.stamp: $(VENV)/.stamp-deps
+	@$(BIN)/python -m models.background.llama_server_build --jobs $(shell nproc 2>/dev/null || echo 2)
+	@touch $@
+
+llama-server: $(BIN)/llama-server.stamp
+
 bench-latency: setup
 	$(BIN)/python -m bench.latency --sessions 1,32 --seconds 20
+
+# The embedded reasoner, in-process llama.cpp vs llama-server, at 1, 3, 6 and 8 sessions asking at once (a few
+# minutes of both cores: run it on a quiet machine).
+bench-reasoner: setup
+	$(BIN)/python -m bench.reasoner_concurrency --sessions 1,3,6,8
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -40,6 +40,9 @@ class Done:
 
     finish_reason: str  # "stop", "length", "tool_calls", ...
     tokens: int = 0  # completion tokens generated, when the backend knows (0 = unknown)
+    # Prompt tokens the backend evaluated for this answer (a prefix kept from an earlier request is not
+    # evaluated again), when it knows; None = unknown. Benchmarks and tests read it.
+    prompt_evaluated: int | None = None
 
 
 Delta = TextDelta | ToolCall | Done

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolSpec
-from models.background.token_clock import TokenClock
+from models.background.token_clock import TokenClock, eval_counts
 from models.threads import started_pool
 
 log = logging.getLogger(__name__)
@@ -270,6 +270,7 @@ class LlamaCppReasoner:
         )
         tokens, finish, ends = 0, "", SentenceEnds()
         wall0, cpu0, work0 = time.perf_counter(), time.thread_time(), self._tokens.seconds
+        counts0 = eval_counts(llm)  # prompt tokens evaluated so far (to report this answer's)
         try:
             for chunk in chunks:
                 self._tokens.account(llm)  # the prompt's or the last token's evaluation
@@ -298,7 +299,9 @@ class LlamaCppReasoner:
                 log.info("background generation: %d tokens, %.2f s (%.2f s of CPU; %.2f s at the measured "
                          "token costs)", tokens, time.perf_counter() - wall0, time.thread_time() - cpu0,
                          self._tokens.seconds - work0)
-        yield Done(finish or "stop", tokens)
+        counts1 = eval_counts(llm)
+        evaluated = counts1[0] - counts0[0] if counts0 is not None and counts1 is not None else None
+        yield Done(finish or "stop", tokens, evaluated)
 
 
 def _plain(messages: list[Message]) -> list[dict[str, str]]:

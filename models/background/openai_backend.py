@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ class OpenAIConfig:
     max_tokens: int = 512
     temperature: float = 0.3
     extra_body: dict[str, Any] = field(default_factory=dict)  # backend-specific fields (e.g. SGLang session)
+    trust_env: bool = True  # False: ignore proxy settings of the environment (a server on loopback)
 
 
 def _api_key(env: str) -> str:
@@ -61,8 +62,10 @@ class OpenAIReasoner:
         self._openai = openai
         # openai.Timeout is the HTTP library's own timeout type (whichever httpx the library ships with).
         timeout = openai.Timeout(config.read_timeout, connect=config.connect_timeout)
+        http = None if config.trust_env else openai.DefaultAsyncHttpxClient(trust_env=False, timeout=timeout)
         self._client = openai.AsyncOpenAI(
-            base_url=config.base_url, api_key=_api_key(config.api_key_env), timeout=timeout, max_retries=0
+            base_url=config.base_url, api_key=_api_key(config.api_key_env), timeout=timeout, max_retries=0,
+            http_client=http,
         )
 
     async def aclose(self) -> None:
@@ -95,6 +98,14 @@ class OpenAIReasoner:
                 await asyncio.sleep(delay)
 
     async def _one_attempt(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
+        async for delta in self.stream_once(messages, tools):
+            yield delta
+
+    async def stream_once(self, messages: list[Message], tools: list[ToolSpec],
+                          extra_body: dict[str, Any] | None = None,
+                          observe: Callable[[Any], None] | None = None) -> AsyncGenerator[Delta, None]:
+        """One attempt, no retry. `extra_body`: fields for this request on top of the config's (e.g.
+        llama-server's `id_slot`); `observe`: called with every raw chunk (e.g. to read its `timings`)."""
         cfg, oa = self.config, self._openai
         kwargs: dict[str, Any] = {
             "model": cfg.model,
@@ -105,15 +116,15 @@ class OpenAIReasoner:
         }
         if tools:
             kwargs["tools"] = tools
-        if cfg.extra_body:
-            kwargs["extra_body"] = cfg.extra_body
+        if cfg.extra_body or extra_body:
+            kwargs["extra_body"] = {**cfg.extra_body, **(extra_body or {})}
         where = f"{cfg.base_url} (model {cfg.model})"
         opened = False  # the server answered 200 and started streaming
         try:
             stream = await self._client.chat.completions.create(**kwargs)
             opened = True
             try:
-                async for delta in _deltas(stream):
+                async for delta in _deltas(stream, observe):
                     yield delta
             finally:
                 await stream.close()
@@ -167,12 +178,14 @@ class OpenAIReasoner:
             raise ReasonerError("dropped" if opened else "unreachable", f"background reasoner at {where} failed "
                                 f"{stage} ({type(exc).__name__}: {_short(str(exc))})") from None
 
-async def _deltas(stream: Any) -> AsyncGenerator[Delta, None]:
+async def _deltas(stream: Any, observe: Callable[[Any], None] | None = None) -> AsyncGenerator[Delta, None]:
     """Map chat-completion chunks onto deltas; tool-call fragments are joined by their index."""
     calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"}
     finish = ""
     tokens = 0
     async for chunk in stream:
+        if observe is not None:
+            observe(chunk)
         if chunk.usage is not None and chunk.usage.completion_tokens:
             tokens = chunk.usage.completion_tokens
         if not chunk.choices:  # usage-only chunk at the end

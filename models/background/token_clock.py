@@ -119,3 +119,28 @@ class TokenClock:
         self._last = counts
         # Counters only grow within one context; a negative step would mean they were reset: skip it.
         self.seconds += max(0, prompt) * self.cost.prompt + max(0, decodes) * self.cost.decode
+
+
+class CountClock:
+    """The same clock for a reasoner that reports its token counts instead of exposing its context
+    (llama-server's per-request `timings`): seconds = prompt tokens evaluated x their cost + generated
+    tokens x theirs, costs measured once by the caller. Event-loop only (one float, read anywhere)."""
+
+    def __init__(self) -> None:
+        self.cost: TokenCost | None = None
+        self.seconds = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.cost is not None
+
+    def set_cost(self, cost: TokenCost, replaced: Callable[[], float]) -> None:
+        """Take over from the clock `replaced` at its reading now."""
+        self.seconds = replaced()
+        self.cost = cost
+        log.info("background token costs: %.2f ms a prompt token, %.2f ms a generated token",
+                 cost.prompt * 1e3, cost.decode * 1e3)
+
+    def add(self, prompt: int, decodes: int) -> None:
+        if self.cost is not None:
+            self.seconds += max(0, prompt) * self.cost.prompt + max(0, decodes) * self.cost.decode

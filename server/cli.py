@@ -176,6 +176,23 @@ def add_serve_command(sub: Any) -> None:
                        "which deflate barely shrinks at a real CPU cost per session, plus ~300 kB of zlib state "
                        "per connection)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_cluster_options(serve)
+
+
+def _add_cluster_options(serve: argparse.ArgumentParser) -> None:
+    """Options for a replica behind a proxy (deploy/ generates the proxy's configuration)."""
+    cluster = serve.add_argument_group("cluster", "running as one of several replicas behind HAProxy")
+    cluster.add_argument("--replica-id", default=None,
+                         help="this replica's id, the prefix of every resume token it issues, so the proxy "
+                         "routes a resume back to it (default: a random short id)")
+    # No default shown: the help must never print the secret.
+    cluster.add_argument("--cluster-secret", default=None,
+                         help="secret shared by the replicas: resume tokens carry an HMAC made with it, so a "
+                         "forged or re-labelled token is refused (if not given: $DUPLEX_CLUSTER_SECRET; "
+                         "none: unsigned tokens)")
+    cluster.add_argument("--agent-port", type=int, default=0,
+                         help="TCP port answering HAProxy's agent check with this replica's state "
+                         "(room for sessions, drain), from the same figures as /healthz (0 = off)")
 
 
 def _add_native_options(serve: argparse.ArgumentParser) -> None:
@@ -226,7 +243,16 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout,
         max_sessions_per_client=args.max_sessions_per_client, max_outbox_bytes=args.max_outbox_bytes,
         step_watchdog_s=args.step_watchdog_s, stalled_connection_s=args.stalled_connection_s,
-        ws_compression=args.ws_compression, log_level=args.log_level)
+        ws_compression=args.ws_compression, log_level=args.log_level,
+        **_cluster_config(args))
+
+
+def _cluster_config(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"agent_port": args.agent_port,
+                           "cluster_secret": args.cluster_secret or os.environ.get("DUPLEX_CLUSTER_SECRET") or None}
+    if args.replica_id is not None:
+        out["replica_id"] = args.replica_id
+    return out
 
 
 def serve(config: ServerConfig) -> int:

@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from models.registry import DEFAULT_MODEL, NativeOptions
+from server.auth import REPLICA_ID, new_replica_id
 from server.limits import DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
 
@@ -47,6 +48,12 @@ class ServerConfig:
     stalled_connection_s: float = TCP_USER_TIMEOUT_S  # a TCP peer not acknowledging our data this long is dropped
     ws_compression: bool = False  # per-message deflate on WebSockets (costs CPU and memory per session)
     log_level: str = "info"
+    # Running as one of several replicas (deploy/): the id that starts every resume token (so the proxy
+    # routes a resume to it), the secret the tokens' MACs use (None: unsigned tokens, one server), and
+    # the TCP port where HAProxy's agent check reads this replica's state (0 = no agent).
+    replica_id: str = field(default_factory=new_replica_id)
+    cluster_secret: str | None = None
+    agent_port: int = 0
 
     def is_loopback(self) -> bool:
         if self.host in ("localhost", "ip6-localhost"):
@@ -84,6 +91,11 @@ class ServerConfig:
             raise ValueError(f"--stalled-connection-s must be within 1..3600 seconds, got {self.stalled_connection_s}")
         if self.background_policy not in ("supersede", "queue"):
             raise ValueError(f"--background-policy must be supersede or queue; got {self.background_policy!r}")
+        if not REPLICA_ID.match(self.replica_id):
+            raise ValueError("--replica-id must be 1-32 of a-z, 0-9 and '-', starting with a letter or digit; "
+                             f"got {self.replica_id!r}")
+        if not 0 <= self.agent_port <= 65535:
+            raise ValueError(f"--agent-port must be a TCP port (0 = off), got {self.agent_port}")
         if self.background_max_sentences is not None and self.background_max_sentences < 0:
             raise ValueError("--background-max-sentences must be 0 (no limit) or more, got "
                              f"{self.background_max_sentences}")

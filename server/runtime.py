@@ -27,7 +27,8 @@ from models.base import InteractionModel, Preloading
 from models.registry import load_model
 from server import protocol as p
 from server.admission import HARD_CAP, budget, calibrate
-from server.auth import default_origins
+from server.agent import AgentServer
+from server.auth import ResumeTokens, TokenCheck, default_origins
 from server.background import make_background_factory
 from server.config import ServerConfig
 from server.engine import Engine
@@ -35,6 +36,7 @@ from server.metrics import Metrics
 from server.sessions import (
     RETRY_AFTER_FULL,
     BackgroundHook,
+    Load,
     OutputSink,
     Pace,
     Refused,
@@ -73,8 +75,9 @@ class Runtime:
         self.engine = engine
         self.reasoner = reasoner  # shared by every session's background worker; closed at stop
         self.background_factory = background_factory
+        self.tokens = ResumeTokens(config.replica_id, config.cluster_secret)
         self.registry = SessionRegistry(capacity, engine.open_state, self._free, config.max_backlog_ticks,
-                                        config.resume_grace, config.idle_timeout)
+                                        config.resume_grace, config.idle_timeout, self.tokens.mint)
         # Read when scraped: sessions being opened count as well as those held, as admission counts them.
         metrics.sessions_live.set_function(lambda: self.registry.in_use)
         self.draining = False
@@ -83,6 +86,7 @@ class Runtime:
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
         self._transports: list[Callable[[], Awaitable[None]]] = []  # each closes its connections at stop
+        self.agent = AgentServer(config.host, config.agent_port, self.load) if config.agent_port else None
 
     @classmethod
     async def create(cls, config: ServerConfig, model: InteractionModel | None = None) -> Runtime:
@@ -114,6 +118,8 @@ class Runtime:
             reasoner.preload()
         runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
         await engine.start()
+        if runtime.agent is not None:
+            await runtime.agent.start()
         runtime._reaper = asyncio.create_task(runtime._reap_forever(), name="duplex-reaper")
         return runtime
 
@@ -130,6 +136,7 @@ class Runtime:
         if self.draining:
             raise Refused("server_shutting_down", "server is shutting down; reconnect later", 503, 1013)
         if resume_token:
+            self._check_token(resume_token)
             session = self.registry.resumable(resume_token)
             if session is None:
                 raise Refused("invalid_resume_token", "resume token is unknown, expired or already in use; "
@@ -167,6 +174,17 @@ class Runtime:
         sink.bind(session, resumed=False)
         self.engine.add(session)
         return session
+
+    def _check_token(self, token: str) -> None:
+        """Refuse a token no replica made (403) or one made by another replica (421: the proxy should
+        have sent it there), before looking it up."""
+        verdict = self.tokens.check(token)
+        if verdict is TokenCheck.FORGED:
+            raise Refused("invalid_resume_token", "resume token is not valid (its signature does not verify); "
+                          "open a new session", 403, 1008)
+        if verdict is TokenCheck.FOREIGN:
+            raise Refused("invalid_resume_token", "resume token belongs to another replica, which this one "
+                          "cannot resume; open a new session", 421, 1008)
 
     async def detach(self, session: Session, normal: bool, sink: OutputSink | None = None,
                      restore_token: str | None = None, keep_token: str | None = None) -> None:
@@ -272,6 +290,12 @@ class Runtime:
         """Sessions held (attached or awaiting resume) and being opened: what admission counts."""
         return self.registry.in_use
 
+    def load(self) -> Load:
+        """The figures `/healthz` and the proxy's agent check report."""
+        attached = sum(1 for s in self.registry.sessions() if s.attached)
+        return Load(sessions=self.registry.in_use, capacity=self.registry.capacity, attached=attached,
+                    draining=self.draining, problem=self.health())
+
     def health(self) -> str | None:
         """None when healthy; otherwise why not (the engine loop died, a step hangs)."""
         return self.engine.health()
@@ -309,6 +333,8 @@ class Runtime:
                 await close_all()
             except Exception:
                 log.exception("closing a transport's connections failed")
+        if self.agent is not None:
+            await self.agent.stop()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -204,6 +204,23 @@ class Backlog:
         return dropped
 
 
+@dataclass(frozen=True)
+class Load:
+    """A replica's figures, as `/healthz` and the proxy's agent check report them (Runtime.load)."""
+
+    sessions: int  # held (attached or awaiting resume) and being opened: what admission counts
+    capacity: int  # sessions admitted at once
+    attached: int  # sessions with a live connection
+    draining: bool  # shutting down: no new session, no resume
+    problem: str | None  # why the replica is unhealthy; None when healthy
+
+    @property
+    def room(self) -> int:
+        """Connections the proxy may still hold to this replica: the free places plus the attached
+        sessions' own (a detached session keeps its place for its resume, without a connection)."""
+        return self.capacity - (self.sessions - self.attached)
+
+
 @dataclass(eq=False)  # identity semantics: sessions live in sets
 class Session:
     id: str
@@ -264,8 +281,11 @@ Closer = Callable[[Session], Awaitable[None]]
 
 class SessionRegistry:
     def __init__(self, capacity: int, opener: Opener, closer: Closer, max_backlog_ticks: int = 10,
-                 resume_grace: float = 30.0, idle_timeout: float = 0.0) -> None:
+                 resume_grace: float = 30.0, idle_timeout: float = 0.0,
+                 mint_token: Callable[[], str] | None = None) -> None:
         self.capacity = capacity
+        # Makes resume tokens: the runtime's names this replica and carries a MAC (server/auth.py).
+        self._mint = mint_token or (lambda: secrets.token_urlsafe(24))
         self._open_state = opener  # allocates model state on the inference thread
         self._close = closer  # engine removal + model close + background stop
         self.max_backlog_ticks = max_backlog_ticks
@@ -301,7 +321,7 @@ class SessionRegistry:
             state = await self._open_state(sid)
         finally:
             self._opening -= 1
-        session = Session(id=sid, resume_token=secrets.token_urlsafe(24), state=state,
+        session = Session(id=sid, resume_token=self._mint(), state=state,
                           inbox=Inbox(Chunker(max_backlog_ticks=self.max_backlog_ticks)), client=client)
         self._by_id[sid] = session
         self._by_token[session.resume_token] = session
@@ -328,7 +348,7 @@ class SessionRegistry:
         if session.spare_token is not None:
             self._by_token.pop(session.spare_token, None)
             session.spare_token = None
-        session.resume_token = token or secrets.token_urlsafe(24)
+        session.resume_token = token or self._mint()
         self._by_token[session.resume_token] = session
         return session.resume_token
 

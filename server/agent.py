@@ -1,0 +1,71 @@
+"""HAProxy's agent check: a TCP port that answers one line with this replica's state, then closes.
+
+HAProxy connects every `agent-inter` and reads the line (haproxy 2.6 configuration manual, "agent-check"):
+`up ready maxconn:N` while there is room (N = connections the proxy may hold here), `up drain` when
+every place is held (weight 0: no new session is sent here, but a resume that names this replica still is),
+`drain` while the server drains, `down` while it is unhealthy. The figures are the runtime's, the same
+that `/healthz` reports (`Runtime.load`). A connection that is not answered in time is closed, so a
+stuck client cannot pile up here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from server.sessions import Load
+
+log = logging.getLogger(__name__)
+
+WRITE_TIMEOUT = 1.0  # seconds for HAProxy to take the line
+
+
+def agent_line(load: Load) -> str:
+    """The agent's answer for these figures (one line, newline-terminated)."""
+    if load.problem:
+        return "down\n"
+    if load.draining:
+        return "drain\n"
+    if load.room <= 0:
+        # Not `maxconn:0`: to HAProxy that means no limit at all.
+        return "up drain\n"
+    if load.sessions >= load.capacity:
+        # Full: weight 0, so a new session is refused at once (503) when every replica is full, rather
+        # than queued; the attached sessions' connections (a reconnect, a resume) still fit.
+        return f"up drain maxconn:{load.room}\n"
+    return f"up ready maxconn:{load.room}\n"
+
+
+class AgentServer:
+    """Start with `await start()`, stop with `await stop()`; `port` is the bound port (0 asks the OS)."""
+
+    def __init__(self, host: str, port: int, load: Callable[[], Load]) -> None:
+        self.host = host
+        self.port = port
+        self._load = load
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._answer, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("agent check answering on %s:%d", self.host, self.port)
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            writer.write(agent_line(self._load()).encode())
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+        except (TimeoutError, OSError):
+            pass  # HAProxy went away; it will ask again
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), WRITE_TIMEOUT)
+            self._server = None

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from models.background.base import Reasoner
 
 log = logging.getLogger(__name__)
 
-KINDS = ("auto", "none", "llamacpp", "openai", "sglang")
+KINDS = ("auto", "none", "llama-server", "llamacpp", "openai", "sglang")
 
 
 @dataclass
@@ -20,7 +21,9 @@ class ReasonerSpec:
     model: str | None = None  # openai/sglang: model name or path; llamacpp: GGUF path
     max_tokens: int | None = None  # None = the backend's default
     max_sentences: int | None = None  # llamacpp: stop an answer after N sentences; None = its default, 0 = off
-    threads: int = 1  # llamacpp: generation threads (see llamacpp_backend's docstring)
+    threads: int = 1  # llama-server/llamacpp: compute threads (see llamacpp_backend's docstring)
+    slots: int | None = None  # llama-server: conversations kept and answered at once; None = its default
+    on_restart: Callable[[str], None] | None = None  # llama-server: told the reason of each crash (a metric)
 
 
 def llamacpp_available() -> bool:
@@ -28,17 +31,39 @@ def llamacpp_available() -> bool:
 
 
 def make_reasoner(spec: ReasonerSpec) -> Reasoner | None:
-    """The configured reasoner, or None for `none` (and for `auto` when llama.cpp is not installed)."""
+    """The configured reasoner, or None for `none` (and for `auto` when llama.cpp is not installed).
+
+    `auto` prefers llama-server (built by `make setup`): it keeps every session's conversation evaluated
+    and answers sessions together, where the in-process backend answers one request at a time and
+    re-reads a conversation that another session's request displaced (bench/reasoner_concurrency.py)."""
     kind = spec.kind
     if kind not in KINDS:
         raise ValueError(f"unknown background reasoner {kind!r}; choose one of: {', '.join(KINDS)}")
+    if kind == "auto" and llamacpp_available():
+        from models.background.llama_server import binary_available
+
+        if binary_available():
+            kind = "llama-server"
+            log.info("background reasoner: llama-server (auto: the llama-server binary was found)")
+    if kind == "llama-server":
+        from models.background.llama_server import LlamaServerConfig, LlamaServerReasoner
+
+        lcfg = LlamaServerConfig(model_path=spec.model, threads=spec.threads, on_restart=spec.on_restart)
+        if spec.slots:
+            lcfg.parallel = spec.slots
+        if spec.max_tokens:
+            lcfg.max_tokens = spec.max_tokens
+        if spec.max_sentences is not None:
+            lcfg.max_sentences = spec.max_sentences
+        return LlamaServerReasoner(lcfg)
     if kind == "auto":
         if not llamacpp_available():
             log.info("background reasoner: none (auto: llama-cpp-python is not installed; install it or "
                      "pass --background openai --background-url URL)")
             return None
         kind = "llamacpp"
-        log.info("background reasoner: llamacpp (auto: llama-cpp-python found)")
+        log.info("background reasoner: llamacpp (auto: llama-cpp-python found, but no llama-server binary; "
+                 "`make setup` builds it)")
     if kind == "none":
         return None
     if kind == "llamacpp":

@@ -6,9 +6,9 @@ prompt's KV cache, so each request of a session that follows another session's r
 conversation (~6 ms a prompt token on a core) and waits for every request before it. llama-server, built
 at set-up from the llama.cpp sources llama-cpp-python vendors (llama_server_build.py), has what that
 lacks:
-  1. `--parallel N` slots, each holding its own sequence in one KV cache (`--kv-unified`: one pool, so
-     a long conversation may use what short ones leave), and a prompt cache in RAM (`--cache-ram`) for
-     the contexts of sessions whose slot went to another;
+  1. `--parallel N` slots, each holding its own sequence in its part of the KV cache (`ctx_per_slot`
+     cells), and a prompt cache in RAM (`--cache-ram`) for the contexts of sessions whose slot went to
+     another;
   2. continuous batching: every running answer advances by one token per decode step, a new request's
      prompt joins the next step, so one long answer holds up no one's first sentence;
   3. `cache_prompt` + `id_slot`: a request evaluates only what follows the longest prefix it shares
@@ -39,6 +39,7 @@ import shutil
 import sys
 import time
 import urllib.request
+import weakref
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -125,8 +126,11 @@ class LlamaServerReasoner:
         self.slots = SlotTable(cfg.parallel)
         self.child = ChildServer(self._argv, nice=cfg.nice, start_timeout=cfg.start_timeout,
                                  on_ready=self._on_ready, on_restart=cfg.on_restart)
+        _warm_openai()  # ~0.7 s of imports at start-up, not in the first answer
         self._tokens = CountClock()
-        self._clients: dict[int, tuple[str, OpenAIReasoner]] = {}  # id(loop) -> (url, client)
+        # One HTTP client per event loop (a client's connections belong to the loop that opened them).
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, OpenAIReasoner]] = (
+            weakref.WeakKeyDictionary())
         self._closing: set[asyncio.Task[None]] = set()  # clients of a former child, being closed
         self.cost: TokenCost | None = None
 
@@ -136,7 +140,11 @@ class LlamaServerReasoner:
         cfg = self.config
         return [
             str(self.binary), "-m", str(self.path), "--host", self.child.host, "--port", str(port),
-            "--parallel", str(cfg.parallel), "--ctx-size", str(cfg.parallel * cfg.ctx_per_slot), "--kv-unified",
+            # Each slot its own part of the KV cache: with one unified pool, llama-server saves every idle
+            # slot to its RAM cache and clears it whenever a task starts, so a session's next request
+            # found its slot empty (measured: its whole conversation evaluated again).
+            "--parallel", str(cfg.parallel), "--ctx-size", str(cfg.parallel * cfg.ctx_per_slot), "--no-kv-unified",
+            "--no-cache-idle-slots",
             "--cont-batching", "--threads", str(cfg.threads), "--threads-batch", str(cfg.threads),
             "--poll", "0", "--batch-size", str(cfg.batch), "--ubatch-size", str(cfg.batch),
             "--cache-ram", str(cfg.cache_ram_mb), "--cache-reuse", str(cfg.cache_reuse),
@@ -167,11 +175,9 @@ class LlamaServerReasoner:
 
     async def aclose(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.child.stop)
-        clients, self._clients = self._clients, {}
-        loop = asyncio.get_running_loop()
-        for key, (_, client) in clients.items():
-            if key == id(loop):
-                await client.aclose()
+        held = self._clients.pop(asyncio.get_running_loop(), None)
+        if held is not None:
+            await held[1].aclose()  # other loops' clients go with their loops
 
     async def _ready_url(self) -> str:
         if not self.child.started:
@@ -189,17 +195,28 @@ class LlamaServerReasoner:
         raise ReasonerError("unavailable", f"the background model server (llama-server) is down and restarting "
                             f"(restart {self.child.restarts}); ask again in a moment")
 
+    async def _went_down(self, within: float = 0.25) -> bool:
+        """Whether the child died: a killed child's sockets close while it is still exiting, so a
+        dropped stream may come a moment before the process is seen gone."""
+        deadline = time.monotonic() + within
+        while self.child.ready:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
     def _client(self, url: str) -> OpenAIReasoner:
         """One HTTP client per event loop and child (a restart moves it to a new port)."""
         loop = asyncio.get_running_loop()
-        held = self._clients.get(id(loop))
+        held = self._clients.get(loop)
         if held is not None and held[0] == url:
             return held[1]
         cfg = OpenAIConfig(base_url=url + "/v1", model=self.path.stem, retries=0, read_timeout=self.config.read_timeout,
-                           max_tokens=self.config.max_tokens, temperature=self.config.temperature, trust_env=False)
+                           max_tokens=self.config.max_tokens, temperature=self.config.temperature, trust_env=False,
+                           keepalive=False)
         client = OpenAIReasoner(cfg)
         client.name = self.name
-        self._clients[id(loop)] = (url, client)
+        self._clients[loop] = (url, client)
         if held is not None:  # the old child's connections
             task = loop.create_task(held[1].aclose())
             self._closing.add(task)
@@ -212,8 +229,7 @@ class LlamaServerReasoner:
         cfg = self.config
         plain = _plain(messages)
         url = await self._ready_url()
-        key, first_len = conversation_key(plain)
-        slot = await self.slots.acquire(key, first_len)
+        slot = await self.slots.acquire(*conversation_key(plain))
         said: list[str] = []
         seen = _Seen(self._tokens)
         body = {"id_slot": slot, "cache_prompt": True, "repeat_penalty": cfg.repeat_penalty, "seed": cfg.seed,
@@ -240,7 +256,7 @@ class LlamaServerReasoner:
             slot = -1
             yield Done(finish or "stop", seen.predicted, seen.prompt)
         except ReasonerError as exc:
-            if exc.code in ("unreachable", "dropped") and not self.child.ready:
+            if exc.code in ("unreachable", "dropped") and await self._went_down():
                 raise ReasonerError("unavailable", f"the background model server (llama-server) went down "
                                     f"mid-answer ({exc.message}); it is being restarted") from None
             raise
@@ -267,6 +283,14 @@ class _Seen:
         self.clock.add(prompt - self.prompt, predicted - self.predicted)
         self.prompt, self.predicted = max(self.prompt, prompt), max(self.predicted, predicted)
         self.cached = int(t.get("cache_n") or 0)
+
+
+def _warm_openai() -> None:
+    """Import the client library and build its chunk model's validators once (~0.7 s here)."""
+    from openai.types.chat import ChatCompletionChunk
+
+    ChatCompletionChunk.model_validate({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                                        "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]})
 
 
 def _measure_cost(url: str) -> TokenCost | None:

@@ -83,7 +83,9 @@ class ChildServer:
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set()
+        """A child is up and answered /health (and has not been seen to exit since)."""
+        proc = self._proc
+        return self._ready.is_set() and proc is not None and proc.poll() is None
 
     @property
     def started(self) -> bool:
@@ -100,7 +102,15 @@ class ChildServer:
         return self._first
 
     def wait_ready(self, timeout: float) -> bool:
-        return self._ready.wait(timeout)
+        """Block until a child is up (`ready`), at most `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.ready:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._ready.wait(min(left, 0.05)):
+                time.sleep(0.01)  # set, but the child is gone: the supervisor has yet to notice
+        return True
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send the running child `sig` (tests, and the hang check): the supervisor restarts it."""

@@ -14,6 +14,7 @@ how SGLang's streaming sessions keep a conversation's KV cache between requests.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -41,6 +42,9 @@ class OpenAIConfig:
     temperature: float = 0.3
     extra_body: dict[str, Any] = field(default_factory=dict)  # backend-specific fields (e.g. SGLang session)
     trust_env: bool = True  # False: ignore proxy settings of the environment (a server on loopback)
+    # False: a connection per request. llama-server closes a connection after a streamed answer, and the
+    # next request on it from the pool failed ("Server disconnected without sending a response").
+    keepalive: bool = True
 
 
 def _api_key(env: str) -> str:
@@ -62,7 +66,12 @@ class OpenAIReasoner:
         self._openai = openai
         # openai.Timeout is the HTTP library's own timeout type (whichever httpx the library ships with).
         timeout = openai.Timeout(config.read_timeout, connect=config.connect_timeout)
-        http = None if config.trust_env else openai.DefaultAsyncHttpxClient(trust_env=False, timeout=timeout)
+        http = None
+        if not (config.trust_env and config.keepalive):
+            # The HTTP library the client is built on (httpx, or httpx2 in later openai releases).
+            lib = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+            limits = lib.Limits(max_connections=1000, max_keepalive_connections=100 if config.keepalive else 0)
+            http = openai.DefaultAsyncHttpxClient(trust_env=config.trust_env, timeout=timeout, limits=limits)
         self._client = openai.AsyncOpenAI(
             base_url=config.base_url, api_key=_api_key(config.api_key_env), timeout=timeout, max_retries=0,
             http_client=http,

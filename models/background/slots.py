@@ -6,8 +6,9 @@ The reasoner contract carries no session id, and needs none: a session's next pr
 previous prompt and answer (server/background_context.py builds it append-only), so the slot whose
 content shares the longest prefix with the new prompt is that session's slot. The table remembers what
 it sent to each slot and picks, among the idle ones:
-  1. the longest common prefix beyond the first message (the system prompt is the same for most
-     sessions: sharing only it does not make a slot anyone's, and re-evaluating it is cheap);
+  1. the longest common prefix that covers the first two messages (the system prompt is the same for
+     most sessions: sharing only it, or it and the start of a first question, does not make a slot
+     anyone's; a session's later requests repeat its first question whole);
   2. otherwise the least recently used slot, empty ones first: with more live sessions than slots,
      the context used longest ago is the one dropped (llama-server keeps it in its RAM prompt cache
      when `--cache-ram` allows, and the next request of that session is served from there or rebuilt).
@@ -26,12 +27,13 @@ from models.background.base import Message
 
 
 def conversation_key(messages: list[Message], answer: str | None = None) -> tuple[str, int]:
-    """The messages as one string (what prefixes are compared on), and the length of its first message
-    (the part that makes no slot anyone's). `answer`: an assistant turn the slot holds after them."""
+    """The messages as one string (what prefixes are compared on), and the length of its first two
+    messages (what a prefix must cover to make a slot this conversation's). `answer`: an assistant turn
+    the slot holds after them."""
     parts = [f"\x1e{m.get('role', '')}\x1f{m.get('content') or ''}" for m in messages]
     if answer is not None:
         parts.append(f"\x1eassistant\x1f{answer}")
-    return "".join(parts), len(parts[0]) if parts else 0
+    return "".join(parts), sum(len(p) for p in parts[:2])
 
 
 @dataclass
@@ -49,13 +51,13 @@ class SlotTable:
         self._slots = [_Slot(i) for i in range(n)]
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._counter = 0
-        self.hits = 0  # requests that found their conversation in a slot (beyond the first message)
+        self.hits = 0  # requests that found their conversation in a slot
         self.misses = 0
 
     def __len__(self) -> int:
         return len(self._slots)
 
-    def pick(self, key: str, first_len: int) -> int | None:
+    def pick(self, key: str, own_len: int) -> int | None:
         """The idle slot for `key` (module docstring), marked busy; None when every slot is busy."""
         best: _Slot | None = None
         best_score = (-1, 0, 0)
@@ -64,8 +66,8 @@ class SlotTable:
                 continue
             # Characters, not path components: what is wanted here (and it runs in C).
             shared = len(os.path.commonprefix([s.content, key])) if s.content else 0  # noqa: RUF071
-            # Longest shared prefix beyond the first message; then empty slots; then least recently used.
-            score = (shared if shared > first_len else 0, not s.content, -s.used)
+            # Longest shared prefix covering the first two messages; then empty slots; then least recently used.
+            score = (shared if shared >= own_len else 0, not s.content, -s.used)
             if score > best_score:
                 best, best_score = s, score
         if best is None:
@@ -79,12 +81,12 @@ class SlotTable:
         best.content = ""  # unknown until the request ends (a failed request may leave anything)
         return best.id
 
-    async def acquire(self, key: str, first_len: int) -> int:
+    async def acquire(self, key: str, own_len: int) -> int:
         """A slot for `key`, waiting (first come, first served) while all are busy."""
         woken = False  # a release woke this request: it goes before later arrivals
         while True:
             if woken or not self._waiters:
-                slot = self.pick(key, first_len)
+                slot = self.pick(key, own_len)
                 if slot is not None:
                     return slot
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -69,6 +69,9 @@ $(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
 	@# Smart Turn v3.2 (the cascade's end-of-turn model) is a data file inside pipecat-ai; only that
 	@# file is used, so the wheel goes in without its dependencies (numba, loudness, ... not needed).
 	$(BIN)/python -m pip install --progress-bar on --no-deps "pipecat-ai==1.14.0"
+	@# Face, face mesh and hand models (models/vision/) ship inside mediapipe 0.10.21's wheel (later
+	@# releases download them); --no-deps because what it really imports is in pyproject.toml.
+	$(BIN)/python -m pip install --progress-bar on --no-deps "mediapipe==0.10.21"
 	@# A crash here, not in the middle of a conversation: the embedded reasoner must generate a token.
 	$(BIN)/python -m models.background.llamacpp_check
 	@touch $@

@@ -243,7 +243,7 @@ class RtcCall:
     def _keepalive(self, msg: str) -> bool:
         """Answer the page's duplex.ping (its round-trip readout); a duplex.pong only proves life."""
         try:
-            ev = json.loads(msg)
+            ev = p.loads_strict(msg)
         except (ValueError, RecursionError):  # not JSON, or nested too deeply: the codec will say so
             return False
         if not isinstance(ev, dict):

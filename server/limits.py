@@ -20,6 +20,16 @@ RTC_INBOX_BYTES = 2 << 20  # data-channel messages waiting to be handled
 MAX_OFFER_BYTES = 64 * 1024  # an SDP offer; real ones are a few kB
 MAX_OFFER_MLINES = 4  # m= sections in an offer: audio, video, data channel (+1 spare)
 MAX_VIDEO_PIXELS = 3840 * 2160  # larger decoded frames are dropped (counted) before conversion
+# Pictures sent as JSON (an `input_image` part, a `duplex.input_video.append` frame) must also fit in the
+# message limit (--max-frame-bytes, 256 kB by default: a 640x480 JPEG is 30-100 kB).
+MAX_IMAGE_BYTES = 4 << 20  # one decoded JPEG / PNG file
+MAX_IMAGE_PIXELS = 4096 * 4096  # the size its header declares; checked before any pixel is decoded
+MAX_IMAGES_PER_ITEM = 1  # input_image parts in one item: a micro-turn sees one picture (the newest)
+IMAGE_MAX_SIDE = 640  # pictures are shrunk to this longest side at once: what perception works at
+# A WebSocket camera: at most this many frames a second on average, with a burst of VIDEO_FRAME_BURST so
+# network jitter on a steady 5 fps stream is not refused. Frames beyond it are dropped with an error.
+VIDEO_FRAMES_PER_S = 5.0
+VIDEO_FRAME_BURST = 3
 # A TCP connection whose sent data stays unacknowledged this long (a peer that vanished, or one that
 # never reads: its zero window is probed forever) is dropped by the kernel. Without it a client that
 # never reads and never closes pins a socket, its send buffer and our transport buffer for good, after

@@ -26,6 +26,7 @@ CLIENT_EVENTS = frozenset({
     "response.cancel",
     "output_audio_buffer.clear",
     "duplex.background.request",
+    "duplex.input_video.append",
 })
 
 _ids = itertools.count(1)
@@ -53,16 +54,30 @@ def error_event(code: str, message: str, param: str | None = None, client_event_
                       "event_id": client_event_id}}
 
 
+def _refuse_constant(name: str) -> Any:
+    # json.loads takes NaN, Infinity and -Infinity by default; they are not JSON (RFC 8259), and whatever
+    # holds them (a tool schema) would be echoed back as text a browser's JSON.parse rejects.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """json.loads that refuses the NaN / Infinity literals Python accepts by default (ValueError)."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
 def parse_client_text(text: str) -> dict[str, Any]:
     """JSON text -> event dict with a known `type`, or ProtocolError naming what is wrong."""
     try:
-        event = json.loads(text)
+        event = loads_strict(text)
     except json.JSONDecodeError as exc:
         raise ProtocolError("invalid_json", f"message is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except RecursionError:  # "[" * 100000 is under the size limit but deeper than the parser goes
         raise ProtocolError("invalid_json", "message is nested too deeply to be an event; send a flat JSON "
                             "object with a 'type' field") from None
     except ValueError as exc:  # not a JSONDecodeError: an integer longer than Python converts (4300 digits)
+        if "is not a JSON value" in str(exc):
+            raise ProtocolError("invalid_json", f"message is not valid JSON: {exc}; NaN and Infinity have no "
+                                "JSON spelling (send null or a number)") from None
         raise ProtocolError("invalid_json", f"message has a number the server cannot read ({str(exc)[:80]}); "
                             "send numbers of ordinary size") from None
     if not isinstance(event, dict):
@@ -121,15 +136,67 @@ def parse_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
 
 def item_text(item: Any, event_id: str | None) -> str:
     """Text of a user `message` item (`input_text` / `text` parts)."""
+    text, _ = item_parts(item, event_id)
+    if not text:
+        raise ProtocolError("invalid_item", "message content needs 'input_text' parts with a 'text' string",
+                            "item.content", event_id)
+    return text
+
+
+IMAGE_TYPES = ("image/jpeg", "image/png")
+
+
+def item_parts(item: Any, event_id: str | None) -> tuple[str, list[tuple[str, bytes]]]:
+    """A user `message` item -> (its text, its pictures as (MIME type, bytes)); at least one of them.
+
+    Text parts are `input_text` (or `text`); a picture is an `input_image` part whose `image_url` is a
+    `data:image/jpeg;base64,...` or `data:image/png;base64,...` URL, as OpenAI Realtime sends them.
+    """
     if not isinstance(item, dict):
         raise ProtocolError("invalid_item", "'item' must be an object", "item", event_id)
     content = item.get("content")
     if not isinstance(content, list) or not content:
         raise ProtocolError("invalid_item", "message item needs a non-empty 'content' list", "item.content",
                             event_id)
-    texts = [part.get("text") for part in content
-             if isinstance(part, dict) and part.get("type") in ("input_text", "text")]
-    if not texts or not all(isinstance(t, str) for t in texts):
-        raise ProtocolError("invalid_item", "message content needs 'input_text' parts with a 'text' string",
-                            "item.content", event_id)
-    return " ".join(t for t in texts if t)
+    texts: list[str] = []
+    images: list[tuple[str, bytes]] = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "text"):
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise ProtocolError("invalid_item", f"content[{i}] needs a 'text' string", "item.content", event_id)
+            texts.append(text)
+        elif kind == "input_image":
+            images.append(decode_data_url(part.get("image_url"), f"item.content[{i}].image_url", event_id))
+        # other parts (input_audio, ...) are ignored, as they were before pictures were read
+    text = " ".join(t for t in texts if t)
+    if not text and not images:
+        raise ProtocolError("invalid_item", "message content needs 'input_text' parts with a 'text' string or "
+                            "'input_image' parts", "item.content", event_id)
+    return text, images
+
+
+def decode_data_url(value: Any, param: str, event_id: str | None) -> tuple[str, bytes]:
+    """`data:image/jpeg;base64,...` -> ("image/jpeg", bytes). Only the type it names is checked here."""
+    if not isinstance(value, str) or not value.startswith("data:"):
+        raise ProtocolError("invalid_image_url", f"{param} must be a data URL (data:image/jpeg;base64,... or "
+                            "data:image/png;base64,...); the server fetches no remote pictures", param, event_id)
+    head, sep, body = value[5:].partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise ProtocolError("invalid_image_url", f"{param} must be a base64 data URL (data:TYPE;base64,DATA)",
+                            param, event_id)
+    mime = head[: -len(";base64")].lower()
+    if mime not in IMAGE_TYPES:
+        raise ProtocolError("unsupported_image_type", f"{param} is {mime[:40]!r}; send image/jpeg or image/png",
+                            param, event_id)
+    return mime, decode_b64(body, param, event_id)
+
+
+def decode_b64(value: Any, param: str, event_id: str | None) -> bytes:
+    if not isinstance(value, str):
+        raise ProtocolError("invalid_base64", f"{param} must be a base64 string", param, event_id)
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_base64", f"{param} is not valid base64", param, event_id) from None

@@ -24,11 +24,20 @@ import numpy as np
 from models.base import TickOutput
 from server import protocol as p
 from server._session_update import updated_settings
-from server.limits import MAX_ITEM_TEXT_CHARS
+from server.limits import (
+    IMAGE_MAX_SIDE,
+    MAX_IMAGE_BYTES,
+    MAX_IMAGE_PIXELS,
+    MAX_IMAGES_PER_ITEM,
+    MAX_ITEM_TEXT_CHARS,
+    VIDEO_FRAME_BURST,
+    VIDEO_FRAMES_PER_S,
+)
 from server.outbox import Close, Outbox
 from server.protocol import ProtocolError
 from server.runtime import Runtime
 from server.sessions import Pace, Session, TextFull
+from streaming.image import ImageError, decode_image
 from streaming.pcm import PCMError, float32_to_pcm16, pcm16_to_float32
 from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE, TICK_SECONDS
@@ -67,6 +76,35 @@ class AudioOutput(Protocol):
 Handler = Callable[[dict[str, Any], str | None], Awaitable[None] | None]
 
 
+class FrameRate:
+    """A token bucket: `rate` frames a second on average, bursts of `burst`; `take(now)` False: too fast."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, float(burst)
+        self.tokens = float(burst)
+        self.at: float | None = None
+
+    def take(self, now: float) -> bool:
+        if self.at is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+async def picture(data: bytes, param: str, event_id: str | None) -> np.ndarray:
+    """JPEG / PNG bytes -> RGB [H, W, 3] (longest side IMAGE_MAX_SIDE), decoded off the event loop."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ProtocolError("image_too_large", f"the picture has {len(data)} bytes; the limit is {MAX_IMAGE_BYTES}",
+                            param, event_id)
+    try:
+        return await asyncio.to_thread(decode_image, data, MAX_IMAGE_PIXELS, IMAGE_MAX_SIDE)
+    except ImageError as exc:
+        raise ProtocolError(exc.code, str(exc), param, event_id) from None
+
+
 class RealtimeConnection:
     def __init__(self, runtime: Runtime, beta: bool = False, audio_out: AudioOutput | None = None,
                  media_ok: bool = True) -> None:
@@ -100,7 +138,9 @@ class RealtimeConnection:
             "response.cancel": self._on_response_cancel,
             "output_audio_buffer.clear": self._on_output_clear,
             "duplex.background.request": self._background_event,
+            "duplex.input_video.append": self._on_video_append,
         }
+        self._frame_rate = FrameRate(VIDEO_FRAMES_PER_S, VIDEO_FRAME_BURST)
 
     @property
     def session(self) -> Session:
@@ -359,7 +399,7 @@ class RealtimeConnection:
         self.runtime.clear_input(self.session)
         self.emit({"type": "input_audio_buffer.cleared", "event_id": p.new_id("event")})
 
-    def _on_item_create(self, ev: dict[str, Any], eid: str | None) -> None:
+    async def _on_item_create(self, ev: dict[str, Any], eid: str | None) -> None:
         s = self.session
         item = ev.get("item")
         if isinstance(item, dict) and item.get("type") == "function_call_output":
@@ -372,20 +412,44 @@ class RealtimeConnection:
         if isinstance(item, dict) and item.get("role", "user") != "user":
             raise ProtocolError("unsupported_item", "only user messages and function_call_output items can be "
                                 "created", "item.role", eid)
-        text = p.item_text(item, eid)
+        text, images = p.item_parts(item, eid)
         if len(text) > MAX_ITEM_TEXT_CHARS:
             raise ProtocolError("item_too_large", f"the message has {len(text)} characters; the limit is "
                                 f"{MAX_ITEM_TEXT_CHARS}", "item.content", eid)
-        try:
-            self.runtime.push_text(s, text)
-        except TextFull as exc:
-            self.runtime.metrics.dropped_events.labels("inbox_full").inc()
-            raise ProtocolError("text_buffer_full", str(exc), "item.content", eid) from None
+        if len(images) > MAX_IMAGES_PER_ITEM:
+            raise ProtocolError("too_many_images", f"the message has {len(images)} input_image parts; the limit is "
+                                f"{MAX_IMAGES_PER_ITEM} (send pictures in separate items)", "item.content", eid)
+        # Every picture is decoded before anything is pushed: a bad one changes nothing.
+        frames = [await picture(data, "item.content", eid) for _, data in images]
+        if self.state is not ConnState.OPEN:  # closed while decoding
+            return
+        for frame in frames:
+            self.runtime.push_video(s, frame)
+        if text:
+            try:
+                self.runtime.push_text(s, text)
+            except TextFull as exc:
+                self.runtime.metrics.dropped_events.labels("inbox_full").inc()
+                raise ProtocolError("text_buffer_full", str(exc), "item.content", eid) from None
+        content: list[dict[str, Any]] = [{"type": "input_image", "width": int(f.shape[1]), "height": int(f.shape[0])}
+                                         for f in frames]
+        if text:
+            content.append({"type": "input_text", "text": text})
         given = item.get("id") if isinstance(item, dict) else None
         item_id = given[:64] if isinstance(given, str) else p.new_id("item")
         self.emit({"type": "conversation.item.added", "event_id": p.new_id("event"), "previous_item_id": None,
-                   "item": {"id": item_id, "type": "message", "role": "user",
-                            "content": [{"type": "input_text", "text": text}]}})
+                   "item": {"id": item_id, "type": "message", "role": "user", "content": content}})
+
+    async def _on_video_append(self, ev: dict[str, Any], eid: str | None) -> None:
+        """One frame of a WebSocket camera: `image` is a base64 JPEG (or PNG), at most VIDEO_FRAMES_PER_S."""
+        data = p.decode_b64(ev.get("image"), "image", eid)
+        if not self._frame_rate.take(time.monotonic()):
+            self.runtime.metrics.dropped_events.labels("video_rate").inc()
+            raise ProtocolError("video_rate_exceeded", f"camera frames are arriving faster than "
+                                f"{VIDEO_FRAMES_PER_S:g} a second; this one was dropped", "image", eid)
+        frame = await picture(data, "image", eid)
+        if self.state is ConnState.OPEN:
+            self.runtime.push_video(self.session, frame)
 
     def _on_response_create(self, ev: dict[str, Any], eid: str | None) -> None:
         # The model decides when to speak every micro-turn; a client request is only a hint.

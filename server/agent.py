@@ -1,7 +1,7 @@
 """HAProxy's agent check: a TCP port that answers one line with this replica's state, then closes.
 
 HAProxy connects every `agent-inter` and reads the line (haproxy 2.6 configuration manual, "agent-check"):
-`up ready maxconn:N` while there is room (N = connections the proxy may hold here), `up drain` when
+`up ready maxconn:N` while there is room for a new session (N = the capacity), `up drain maxconn:N` when
 every place is held (weight 0: no new session is sent here, but a resume that names this replica still is),
 `drain` while the server drains, `down` while it is unhealthy. The figures are the runtime's, the same
 that `/healthz` reports (`Runtime.load`). A connection that is not answered in time is closed, so a
@@ -28,14 +28,12 @@ def agent_line(load: Load) -> str:
         return "down\n"
     if load.draining:
         return "drain\n"
-    if load.room <= 0:
-        # Not `maxconn:0`: to HAProxy that means no limit at all.
-        return "up drain\n"
-    if load.sessions >= load.capacity:
-        # Full: weight 0, so a new session is refused at once (503) when every replica is full, rather
-        # than queued; the attached sessions' connections (a reconnect, a resume) still fit.
-        return f"up drain maxconn:{load.room}\n"
-    return f"up ready maxconn:{load.room}\n"
+    # `maxconn` stays the capacity: every connection is one session, attached or resuming (a resume
+    # uses the place its detached session kept). What is full is the room for *new* sessions: weight
+    # 0 then, so none is sent here (and when every replica is full the proxy answers 503 at once),
+    # while a resume that names this replica still reaches it.
+    state = "ready" if load.free > 0 else "drain"
+    return f"up {state} maxconn:{load.capacity}\n"
 
 
 class AgentServer:

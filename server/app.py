@@ -82,7 +82,7 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
         status = "draining" if load.draining else ("unhealthy" if load.problem else "ok")
         # Sessions being opened count: they hold a place, and admission counts them.
         body: dict[str, Any] = {"status": status, "model": runtime.model.name, "sessions": load.sessions,
-                                "capacity": load.capacity, "attached": load.attached, "room": load.room,
+                                "capacity": load.capacity, "attached": load.attached, "free": load.free,
                                 "replica": runtime.tokens.replica_id, "pid": os.getpid()}
         if load.problem:
             body["problem"] = load.problem

@@ -215,10 +215,9 @@ class Load:
     problem: str | None  # why the replica is unhealthy; None when healthy
 
     @property
-    def room(self) -> int:
-        """Connections the proxy may still hold to this replica: the free places plus the attached
-        sessions' own (a detached session keeps its place for its resume, without a connection)."""
-        return self.capacity - (self.sessions - self.attached)
+    def free(self) -> int:
+        """Places for new sessions (a detached session keeps its place for its resume)."""
+        return max(0, self.capacity - self.sessions)
 
 
 @dataclass(eq=False)  # identity semantics: sessions live in sets

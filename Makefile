@@ -20,7 +20,7 @@ LLAMA_CMAKE ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_
 # Debian packages: espeak-ng is the fallback voice and the benchmark's second voice family;
 # cmake/g++ build llama-cpp-python; chromium drives the browser tests (test only).
 APT_RUN  := espeak-ng libsndfile1 cmake g++
-APT_TEST := chromium chromium-driver sox
+APT_TEST := chromium chromium-driver sox haproxy redis-server
 
 .PHONY: serve test setup setup-test lint typecheck check bench-latency bench-reasoner llama-server clean help
 

@@ -2,7 +2,8 @@
 
 It sits above them so that none imports another for the command line's sake: `serve` is the server's
 (server/cli.py), `train` is training's (train/cli.py, handed its arguments whole and imported only
-when asked for, so that serving never loads training code). A new command adds its parser in the
+when asked for, so that serving never loads training code), `cluster` is deploy's (deploy/cli.py, the
+same way). A new command adds its parser in the
 package that owns it and one entry here.
 """
 
@@ -15,7 +16,8 @@ from server.cli import add_serve_command
 from server.cli import run as run_serve
 
 # Commands whose package parses its own arguments: name -> help.
-DELEGATED = {"train": "train the native interaction model (duplex train --help)"}
+DELEGATED = {"train": "train the native interaction model (duplex train --help)",
+             "cluster": "a local cluster: Redis, N replicas and HAProxy on loopback (duplex cluster --help)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         from train.cli import main as train_main
 
         return train_main(argv[1:])
+    if argv[:1] == ["cluster"]:
+        from deploy.cli import main as cluster_main
+
+        return cluster_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return run_serve(args)

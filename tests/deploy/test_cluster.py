@@ -1,0 +1,195 @@
+"""`duplex cluster` as real processes on loopback: Redis, two echo replicas and HAProxy.
+
+One cluster for the module (starting it costs a few seconds); every test leaves it with no session
+held. Each replica admits 2 sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from server.auth import token_replica
+from tests.conftest import ROOT, free_port
+from tests.wsclient import TICK, collect_audio, open_ws, pcm16, random_pcm, recv_event, start_session
+
+CAPACITY = 2  # per replica
+CHECK_INTERVAL = 0.3  # s between the proxy's checks of each replica
+AGENT_SETTLE = 3 * CHECK_INTERVAL + 0.3  # s for the proxy to have heard new figures from every agent
+
+
+class Cluster:
+    def __init__(self, proc: subprocess.Popen[bytes], state_path: Path, log_path: Path) -> None:
+        self.proc = proc
+        self.state_path = state_path
+        self.log_path = log_path
+
+    @property
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads(self.state_path.read_text())
+        return state
+
+    @property
+    def url(self) -> str:
+        return str(self.state["url"])
+
+    def replica(self, rid: str) -> dict[str, Any]:
+        return next(r for r in self.state["replicas"] if r["id"] == rid)
+
+    def health(self, rid: str) -> dict[str, Any]:
+        body: dict[str, Any] = httpx.get(f"http://127.0.0.1:{self.replica(rid)['port']}/healthz").json()
+        return body
+
+    def wait_idle(self) -> None:
+        """Until no replica holds a session and the proxy has heard so from every agent."""
+        deadline = time.monotonic() + 10
+        while any(self.health(r["id"])["sessions"] for r in self.state["replicas"]):
+            assert time.monotonic() < deadline, "sessions were not freed"
+            time.sleep(0.1)
+        time.sleep(AGENT_SETTLE)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    work = tmp_path_factory.mktemp("cluster")
+    state, log = work / "state.json", work / "cluster.log"
+    cmd = [sys.executable, "-m", "duplex.cli", "cluster", "--replicas", "2", "--port", str(free_port()),
+           "--model", "echo:1", "--state", str(state), "--check-interval", str(CHECK_INTERVAL),
+           "--workdir", str(work / "run"),
+           "--max-sessions", str(CAPACITY), "--resume-grace", "20", "--log-level", "warning"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    c = Cluster(proc, state, log)
+    deadline = time.monotonic() + 90
+    while not state.exists():
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    time.sleep(AGENT_SETTLE)  # the proxy has the agents' first answers
+    yield c
+    pids = [c.state["proxy"]["pid"], c.state["store"]["pid"], *(r["pid"] for r in c.state["replicas"])]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0, log.read_text()
+    # Ctrl-C / SIGTERM stops every part.
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert "duplex cluster: stopped" in log.read_text()
+
+
+async def _resume(url: str, token: str, carrier: str) -> tuple[ClientConnection, dict[str, Any], dict[str, Any]]:
+    """Resume with `token` through the proxy, the token in a header, a subprotocol or the query."""
+    if carrier == "header":
+        ws = await open_ws(url, additional_headers={"X-Duplex-Resume-Token": token})
+    elif carrier == "subprotocol":
+        ws = await open_ws(url, subprotocols=["realtime", "duplex-resume-token." + token])
+    else:
+        ws = await open_ws(url + "?resume_token=" + token)
+    created = await recv_event(ws)
+    resumed = await recv_event(ws)
+    return ws, created, resumed
+
+
+async def test_sessions_spread_by_capacity_and_the_next_is_refused(cluster: Cluster) -> None:
+    """T1: 2 replicas x 2 places: four sessions land two on each, the fifth is refused with 503."""
+    held = [await start_session(cluster.url) for _ in range(2 * CAPACITY)]
+    placed = [token_replica(resume["resume_token"]) for _, resume in held]
+    assert sorted(placed) == ["r1", "r1", "r2", "r2"], placed
+    with pytest.raises(InvalidStatus) as refused:
+        await open_ws(cluster.url)
+    assert refused.value.response.status_code == 503
+    for rid in ("r1", "r2"):
+        health = cluster.health(rid)
+        assert health["sessions"] == CAPACITY and health["free"] == 0
+    for ws, _ in held:
+        await ws.close()
+    cluster.wait_idle()
+    # Places freed: a new session is admitted again.
+    ws, _ = await start_session(cluster.url)
+    await ws.close()
+    cluster.wait_idle()
+
+
+Held = tuple[ClientConnection, dict[str, Any]]  # a client's connection and its resume event
+
+
+async def _owner_full(cluster: Cluster) -> tuple[Held, Held]:
+    """Two sessions on one replica, none on the other. Once one of them drops, its owner is still full
+    (the dropped session keeps its place), so the proxy's balancing would send any connection to the
+    other replica: only the token's route can take a resume back to the owner."""
+    opened = [await start_session(cluster.url) for _ in range(3)]
+    by_replica: dict[str, list[Held]] = {}
+    for ws, resume in opened:
+        by_replica.setdefault(token_replica(resume["resume_token"]), []).append((ws, resume))
+    full = next(rid for rid, held in by_replica.items() if len(held) == 2)
+    for rid, held in by_replica.items():
+        if rid != full:
+            for ws, _ in held:
+                await ws.close()
+    await asyncio.sleep(AGENT_SETTLE)  # the proxy has heard that the owner is full and the other is not
+    first, second = by_replica[full]
+    return first, second
+
+
+async def test_a_resume_returns_to_its_replica_with_its_conversation(cluster: Cluster) -> None:
+    """T2: dropped, then resumed through the proxy (header, subprotocol, query): the same replica, the
+    same session, the model's state where it was (echo:1 still holds the last chunk)."""
+    other, (ws, resume) = await _owner_full(cluster)
+    owner = token_replica(resume["resume_token"])
+    chunks = [pcm16(random_pcm(TICK, seed=s)) for s in range(1, 6)]
+    await ws.send(chunks[0] + chunks[1])
+    assert (await collect_audio(ws, 2))[1] == chunks[0]
+    token, tick = resume["resume_token"], 2
+    for i, carrier in enumerate(("header", "subprotocol", "query")):
+        ws.transport.abort()  # the network drops: no close frame
+        await asyncio.sleep(0.3)
+        ws, created, resumed = await _resume(cluster.url, token, carrier)
+        assert created["session"]["id"] == resume["session_id"], carrier
+        assert resumed["resumed"] is True and resumed["tick"] == tick, (carrier, resumed)
+        assert token_replica(resumed["resume_token"]) == owner and resumed["resume_token"] != token
+        # The delay line held the chunk sent before the drop: it comes out next.
+        await ws.send(chunks[2 + i])
+        assert (await collect_audio(ws, 1)) == {tick: chunks[1 + i]}, carrier
+        token, tick = resumed["resume_token"], tick + 1
+    await ws.close()
+    await other[0].close()
+    cluster.wait_idle()
+
+
+async def test_a_resume_reaches_its_owner_after_the_proxy_restarts(cluster: Cluster) -> None:
+    """T8: the proxy is killed mid-session; the launcher starts it again and a resume still reaches the
+    replica that holds the session (routing is in the token, not in the proxy's memory)."""
+    (other_ws, other), (ws, resume) = await _owner_full(cluster)
+    owner = token_replica(resume["resume_token"])
+    old = cluster.state["proxy"]
+    os.kill(old["pid"], signal.SIGKILL)
+    for conn in (ws, other_ws):
+        with pytest.raises(ConnectionClosed):  # every connection went with the proxy
+            while True:
+                await recv_event(conn, timeout=5)
+    deadline = time.monotonic() + 15
+    while cluster.state["proxy"]["pid"] == old["pid"]:
+        assert time.monotonic() < deadline, cluster.log_path.read_text()
+        await asyncio.sleep(0.1)
+    assert cluster.state["proxy"]["restarts"] == old["restarts"] + 1
+    await asyncio.sleep(AGENT_SETTLE)  # the new proxy has the agents' figures: the owner is full
+    for held in (resume, other):
+        ws, created, resumed = await _resume(cluster.url, held["resume_token"], "header")
+        assert created["session"]["id"] == held["session_id"] and resumed["resumed"] is True
+        assert token_replica(resumed["resume_token"]) == owner
+        await ws.close()
+    cluster.wait_idle()

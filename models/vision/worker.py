@@ -1,0 +1,167 @@
+"""The detectors in a separate process: their GIL time and a crash stay out of the conversation.
+
+The caller (the cascade, on the inference thread) `submit`s a session's frame and later `take`s what was
+seen; neither call waits. A session has at most one frame in flight: a frame offered while the last
+is still being looked at is skipped, so a slow worker lowers the perception rate instead of queueing.
+Inside the worker, face and hands run on one thread and OCR on another (one thread per model), so a
+200 ms reading never delays the 10 ms landmark pass. If the worker dies, every session goes on blind:
+`submit` returns False, one warning is logged, nothing raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from models.vision.types import Observation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Inbox:
+    observations: list[Observation] = field(default_factory=list)
+    texts: list[tuple[float, list[str]]] = field(default_factory=list)
+    in_flight: bool = False
+
+
+class VisionWorker:
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")  # the server has threads: a forked copy of them could deadlock
+        self._requests: Any = ctx.Queue()
+        self._results: Any = ctx.Queue()
+        self._proc = ctx.Process(target=_main, args=(self._requests, self._results), name="duplex-vision",
+                                 daemon=True)
+        self._proc.start()
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _Inbox] = {}
+        self._stopping = False
+        self.dead = False  # the worker process is gone: every session is blind
+        self._reader = threading.Thread(target=self._read, name="vision-results", daemon=True)
+        self._reader.start()
+
+    def submit(self, sid: str, frame: npt.NDArray[np.uint8], t: float, read_text: bool = False) -> bool:
+        """Look at `frame` (RGB [H, W, 3]) for session `sid`; False: skipped (one in flight, or no worker)."""
+        with self._lock:
+            box = self._sessions.setdefault(sid, _Inbox())
+            if self.dead or box.in_flight:
+                return False
+            box.in_flight = True
+        self._requests.put(("frame", sid, t, np.ascontiguousarray(frame), read_text))
+        return True
+
+    def busy(self, sid: str) -> bool:
+        with self._lock:
+            box = self._sessions.get(sid)
+            return box is not None and box.in_flight and not self.dead
+
+    def take(self, sid: str) -> tuple[list[Observation], list[tuple[float, list[str]]]]:
+        """What was seen since the last call: observations, and (t, lines) for each OCR reading."""
+        with self._lock:
+            box = self._sessions.get(sid)
+            if box is None:
+                return [], []
+            obs, texts = box.observations, box.texts
+            box.observations, box.texts = [], []
+            return obs, texts
+
+    def close_session(self, sid: str) -> None:
+        with self._lock:
+            self._sessions.pop(sid, None)
+        if not self.dead:
+            self._requests.put(("close", sid))
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        if self._proc.is_alive():
+            self._requests.put(("stop",))
+            self._proc.join(timeout=5)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=5)
+        self._reader.join(timeout=5)
+
+    def kill(self) -> None:
+        """Kill the worker as a crash would (tests: the sessions must go on blind)."""
+        self._proc.kill()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self._results.get(timeout=0.5)
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    break
+                continue
+            except (EOFError, OSError):
+                break
+            kind, sid = msg[0], msg[1]
+            with self._lock:
+                box = self._sessions.get(sid)
+                if box is None:
+                    continue
+                if kind == "obs":
+                    box.observations.append(msg[2])
+                    box.in_flight = False
+                elif kind == "text":
+                    box.texts.append((msg[2], msg[3]))
+                elif kind == "error":
+                    box.in_flight = False
+                    log.warning("vision: a frame of session %s failed: %s", sid, msg[2])
+        with self._lock:
+            self.dead = True
+            for box in self._sessions.values():
+                box.in_flight = False
+        if not self._stopping:
+            log.warning("vision worker exited (code %s): sessions go on without seeing", self._proc.exitcode)
+
+
+def _main(requests: Any, results: Any) -> None:
+    """The worker process: landmarks on this thread, OCR on its own."""
+    from models.vision.detect import SessionDetectors, TextReader
+
+    ocr_slot: queue.Queue[tuple[str, float, npt.NDArray[np.uint8]] | None] = queue.Queue(maxsize=1)
+
+    def read_texts() -> None:
+        reader = TextReader()
+        while (job := ocr_slot.get()) is not None:
+            sid, t, frame = job
+            try:
+                results.put(("text", sid, t, reader.read(frame)))
+            except Exception as exc:  # one bad frame must not end the reader
+                results.put(("error", sid, f"OCR: {type(exc).__name__}: {exc}"))
+
+    ocr = threading.Thread(target=read_texts, name="vision-ocr", daemon=True)
+    ocr.start()
+    sessions: dict[str, SessionDetectors] = {}
+    while True:
+        msg = requests.get()
+        if msg[0] == "stop":
+            break
+        if msg[0] == "close":
+            det = sessions.pop(msg[1], None)
+            if det is not None:
+                det.close()
+            continue
+        _, sid, t, frame, read_text = msg
+        try:
+            det = sessions.get(sid) or sessions.setdefault(sid, SessionDetectors())
+            results.put(("obs", sid, det.observe(frame, t)))
+        except Exception as exc:
+            results.put(("error", sid, f"{type(exc).__name__}: {exc}"))
+            continue
+        if read_text:
+            with contextlib.suppress(queue.Empty):  # the newest frame replaces one still waiting for the reader
+                ocr_slot.get_nowait()
+            ocr_slot.put((sid, t, frame))
+    ocr_slot.put(None)
+    for det in sessions.values():
+        det.close()

@@ -1,0 +1,97 @@
+"""The real detectors on real pictures, in the real worker process (started once for the module).
+
+tests/models/data/astronaut.jpg is scikit-image's `astronaut()` (Eileen Collins, a NASA photo in the
+public domain) shrunk to 320x320. The text card is drawn here with PIL.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from models.vision.tracker import Tracker
+from models.vision.types import Observation
+from models.vision.worker import VisionWorker
+
+ASTRONAUT = Path(__file__).parent / "data" / "astronaut.jpg"
+
+
+def astronaut() -> np.ndarray:
+    return np.asarray(Image.open(ASTRONAUT).convert("RGB"))
+
+
+def card(text: str) -> np.ndarray:
+    img = Image.new("RGB", (640, 480), "white")
+    try:
+        font: ImageFont.FreeTypeFont | ImageFont.ImageFont = ImageFont.truetype("DejaVuSans-Bold.ttf", 64)
+    except OSError:
+        font = ImageFont.load_default(size=64)
+    ImageDraw.Draw(img).text((60, 180), text, fill="black", font=font)
+    return np.asarray(img)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = VisionWorker()
+    yield w
+    w.shutdown()
+
+
+def _wait(worker: VisionWorker, sid: str, texts: bool = False, timeout: float = 60.0
+          ) -> tuple[list[Observation], list[tuple[float, list[str]]]]:
+    deadline = time.monotonic() + timeout
+    obs: list[Observation] = []
+    read: list[tuple[float, list[str]]] = []
+    while time.monotonic() < deadline:
+        o, r = worker.take(sid)
+        obs += o
+        read += r
+        if obs and (read or not texts):
+            return obs, read
+        time.sleep(0.02)
+    raise TimeoutError(f"the worker saw nothing of {sid} in {timeout}s")
+
+
+def test_face_present_then_leaving_through_the_worker(worker: VisionWorker) -> None:
+    tr = Tracker()
+    cues: list[str] = []
+    frames = [astronaut()] * 3 + [np.full((320, 320, 3), 90, np.uint8)] * 3  # she is there, then gone
+    for i, frame in enumerate(frames):
+        assert worker.submit("s1", frame, i * 0.2)
+        assert not worker.submit("s1", frame, i * 0.2), "one frame in flight per session"
+        (obs, _) = _wait(worker, "s1")
+        for o in obs:
+            cues += tr.update(o)
+        if i == 2:
+            assert tr.state.present and tr.state.facing, "a face looking at the camera"
+            assert obs[-1].face is not None and abs(obs[-1].face.yaw) < 0.25
+    assert not tr.state.present
+    assert cues == ["left"]
+
+
+def test_reads_a_card_and_nothing_on_a_photo(worker: VisionWorker) -> None:
+    worker.submit("s2", card("OPEN 9 TO 5"), 0.0, read_text=True)
+    _, read = _wait(worker, "s2", texts=True)
+    assert read[0][1] == ["OPEN 9 TO 5"]
+    worker.submit("s2", astronaut(), 0.2, read_text=True)
+    _, read = _wait(worker, "s2", texts=True)
+    assert read[0][1] == [], "no text made up in a photo without any"
+
+
+def test_a_crashed_worker_leaves_sessions_blind_not_broken(caplog) -> None:
+    w = VisionWorker()
+    try:
+        w.kill()
+        deadline = time.monotonic() + 10
+        while not w.dead and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert w.dead
+        assert not w.submit("s3", astronaut(), 0.0)
+        assert w.take("s3") == ([], [])
+        assert "sessions go on without seeing" in caplog.text
+    finally:
+        w.shutdown()

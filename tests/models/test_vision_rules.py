@@ -1,0 +1,129 @@
+"""The vision rules on landmark and pose sequences, without any model: gestures, finger counts, facing,
+nod / shake / wave and leaving, through the tracker that turns observations into cues."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from models.vision import head
+from models.vision.gestures import classify
+from models.vision.tracker import Tracker
+from models.vision.types import FaceObs, HandObs, Observation, VisualState
+
+
+def hand(up: set[str], wrist=(0.5, 0.8), scale: float = 0.15, thumb_up_pose: bool = False) -> np.ndarray:
+    """21 landmarks of an upright right hand seen palm on; fingers in `up` extended, the others curled."""
+    wx, wy = wrist
+    lm = np.zeros((21, 3), np.float32)
+    lm[0, :2] = (wx, wy)
+    for k, (name, dx) in enumerate(zip(("index", "middle", "ring", "pinky"), (-0.3, -0.1, 0.1, 0.3), strict=True)):
+        base = 5 + 4 * k
+        bx, by = wx + dx * scale, wy - 1.0 * scale
+        lm[base, :2] = (bx, by)
+        if name in up:  # straight on upward
+            for j, f in enumerate((0.4, 0.7, 0.95), start=1):
+                lm[base + j, :2] = (bx, by - f * scale)
+        else:  # folded back toward the palm
+            lm[base + 1, :2] = (bx, by - 0.3 * scale)
+            lm[base + 2, :2] = (bx, by - 0.1 * scale)
+            lm[base + 3, :2] = (bx, by + 0.15 * scale)
+    if "thumb" in up and thumb_up_pose:  # pointing straight up, the fist below
+        pts = [(-0.35, -0.3), (-0.4, -0.8), (-0.4, -1.25), (-0.4, -1.7)]
+    elif "thumb" in up:  # out to the side
+        pts = [(-0.3, -0.25), (-0.55, -0.45), (-0.75, -0.6), (-0.95, -0.75)]
+    else:  # across the palm
+        pts = [(-0.3, -0.25), (-0.35, -0.5), (-0.2, -0.7), (-0.05, -0.75)]
+    for i, (dx, dy) in enumerate(pts, start=1):
+        lm[i, :2] = (wx + dx * scale, wy + dy * scale)
+    return lm
+
+
+@pytest.mark.parametrize(("up", "kw", "gesture", "count"), [
+    ({"thumb", "index", "middle", "ring", "pinky"}, {}, "open_palm", 5),
+    ({"thumb", "index", "middle", "ring", "pinky"}, {"wrist": (0.5, 0.3)}, "raised_hand", 5),
+    ({"thumb"}, {"thumb_up_pose": True}, "thumbs_up", 1),
+    ({"index"}, {}, "pointing", 1),
+    ({"index", "middle"}, {}, "victory", 2),
+    (set(), {}, "fist", 0),
+    ({"index", "middle", "ring"}, {}, None, 3),
+])
+def test_gestures_and_finger_counts(up, kw, gesture, count) -> None:
+    assert classify(hand(up, **kw)) == (gesture, count)
+
+
+def test_rotated_hand_counts_the_same() -> None:
+    lm = hand({"index", "middle"})
+    c, s = math.cos(0.6), math.sin(0.6)
+    rot = lm.copy()
+    rot[:, :2] = (lm[:, :2] - lm[0, :2]) @ np.array([[c, -s], [s, c]], np.float32) + lm[0, :2]
+    assert classify(rot) == ("victory", 2)
+
+
+def test_swings_and_head_rules() -> None:
+    nod = [(i * 0.2, 0.45 + 0.1 * math.sin(i * 0.2 * 2 * math.pi / 0.8)) for i in range(8)]  # 1.25 Hz, +-0.1
+    still = [(i * 0.2, 0.0) for i in range(8)]
+    assert head.nodding(nod, still) and not head.shaking(still, nod)
+    shake = [(t, 2.5 * (v - 0.45)) for t, v in nod]
+    assert head.shaking(shake, still) and not head.nodding(still, shake)
+    jitter = [(i * 0.2, 0.45 + 0.01 * (-1) ** i) for i in range(8)]
+    assert not head.nodding(jitter, still)
+    assert head.facing(0.05, 0.45) and not head.facing(0.45, 0.45) and not head.facing(0.0, 0.9)
+
+
+def _face(yaw: float = 0.0, pitch: float = 0.45) -> FaceObs:
+    return FaceObs(box=(0.4, 0.2, 0.6, 0.5), yaw=yaw, pitch=pitch)
+
+
+def _hand_obs(lm: np.ndarray) -> HandObs:
+    g, n = classify(lm)
+    return HandObs(landmarks=lm, gesture=g, fingers=n)
+
+
+def test_tracker_reports_each_cue_once_when_it_begins() -> None:
+    tr = Tracker()
+    cues: list[tuple[int, list[str]]] = []
+
+    def feed(i: int, face: FaceObs | None, hands: list[HandObs] | None = None) -> None:
+        cues.append((i, tr.update(Observation(t=i * 0.2, face=face, hands=hands or []))))
+
+    for i in range(3):
+        feed(i, _face())
+    assert tr.state.present and tr.state.facing
+    palm = _hand_obs(hand({"thumb", "index", "middle", "ring", "pinky"}))
+    for i in range(3, 6):  # held for three frames: one cue
+        feed(i, _face(), [palm])
+    for i, pitch in enumerate((0.45, 0.55, 0.62, 0.5, 0.4, 0.52, 0.6), start=6):  # a nod
+        feed(i, _face(pitch=pitch))
+    feed(13, _face(yaw=0.5))  # looks away
+    assert not tr.state.facing and tr.state.present
+    feed(14, None)  # one missed frame is not leaving
+    feed(15, None)
+    feed(16, None)
+    feed(17, _face())
+    flat = [(i, c) for i, cs in cues for c in cs]
+    assert [i for i, c in flat if c == "open_palm"] == [3]
+    assert [c for _, c in flat].count("nod") == 1
+    assert [i for i, c in flat if c == "left"] == [15]
+    assert [i for i, c in flat if c == "returned"] == [17]
+    assert tr.state.present
+
+
+def test_wave_from_a_moving_open_hand() -> None:
+    tr = Tracker()
+    seen: list[str] = []
+    for i in range(10):
+        x = 0.5 + 0.08 * math.sin(i * math.pi / 2)  # side to side, a swing every 0.4 s
+        seen += tr.update(Observation(t=i * 0.2, face=_face(),
+                                      hands=[_hand_obs(hand({"thumb", "index", "middle", "ring", "pinky"},
+                                                            wrist=(x, 0.8)))]))
+    assert "wave" in seen and seen.count("open_palm") == 1
+
+
+def test_describe_quotes_text() -> None:
+    s = VisualState(present=True, facing=True, gesture="victory", fingers=2, texts=("OPEN 9 TO 5",), frames=3)
+    assert s.describe() == ('Camera: a person is in view, looking at the camera; gesture: victory; '
+                            'fingers held up: 2; text in view: "OPEN 9 TO 5".')
+    assert VisualState().describe() == ""

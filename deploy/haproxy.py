@@ -20,14 +20,15 @@ What it does, and why:
   between two agent checks), is retried once on another replica (`retry-on all-retryable-errors`,
   `option redispatch 1`: each retry may pick another server).
 - `POST /v1/realtime/calls` (WebRTC) is an ordinary request; its media flows peer to peer with the
-  replica that answered, not through the proxy.
+  replica that answered, not through the proxy. A later request about the call
+  (`/v1/realtime/calls/{id}/hangup`) is routed on the session id, which starts with the replica id.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.auth import REPLICA_ID, RESUME_HEADER, RESUME_SUBPROTOCOL_PREFIX
+from server.auth import REPLICA_ID, RESUME_HEADER, RESUME_SUBPROTOCOL_PREFIX, session_id_prefix
 
 BACKEND = "duplex"
 
@@ -108,6 +109,9 @@ def render(replicas: list[Replica], opts: ProxyOptions | None = None) -> str:
             f"    acl {acl} req.hdr(sec-websocket-protocol) -m beg {RESUME_SUBPROTOCOL_PREFIX}{r.id}.",
             f"    acl {acl} urlp(resume_token) -m beg {r.id}.",
             f"    use-server {r.id} if {acl}",
+            # A request that names a session (a WebRTC call's hangup): its id starts with the replica's.
+            f"    acl call_{acl} path_beg /v1/realtime/calls/{session_id_prefix(r.id)}",
+            f"    use-server {r.id} if call_{acl}",
         ]
     for r in replicas:
         lines.append(

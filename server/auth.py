@@ -157,6 +157,12 @@ class ResumeTokens:
         return TokenCheck.OURS if replica == self.replica_id else TokenCheck.FOREIGN
 
 
+def session_id_prefix(replica_id: str) -> str:
+    """Session ids start with this (`sess_ID_`), so that a proxy routes a request naming a session (a
+    WebRTC call's hangup) to the replica that holds it; '_' never occurs in a replica id."""
+    return f"sess_{replica_id}_"
+
+
 def token_replica(token: str) -> str:
     """The replica id a token names (its prefix); not verified."""
     return token.partition(".")[0]

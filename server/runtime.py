@@ -28,7 +28,7 @@ from models.registry import load_model
 from server import protocol as p
 from server.admission import HARD_CAP, budget, calibrate
 from server.agent import AgentServer
-from server.auth import ResumeTokens, TokenCheck, default_origins
+from server.auth import ResumeTokens, TokenCheck, default_origins, session_id_prefix
 from server.background import make_background_factory
 from server.config import ServerConfig
 from server.engine import Engine
@@ -77,7 +77,8 @@ class Runtime:
         self.background_factory = background_factory
         self.tokens = ResumeTokens(config.replica_id, config.cluster_secret)
         self.registry = SessionRegistry(capacity, engine.open_state, self._free, config.max_backlog_ticks,
-                                        config.resume_grace, config.idle_timeout, self.tokens.mint)
+                                        config.resume_grace, config.idle_timeout, self.tokens.mint,
+                                        session_id_prefix(config.replica_id))
         # Read when scraped: sessions being opened count as well as those held, as admission counts them.
         metrics.sessions_live.set_function(lambda: self.registry.in_use)
         self.draining = False

@@ -281,10 +281,11 @@ Closer = Callable[[Session], Awaitable[None]]
 class SessionRegistry:
     def __init__(self, capacity: int, opener: Opener, closer: Closer, max_backlog_ticks: int = 10,
                  resume_grace: float = 30.0, idle_timeout: float = 0.0,
-                 mint_token: Callable[[], str] | None = None) -> None:
+                 mint_token: Callable[[], str] | None = None, id_prefix: str = "sess_") -> None:
         self.capacity = capacity
         # Makes resume tokens: the runtime's names this replica and carries a MAC (server/auth.py).
         self._mint = mint_token or (lambda: secrets.token_urlsafe(24))
+        self._id_prefix = id_prefix  # the runtime's names this replica, so a proxy can route by session id
         self._open_state = opener  # allocates model state on the inference thread
         self._close = closer  # engine removal + model close + background stop
         self.max_backlog_ticks = max_backlog_ticks
@@ -316,7 +317,7 @@ class SessionRegistry:
                           "later", 503, 1013, {"Retry-After": str(RETRY_AFTER_FULL)})
         self._opening += 1
         try:
-            sid = "sess_" + secrets.token_hex(8)
+            sid = self._id_prefix + secrets.token_hex(8)
             state = await self._open_state(sid)
         finally:
             self._opening -= 1

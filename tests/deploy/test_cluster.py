@@ -193,3 +193,32 @@ async def test_a_resume_reaches_its_owner_after_the_proxy_restarts(cluster: Clus
         assert token_replica(resumed["resume_token"]) == owner
         await ws.close()
     cluster.wait_idle()
+
+
+async def test_a_webrtc_call_through_the_proxy(cluster: Cluster) -> None:
+    """POST /v1/realtime/calls through the proxy: the replica that answers carries the call (media peer
+    to peer with it), and the hangup, which names the session, reaches that replica."""
+    pytest.importorskip("aiortc")
+    from bench._rtc_client import RtcClient
+
+    proxy = cluster.url.replace("ws://", "http://").removesuffix("/v1/realtime")
+    held = [await start_session(cluster.url) for _ in range(2)]  # one WebSocket on each replica
+    client = RtcClient(proxy)
+    await client.connect()
+    try:
+        resume = await client.wait_for("duplex.session.resume")
+        owner = token_replica(resume["resume_token"])
+        assert resume["session_id"].startswith(f"sess_{owner}_")
+        # Only the owner keeps a connection: least-connections alone would send the hangup elsewhere.
+        for ws, r in held:
+            if token_replica(r["resume_token"]) != owner:
+                await ws.close()
+        await client.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "via proxy"}]}})
+        assert (await client.wait_for("response.output_audio_transcript.delta"))["delta"] == "via proxy"
+        assert await client.hangup() == 200
+    finally:
+        await client.close()
+        for ws, _ in held:
+            await ws.close()
+    cluster.wait_idle()

@@ -114,12 +114,13 @@ async def run_backend(backend: str, sessions: Sequence[int], rounds: int, slots:
         await asyncio.wrap_future(preload())
     out = []
     try:
+        base = 0  # each run of N sessions asks questions no earlier run asked: its first round is cold
         for n in sessions:
             convs = [Conversation() for _ in range(n)]
             rows: list[dict[str, Any]] = []
             round_s = []
             for r in range(rounds):
-                asked = [c.ask(questions[(i * rounds + r) % len(questions)]) for i, c in enumerate(convs)]
+                asked = [c.ask(questions[(base + i * rounds + r) % len(questions)]) for i, c in enumerate(convs)]
                 t0 = time.perf_counter()
                 got = await asyncio.gather(*(_one(reasoner, list(m)) for m, _ in asked))
                 round_s.append(time.perf_counter() - t0)
@@ -131,6 +132,7 @@ async def run_backend(backend: str, sessions: Sequence[int], rounds: int, slots:
                     print(f"  {backend}, {n} sessions, round {r + 1}/{rounds}: {round_s[-1]:.2f} s, prompt tokens "
                           f"evaluated {ev}, first sentences "
                           f"{[round(g['first_sentence_s'], 2) for g in got]} s", flush=True)
+            base += n * rounds
             out.append({"backend": backend, "sessions": n, "rounds": rounds, **_summary(rows),
                         "later_rounds": _summary([x for x in rows if x["round"] > 0]),
                         "round_s_mean": _round(statistics.fmean(round_s)),

@@ -13,6 +13,13 @@ log = logging.getLogger(__name__)
 
 KINDS = ("auto", "none", "llama-server", "llamacpp", "openai", "sglang")
 
+# Whether `auto` runs llama-server when set-up built it (else the in-process llamacpp backend). It keeps
+# every session's conversation evaluated and answers sessions together (bench/reasoner_concurrency.py:
+# first speakable sentence p90 2.8 s against 8.5 s with 6 sessions asking at once, 2 cores). Off until
+# the server's admission default (models/cascade/options.py max_sessions), its --background choices
+# and the tests that name the auto choice move with it.
+AUTO_LLAMA_SERVER = False
+
 
 @dataclass
 class ReasonerSpec:
@@ -33,13 +40,11 @@ def llamacpp_available() -> bool:
 def make_reasoner(spec: ReasonerSpec) -> Reasoner | None:
     """The configured reasoner, or None for `none` (and for `auto` when llama.cpp is not installed).
 
-    `auto` prefers llama-server (built by `make setup`): it keeps every session's conversation evaluated
-    and answers sessions together, where the in-process backend answers one request at a time and
-    re-reads a conversation that another session's request displaced (bench/reasoner_concurrency.py)."""
+    With `AUTO_LLAMA_SERVER`, `auto` prefers llama-server (built by `make setup`)."""
     kind = spec.kind
     if kind not in KINDS:
         raise ValueError(f"unknown background reasoner {kind!r}; choose one of: {', '.join(KINDS)}")
-    if kind == "auto" and llamacpp_available():
+    if kind == "auto" and AUTO_LLAMA_SERVER and llamacpp_available():
         from models.background.llama_server import binary_available
 
         if binary_available():
@@ -62,8 +67,7 @@ def make_reasoner(spec: ReasonerSpec) -> Reasoner | None:
                      "pass --background openai --background-url URL)")
             return None
         kind = "llamacpp"
-        log.info("background reasoner: llamacpp (auto: llama-cpp-python found, but no llama-server binary; "
-                 "`make setup` builds it)")
+        log.info("background reasoner: llamacpp (auto: llama-cpp-python found)")
     if kind == "none":
         return None
     if kind == "llamacpp":

@@ -235,7 +235,9 @@ class LocalCluster:
         drains: its clients are told why), then the store."""
         if self.proxy is not None:
             self.proxy.stop()
-        threads = [threading.Thread(target=c.stop) for c, _ in self.replicas]  # they drain in parallel
+        grace = float(_option(self.spec.serve_args, "--drain-grace") or 0)  # live sessions' time to finish
+        threads = [threading.Thread(target=c.stop, args=(STOP_TIMEOUT + grace,))  # they drain in parallel
+                   for c, _ in self.replicas]
         for t in threads:
             t.start()
         for t in threads:

@@ -54,6 +54,7 @@ class ServerConfig:
     replica_id: str = field(default_factory=new_replica_id)
     cluster_secret: str | None = None
     agent_port: int = 0
+    drain_grace: float = 0.0  # seconds live sessions may go on after SIGTERM before they are closed (0 = at once)
 
     def is_loopback(self) -> bool:
         if self.host in ("localhost", "ip6-localhost"):
@@ -94,6 +95,8 @@ class ServerConfig:
         if not REPLICA_ID.match(self.replica_id):
             raise ValueError("--replica-id must be 1-32 of a-z, 0-9 and '-', starting with a letter or digit; "
                              f"got {self.replica_id!r}")
+        if not 0 <= self.drain_grace <= 3600:
+            raise ValueError(f"--drain-grace must be within 0..3600 seconds, got {self.drain_grace}")
         if not 0 <= self.agent_port <= 65535:
             raise ValueError(f"--agent-port must be a TCP port (0 = off), got {self.agent_port}")
         if self.background_max_sentences is not None and self.background_max_sentences < 0:

@@ -51,6 +51,7 @@ class Metrics:
         self.sessions_refused = Counter(
             "duplex_sessions_refused", "Connections refused because the server was full", registry=r
         )
+        self.drains = Counter("duplex_drains", "Drains with a grace for live sessions (--drain-grace)", registry=r)
         self.step_failures = Counter(
             "duplex_step_failures", "Sessions whose model step raised (they got silence and model_error)", registry=r
         )

@@ -62,6 +62,7 @@ COLLECT_EVERY = 10.0
 REAP_EVERY = 1.0  # seconds between reaps of idle and expired sessions
 LAG_PROBE = 0.1  # seconds between event-loop lag probes (duplex_event_loop_lag_seconds)
 OVERRUN_ERROR_INTERVAL = 1.0  # seconds between repeated input_overrun errors to one session
+DRAIN_POLL = 0.1  # seconds between looks at the sessions left during a drain's grace
 
 
 class Runtime:
@@ -82,7 +83,8 @@ class Runtime:
         # Read when scraped: sessions being opened count as well as those held, as admission counts them.
         metrics.sessions_live.set_function(lambda: self.registry.in_use)
         self.draining = False
-        self.drained = asyncio.Event()  # set once drain() began: transports stop waiting on slow clients
+        self.drained = asyncio.Event()  # set once drain() closes sessions: transports stop waiting on slow clients
+        self._grace_until: float | None = None  # monotonic end of a drain's grace, while it runs
         self.allowed_origins = default_origins(config.host, config.port) | set(config.allowed_origins)
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
@@ -134,7 +136,8 @@ class Runtime:
         the session keeps its settings, and what it produced while detached is replayed in order.
         `media=False`: the transport cannot serve pace 'media' (WebRTC).
         """
-        if self.draining:
+        if self.draining and not (resume_token and self._grace_until is not None):
+            # During a drain's grace a dropped session may still come back to finish here.
             raise Refused("server_shutting_down", "server is shutting down; reconnect later", 503, 1013)
         if resume_token:
             self._check_token(resume_token)
@@ -316,14 +319,37 @@ class Runtime:
 
     async def drain(self, reason: str) -> None:
         """Stop admitting, tell every live session why, and close them all. Runs first on SIGTERM or
-        SIGINT (server/cli.py), before the listening sockets close, and again (a no-op) in `stop`."""
+        SIGINT (server/cli.py), before the listening sockets close, and again (a no-op) in `stop`.
+
+        With `--drain-grace S` (a replica behind a proxy) it first stops taking new sessions (the agent
+        check says `drain`, /healthz 503), tells every session's client (`duplex.session.draining`, with
+        its resume token and the seconds left) and lets the sessions go on for up to S seconds or until
+        their clients have closed them; then it closes what is left, as without a grace."""
+        first = not self.draining
         self.draining = True
+        if first and self.config.drain_grace > 0 and len(self.registry):
+            await self._drain_grace(reason, self.config.drain_grace)
         self.drained.set()
         for session in self.registry.sessions():
             try:
                 await self.close(session, reason, 1001)
             except Exception:  # one broken session must not keep the others open
                 log.exception("closing session %s during drain failed", session.id)
+
+    async def _drain_grace(self, reason: str, grace: float) -> None:
+        self._grace_until = time.monotonic() + grace
+        self.metrics.drains.inc()
+        log.info("draining: %d sessions have %.0f s to finish", len(self.registry), grace)
+        for session in self.registry.sessions():
+            session.emit({"type": "duplex.session.draining", "event_id": p.new_id("event"), "reason": reason,
+                          "seconds_left": grace, "resume_token": session.resume_token,
+                          "message": "this server is going away: finish, or open a new session (the proxy sends "
+                          "it to another server); what is left is closed when the time is up"})
+        try:
+            while len(self.registry) and time.monotonic() < self._grace_until:
+                await asyncio.sleep(DRAIN_POLL)
+        finally:
+            self._grace_until = None
 
     async def stop(self) -> None:
         """Drain, end the transports' connections, stop the reaper and the engine, close the reasoner

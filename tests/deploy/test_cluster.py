@@ -69,7 +69,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cmd = [sys.executable, "-m", "duplex.cli", "cluster", "--replicas", "2", "--port", str(free_port()),
            "--model", "echo:1", "--state", str(state), "--check-interval", str(CHECK_INTERVAL),
            "--workdir", str(work / "run"),
-           "--max-sessions", str(CAPACITY), "--resume-grace", "20", "--log-level", "warning"]
+           "--max-sessions", str(CAPACITY), "--resume-grace", "20", "--drain-grace", "20", "--log-level", "warning"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -222,3 +222,44 @@ async def test_a_webrtc_call_through_the_proxy(cluster: Cluster) -> None:
         for ws, _ in held:
             await ws.close()
     cluster.wait_idle()
+
+
+async def test_sigterm_drains_a_replica_while_its_sessions_go_on(cluster: Cluster) -> None:
+    """SIGTERM on a replica (--drain-grace): its agent says drain, so new sessions go to the other; its
+    live session is told (with its token), keeps streaming, and the replica exits once it has ended.
+    Runs last: the replica is gone afterwards."""
+    a_ws, a = await start_session(cluster.url)
+    b_ws, b = await start_session(cluster.url)
+    leaving, staying = token_replica(a["resume_token"]), token_replica(b["resume_token"])
+    assert leaving != staying
+    pid = cluster.replica(leaving)["pid"]
+    os.kill(pid, signal.SIGTERM)
+    draining = await recv_event(a_ws)
+    assert draining["type"] == "duplex.session.draining", draining
+    assert draining["resume_token"] == a["resume_token"] and draining["seconds_left"] == 20
+    chunks = [pcm16(random_pcm(TICK, seed=s)) for s in (21, 22)]
+    await a_ws.send(chunks[0] + chunks[1])
+    assert (await collect_audio(a_ws, 2))[1] == chunks[0]  # it goes on
+    await asyncio.sleep(AGENT_SETTLE)
+    r = httpx.get(f"http://127.0.0.1:{cluster.replica(leaving)['port']}/healthz")
+    assert r.status_code == 503 and r.json()["status"] == "draining"
+    assert "duplex_drains_total 1.0" in httpx.get(f"http://127.0.0.1:{cluster.replica(leaving)['port']}/metrics").text
+    # The draining replica takes no new session: the next fills the other, and the one after is refused
+    # by the proxy (least connections alone would have sent it to the draining replica).
+    new_ws, new = await start_session(cluster.url)
+    assert token_replica(new["resume_token"]) == staying
+    await asyncio.sleep(AGENT_SETTLE)
+    with pytest.raises(InvalidStatus) as refused:
+        await open_ws(cluster.url)
+    assert refused.value.response.status_code == 503
+    for ws in (new_ws, b_ws, a_ws):
+        await ws.close()
+    # a was the draining replica's last session: it finishes its drain now, not after the 20 s grace.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the drained replica did not exit"
+        await asyncio.sleep(0.1)

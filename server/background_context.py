@@ -118,5 +118,6 @@ def _turn(lines: list[tuple[Entry, str]], task: str) -> str:
         return "\n".join(said)
     if not lines:
         return task
-    transcript = "\n".join(f"{_LABELS.get((e.role, e.kind)) or e.role.capitalize()}: {text}" for e, text in lines)
+    transcript = "\n".join(text if e.kind == "vision" else  # "Camera: ...", what was in view
+                           f"{_LABELS.get((e.role, e.kind)) or e.role.capitalize()}: {text}" for e, text in lines)
     return f"Conversation so far:\n{transcript}\n\nTask: {task}"

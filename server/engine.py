@@ -407,6 +407,9 @@ class Engine:
                 t = p.tick * self.period
                 s.log.add(t, "user", out.user_text)
                 s.log.add(t, "assistant", out.text)
+                for ev in out.events:  # what the camera showed when a question went to the reasoner
+                    if ev.type == "vision" and isinstance(ev.data.get("facts"), str):
+                        s.log.add(t, "user", ev.data["facts"], kind="vision")
                 s.background.on_output(out, p.tick)
                 s.deliver(out, p.tick)
             except Exception:  # one session's transport or worker must not stop the others' delivery

@@ -39,6 +39,7 @@ from models.cascade.options import CascadeOptions
 from models.cascade.overlaps import OverlapJudge, OverlapState, log_overlap
 from models.cascade.pauses import PauseJudge, PauseState
 from models.cascade.policy import Decision, TurnPolicy, TurnState
+from models.cascade.sight import STOP_CUES, Sight, SightState
 from models.cascade.speaker import Speaker, Synthesizer
 from models.cascade.text import only_backchannel
 from models.cascade.work import StepClock, Workers
@@ -77,6 +78,7 @@ class CascadeState:
     pause: PauseState = field(default_factory=PauseState)  # the current pause's end-of-turn cues
     overlap: OverlapState = field(default_factory=OverlapState)  # the open overlap's cues
     user: UserLevel = field(default_factory=UserLevel)  # the user's own speech level (tells bystanders apart)
+    sight: SightState = field(default_factory=SightState)  # the camera: visual state, held questions
     tick: int = 0  # index of the micro-turn stepped last (the clock of the off-thread jobs' `due`)
 
 
@@ -133,6 +135,7 @@ class CascadeModel:
         self.pauses = PauseJudge(self.smart_turn, self.ears, self.workers, self.clock)
         self.overlaps = OverlapJudge(self.overlap_probe, self.ears, self.workers, self.clock)
         self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
+        self.sight = Sight()  # its worker process starts with the first camera frame
         # Pre-rendered so that replies and backchannels start without waiting for synthesis.
         self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
         self._warm_up()
@@ -176,6 +179,7 @@ class CascadeModel:
     def close(self, state: CascadeState) -> None:
         state.hearing.asr.abort()  # returns a pooled decoder
         state.answers.speaker.drop()
+        self.sight.close(state.session_id)
 
     def pending_work(self, s: CascadeState) -> list[Future[Any]]:
         """Off-thread work the session's next micro-turn uses (`models.base.OffThreadWork`): jobs due
@@ -185,6 +189,7 @@ class CascadeModel:
         work: list[Future[Any]] = [j.future for j in jobs if j is not None and j.due <= nxt]
         work += s.hearing.asr.waiting()
         work += s.answers.speaker.waiting()
+        work += self.sight.waiting(s.session_id)
         return work  # callers skip what is already done
 
     def wait_work(self, states: Sequence[CascadeState], timeout: float = 30.0) -> None:
@@ -203,6 +208,7 @@ class CascadeModel:
         """Stop the synthesis and worker threads (the model is unusable afterwards)."""
         self.synth.close()
         self.workers.close()
+        self.sight.shutdown()
         if self._procs is not None:
             self._procs.close()
 
@@ -234,9 +240,10 @@ class CascadeModel:
         user_text = ""
         s.tick += 1
         h.samples += len(x)
-        # 1. What the client sent: cancel, typed text, and the reasoner's answer as it streams in.
+        # 1. What the client sent: cancel, the camera, typed text, and the reasoner's answer as it streams in.
         if t.cancel:
             a.stop("cancel", ev)
+        self._see(s, t, ev)
         for text in t.text:
             user_text = self._typed(s, text, ev) or user_text
         for chunk in t.background:
@@ -278,11 +285,13 @@ class CascadeModel:
             user_text = self._end_of_turn(s, ev) or user_text
         if d.backchannel:
             a.backchannel(o.backchannel_phrases, ev)
+        self._release_questions(s, ev)
         # 6. Speak. While the user holds a normal turn, or may be interrupting (a paused overlap), answers
         # wait where they are; only backchannels may play. Talk much quieter than the user's own (a
         # television that starts between our acknowledgment and the answer) holds nothing: the answer
         # would otherwise wait for the next pause in it.
         hold = s.turn.turn and (not s.turn.overlap or s.turn.paused) and not bystander
+        hold = hold or s.sight.away  # the user left the picture mid-answer: it waits for them
         speech = a.speak(hold, s.turn.now_ms, self.clock)
         s.aec.played(s.ref.process(speech.audio))
         return TickOutput(audio=speech.audio, text=speech.text, user_text=user_text, events=ev)
@@ -358,11 +367,52 @@ class CascadeModel:
         text = heard.transcript.text if heard is not None and heard.transcript.text else h.final_fallback
         if only_backchannel(text):
             return text  # Whisper heard only "mm-hm": nothing to ask
-        ev.append(Event("delegate", {"query": text}))
+        self._ask(s, text, ev)
         return text
 
     def _delegate(self, s: CascadeState, query: str, ev: list[Event]) -> None:
         s.answers.take_floor(self.opts)
+        self._ask(s, query, ev)
+
+    # --- the camera ------------------------------------------------------------------------------
+
+    def _see(self, s: CascadeState, t: TickInput, ev: list[Event]) -> None:
+        """Step 1 of `_tick`: offer the frame, take what was seen, act on cues that began."""
+        a, sg = s.answers, s.sight
+        # A spoken turn asks for a reading when it starts (done by the time the turn ends); typed text,
+        # which is delegated this micro-turn, asks and waits for it.
+        if s.turn.turn and not sg.turn_read:
+            sg.want_text = sg.turn_read = True
+        sg.turn_read = sg.turn_read and bool(s.turn.turn)
+        self.sight.look(s.session_id, sg, t.video, s.tick, question=bool(t.text))
+        speaking = a.speaker.busy and not a.speaker.playing_backchannel
+        cues, _ = self.sight.see(s.session_id, sg, s.tick, speaking)
+        if speaking and any(c in STOP_CUES for c in cues):
+            a.stop("visual_stop", ev)  # a hand held up: stop, as a spoken interruption would
+        # A nod while it speaks is a backchannel: it goes on (the cue is only reported).
+        vision = self.sight.event(sg, cues, facts=False)
+        if vision is not None:
+            ev.append(vision)
+
+    def _ask(self, s: CascadeState, query: str, ev: list[Event]) -> None:
+        """Delegate `query`, or hold it for the reading of the picture it may be about."""
+        if s.sight.asked is not None:
+            s.sight.held.append(query)
+            return
+        self._question(s, query, ev)
+
+    def _release_questions(self, s: CascadeState, ev: list[Event]) -> None:
+        sg = s.sight
+        if sg.held and sg.asked is None:
+            held, sg.held = sg.held, []
+            for query in held:
+                self._question(s, query, ev)
+
+    def _question(self, s: CascadeState, query: str, ev: list[Event]) -> None:
+        if s.sight.frame is not None:  # the camera is on: the reasoner is told what is in view
+            vision = self.sight.event(s.sight, [], facts=True)
+            if vision is not None:
+                ev.append(vision)
         ev.append(Event("delegate", {"query": query}))
 
     def _typed(self, s: CascadeState, text: str, ev: list[Event]) -> str:

@@ -15,6 +15,7 @@ import logging
 import multiprocessing as mp
 import queue
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,8 @@ class _Inbox:
     observations: list[Observation] = field(default_factory=list)
     texts: list[tuple[float, list[str]]] = field(default_factory=list)
     in_flight: bool = False
+    seen: Future[None] | None = None  # done when the frame in flight has been looked at
+    reading: Future[None] | None = None  # done when the reading asked last has arrived
 
 
 class VisionWorker:
@@ -55,8 +58,17 @@ class VisionWorker:
             if self.dead or box.in_flight:
                 return False
             box.in_flight = True
+            box.seen = Future()
+            if read_text:
+                box.reading = Future()
         self._requests.put(("frame", sid, t, np.ascontiguousarray(frame), read_text))
         return True
+
+    def waiting(self, sid: str) -> list[Future[None]]:
+        """What is still being worked on for `sid` (a media-pace step waits for it: models.base.OffThreadWork)."""
+        with self._lock:
+            box = self._sessions.get(sid)
+            return [] if box is None else [f for f in (box.seen, box.reading) if f is not None and not f.done()]
 
     def busy(self, sid: str) -> bool:
         with self._lock:
@@ -111,17 +123,28 @@ class VisionWorker:
                 if kind == "obs":
                     box.observations.append(msg[2])
                     box.in_flight = False
+                    _resolve(box.seen)
                 elif kind == "text":
                     box.texts.append((msg[2], msg[3]))
+                    _resolve(box.reading)
                 elif kind == "error":
                     box.in_flight = False
+                    _resolve(box.seen)
+                    _resolve(box.reading)
                     log.warning("vision: a frame of session %s failed: %s", sid, msg[2])
         with self._lock:
             self.dead = True
             for box in self._sessions.values():
                 box.in_flight = False
+                _resolve(box.seen)
+                _resolve(box.reading)
         if not self._stopping:
             log.warning("vision worker exited (code %s): sessions go on without seeing", self._proc.exitcode)
+
+
+def _resolve(f: Future[None] | None) -> None:
+    if f is not None and not f.done():
+        f.set_result(None)
 
 
 def _main(requests: Any, results: Any) -> None:

@@ -1,0 +1,133 @@
+"""What the cascade sees: camera frames to the vision worker, its observations to a per-session tracker,
+and what that changes in a micro-turn.
+
+The worker (models/vision/worker.py) starts with the first frame any session sends, so a server whose
+clients never send video never starts it. Perception runs at the rate the worker keeps up with, at most
+one frame per micro-turn per session (5 a second); OCR only when it can matter: the first frame, a new
+scene (the picture changed a lot since the last reading), or a question (typed text, or a spoken turn
+ending) while the camera is on. A question asked while a reading is on its way waits for it, at most
+`READ_WAIT_TICKS`, so "what does this say?" is answered from the picture, not before it was read.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from models.base import Event
+from models.vision.tracker import Tracker
+from models.vision.worker import VisionWorker
+from streaming.types import TICK_SECONDS
+
+log = logging.getLogger(__name__)
+
+READ_WAIT_TICKS = 8  # a question waits at most 1.6 s for the reading it asked for (OCR ~0.2-0.4 s)
+SCENE_CHANGE = 24.0  # mean absolute difference of 16x16 grey thumbnails (0-255) that counts as a new scene
+STOP_CUES = ("open_palm", "raised_hand")  # while the assistant speaks: stop, like a spoken interruption
+
+
+def thumbnail(frame: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+    """A 16x16 grey thumbnail [16, 16] by block means: what 'the scene changed' is judged on."""
+    h, w = frame.shape[:2]
+    ys, xs = np.linspace(0, h, 17).astype(int), np.linspace(0, w, 17).astype(int)
+    grey = frame.mean(axis=2, dtype=np.float32)  # [H, W]
+    return np.array([[grey[ys[i]:ys[i + 1], xs[j]:xs[j + 1]].mean() for j in range(16)] for i in range(16)],
+                    np.float32)
+
+
+@dataclass
+class SightState:
+    """One session's sight; every field is per session."""
+
+    tracker: Tracker = field(default_factory=Tracker)  # visual state and cue onsets from observations
+    frame: npt.NDArray[np.uint8] | None = None  # the newest frame seen (read again when a question comes)
+    read_thumb: npt.NDArray[np.float32] | None = None  # thumbnail of the frame OCR last ran on
+    want_text: bool = False  # a reading is wanted at the next submit
+    asked: int | None = None  # micro-turn a question asked for a reading; questions wait until it arrives
+    held: list[str] = field(default_factory=list)  # questions waiting for that reading
+    turn_read: bool = False  # the open user turn already asked for a reading
+    away: bool = False  # the user left while the assistant spoke: its speech is held until they are back
+    reported: tuple[Any, ...] = (False, False, None, None, ())  # the state last sent to the client
+
+
+class Sight:
+    """The shared vision worker and the per-micro-turn rules on what it reports."""
+
+    def __init__(self) -> None:
+        self.worker: VisionWorker | None = None
+
+    def look(self, sid: str, s: SightState, frame: npt.NDArray[np.uint8] | None, tick: int, question: bool) -> None:
+        """Offer this micro-turn's frame (if any) to the worker; `question`: the user just asked something."""
+        if frame is not None:
+            if s.frame is None:
+                s.want_text = True  # the first frame: is there text in view at all?
+            s.frame = frame
+        if s.frame is None:
+            return  # no camera: nothing to read, questions do not wait
+        if question:
+            s.want_text = True
+            s.asked = tick if s.asked is None else s.asked
+        if s.want_text is False and frame is not None and s.read_thumb is not None:
+            s.want_text = float(np.abs(thumbnail(frame) - s.read_thumb).mean()) > SCENE_CHANGE
+        if frame is None and not s.want_text:
+            return
+        if self.worker is None:
+            self.worker = VisionWorker()
+        if self.worker.submit(sid, s.frame, tick * TICK_SECONDS, read_text=s.want_text):
+            if s.want_text:
+                s.read_thumb = thumbnail(s.frame)
+            s.want_text = False
+        elif self.worker.dead:
+            s.asked = None  # blind: questions go on without a reading
+
+    def see(self, sid: str, s: SightState, tick: int, speaking: bool) -> tuple[list[str], bool]:
+        """What the worker saw since the last micro-turn: (cues that began, a reading arrived)."""
+        if self.worker is None:
+            return [], False
+        observations, readings = self.worker.take(sid)
+        cues: list[str] = []
+        for obs in observations:
+            cues += s.tracker.update(obs)
+        read = bool(readings)
+        for _, lines in readings:
+            if s.tracker.read(lines) and s.tracker.state.texts:
+                cues.append("text")
+        if read or (s.asked is not None and tick - s.asked >= READ_WAIT_TICKS):
+            s.asked = None
+        if "left" in cues and speaking:
+            s.away = True
+        if s.tracker.state.present:
+            s.away = False
+        return cues, read
+
+    def event(self, s: SightState, cues: list[str], facts: bool) -> Event | None:
+        """A `vision` event when something began or the state changed; `facts`: with the line for the
+        reasoner's context (the server logs it), sent just before a question goes to the reasoner."""
+        st = s.tracker.state
+        snapshot = (st.present, st.facing, st.gesture, st.fingers, st.texts)
+        if not cues and snapshot == s.reported and not facts:
+            return None
+        s.reported = snapshot
+        data: dict[str, Any] = {"cues": cues, "present": st.present, "facing": st.facing, "gesture": st.gesture,
+                                "fingers": st.fingers, "texts": list(st.texts)}
+        if facts and st.frames:
+            data["facts"] = st.describe()
+        return Event("vision", data)
+
+    def waiting(self, sid: str) -> list[Future[None]]:
+        """The frame and the reading in flight: a media-pace step waits for them, so what is seen in
+        media time does not depend on how fast the machine is."""
+        return [] if self.worker is None else self.worker.waiting(sid)
+
+    def close(self, sid: str) -> None:
+        if self.worker is not None:
+            self.worker.close_session(sid)
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()

@@ -1,0 +1,92 @@
+"""Pictures through the real server and the default voice (`--model cascade:classic`: no Whisper to
+load), its vision worker and the scripted OpenAI-compatible reasoner stub, in media pace (the client
+sends a micro-turn of silence and reads until its audio comes back, so the test does not depend on how
+busy the CPU is)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+from websockets.asyncio.client import ClientConnection
+
+from tests.models.test_vision_models import card
+from tests.server._background_stub import ScriptedOpenAI
+from tests.wsclient import TICK, recv_event, send, start_session
+
+
+@pytest.fixture
+def stub() -> Iterator[ScriptedOpenAI]:
+    server = ScriptedOpenAI().start()
+    yield server
+    server.stop()
+
+
+def jpeg_url(rgb: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="JPEG", quality=85)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def picture_question(url: str, text: str) -> dict[str, Any]:
+    return {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": url}, {"type": "input_text", "text": text}]}}
+
+
+async def step(ws: ClientConnection, events: list[dict[str, Any]], timeout: float = 30.0) -> None:
+    """One micro-turn of silence; every event read until its audio is back goes into `events`."""
+    await ws.send(bytes(2 * TICK))
+    deadline = time.monotonic() + timeout
+    while True:
+        ev = await recv_event(ws, max(0.1, deadline - time.monotonic()))
+        events.append(ev)
+        if ev["type"] == "response.output_audio.delta":
+            return
+
+
+async def until(ws: ClientConnection, events: list[dict[str, Any]], etype: str, ticks: int = 60) -> dict[str, Any]:
+    for _ in range(ticks):
+        found = [e for e in events if e["type"] == etype]
+        if found:
+            return found[0]
+        await step(ws, events)
+    raise AssertionError(f"no {etype} in {ticks} micro-turns: {[e['type'] for e in events][-30:]}")
+
+
+async def test_picture_and_question_reach_the_reasoner_and_bad_picture_does_not_stop_it(
+        duplex_server, stub: ScriptedOpenAI) -> None:
+    server = duplex_server("--model", "cascade:classic", "--background", "openai", "--background-url", stub.base_url,
+                           "--background-model", "stub")
+    ws, _ = await start_session(server.ws_url, pace="media")
+    events: list[dict[str, Any]] = []
+    await step(ws, events)
+
+    # 1. A picture of a sign and a typed question: the question waits for the reading, and the
+    # reasoner is told what is in view, the text quoted.
+    await send(ws, picture_question(jpeg_url(card("OPEN 9 TO 5")), "what does the sign say?"))
+    started = await until(ws, events, "duplex.background.started")
+    assert started["query"] == "what does the sign say?"
+    await until(ws, events, "duplex.background.done")
+    prompt = stub.requests[-1]["messages"][-1]["content"]
+    assert 'text in view: "OPEN 9 TO 5"' in prompt, (prompt, [e for e in events if e["type"] == "duplex.event"])
+    assert "what does the sign say?" in prompt
+    seen = [e for e in events if e["type"] == "duplex.event" and e["event"] == "vision"]
+    assert seen and seen[-1]["data"]["texts"] == ["OPEN 9 TO 5"], seen
+
+    # 2. A corrupt picture gets an error; the next question is answered.
+    events.clear()
+    await send(ws, picture_question("data:image/jpeg;base64," + base64.b64encode(b"\xff\xd8\xff" + bytes(50)).decode(),
+                                    "and now?"))
+    err = await until(ws, events, "error", ticks=5)
+    assert err["error"]["code"] == "invalid_image"
+    await send(ws, {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "how are you?"}]}})
+    started = await until(ws, events, "duplex.background.started")
+    assert started["query"] == "how are you?"
+    await ws.close()

@@ -5,6 +5,7 @@ busy the CPU is)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import time
@@ -89,4 +90,56 @@ async def test_picture_and_question_reach_the_reasoner_and_bad_picture_does_not_
         {"type": "input_text", "text": "how are you?"}]}})
     started = await until(ws, events, "duplex.background.started")
     assert started["query"] == "how are you?"
+    await ws.close()
+
+
+def frame_event(rgb: np.ndarray) -> dict[str, Any]:
+    return {"type": "duplex.input_video.append", "image": jpeg_url(rgb).split(",", 1)[1]}
+
+
+def loud(ev: dict[str, Any]) -> bool:
+    pcm = np.frombuffer(base64.b64decode(ev["delta"]), dtype="<i2")
+    return bool(np.abs(pcm).max() > 30)
+
+
+async def test_leaving_the_picture_pauses_the_answer_until_the_user_is_back(duplex_server, stub: ScriptedOpenAI
+                                                                             ) -> None:
+    from tests.models.test_vision_models import astronaut
+
+    server = duplex_server("--model", "cascade:classic", "--background", "openai", "--background-url", stub.base_url,
+                           "--background-model", "stub")
+    ws, _ = await start_session(server.ws_url, pace="media")
+    face, empty = astronaut(), np.full((320, 320, 3), 90, np.uint8)
+    events: list[dict[str, Any]] = []
+
+    async def tick(frame: np.ndarray | None = None) -> dict[str, Any]:
+        """One micro-turn (with a camera frame: no faster than the 5-a-second bound); its audio delta."""
+        if frame is not None:
+            await asyncio.sleep(0.21)
+            await send(ws, frame_event(frame))
+        await step(ws, events)
+        return events[-1]
+
+    for _ in range(2):
+        await tick(face)
+    await send(ws, {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "[slow] tell me a long story about the sea please"}]}})
+    for _ in range(60):  # until the answer itself is being spoken (after the acknowledgment)
+        if any(e["type"] == "duplex.background.delta" for e in events) and loud(await tick()):
+            break
+        await tick()
+    else:
+        raise AssertionError("the assistant never spoke the answer")
+    assert loud(await tick(face))
+    cues: list[str] = []
+    quiet = 0
+    for _ in range(6):  # she leaves: within a few frames, the answer stops where it is
+        quiet += not loud(await tick(empty))
+    cues = [c for e in events if e["type"] == "duplex.event" and e["event"] == "vision" for c in e["data"]["cues"]]
+    assert "left" in cues
+    assert quiet >= 3, "the answer paused while nobody was there"
+    resumed = [loud(await tick(face)) for _ in range(4)]  # she is back: it picks up
+    cues = [c for e in events if e["type"] == "duplex.event" and e["event"] == "vision" for c in e["data"]["cues"]]
+    assert "returned" in cues and any(resumed), resumed
+    assert not [e for e in events if e["type"] == "error"]
     await ws.close()

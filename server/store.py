@@ -1,0 +1,194 @@
+"""The session store: what a session needs to continue on another replica, in Redis (or Valkey).
+
+This module is the store's protocol; the runtime does not use it yet (resuming a session from the store
+on another replica is the next step). Keys, all under `duplex:`:
+
+- `s:{session}` (hash): `epoch` (the fencing counter), `owner` (replica id), `snap` (JSON snapshot);
+  expires after the resume grace, renewed by the owner.
+- `lease:{session}` (string): `{replica}:{epoch}`, who serves the session now; expires after `lease_s`,
+  renewed by the owner every second.
+- `t:{sha256(token)}` (string): the session a resume token names (tokens are credentials: stored
+  hashed); expires after the resume grace.
+
+A replica that attaches a session **claims** it: the lease is taken with `SET NX` (or kept, if it is
+already its own), and the session's epoch is incremented; the new epoch is the fencing token every later
+write carries. A write whose epoch is not the current one (a stale owner, after a takeover) is
+rejected inside Redis (a Lua script: check and write are one step). Two replicas never serve one
+session: the second claim fails while the first owner's lease lives (it renews it every second; a
+replica killed with -9 stops renewing, and after `lease_s` another may claim).
+
+Every operation returns a plain result and counts failures instead of raising: when the store is down,
+sessions go on where they are (only cross-replica resume is lost).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "duplex:"
+
+# KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = replica id, ARGV[2] = lease ms, ARGV[3] = ttl s.
+# Returns the new epoch, or 0 when another replica holds the lease.
+_CLAIM = """
+local holder = redis.call('GET', KEYS[1])
+if holder and string.sub(holder, 1, string.len(ARGV[1]) + 1) ~= ARGV[1] .. ':' then
+  return 0
+end
+local epoch = redis.call('HINCRBY', KEYS[2], 'epoch', 1)
+redis.call('HSET', KEYS[2], 'owner', ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
+return epoch
+"""
+
+# KEYS[1] = session hash; ARGV[1] = epoch, ARGV[2] = snapshot JSON, ARGV[3] = ttl s.
+# Returns 1 when written, 0 when the epoch is stale (another replica claimed the session since).
+_SAVE = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'snap', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = '{replica}:{epoch}', ARGV[2] = lease ms, ARGV[3] = ttl s.
+# Returns 1 when renewed, 0 when the lease is no longer ours.
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+
+# KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = '{replica}:{epoch}'. Deletes both when ours.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"""
+
+
+def _token_key(token: str) -> str:
+    return f"{PREFIX}t:{hashlib.sha256(token.encode()).hexdigest()}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    session_id: str
+    epoch: int  # the fencing token: every write for this ownership carries it
+
+
+class SessionStore:
+    """Use `SessionStore.from_url("redis://HOST:PORT/DB", replica_id, ttl_s)`; `aclose()` at the end."""
+
+    def __init__(self, client: aioredis.Redis, replica_id: str, ttl_s: float, lease_s: float = 3.0) -> None:
+        self._r = client
+        self.replica_id = replica_id
+        self.ttl_s = max(1, int(ttl_s + 0.999))  # the resume grace, whole seconds
+        self.lease_ms = int(lease_s * 1000)
+        self.errors = 0  # operations that failed because the store was unreachable or answered an error
+        self._claim = client.register_script(_CLAIM)
+        self._save = client.register_script(_SAVE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    @classmethod
+    def from_url(cls, url: str, replica_id: str, ttl_s: float, lease_s: float = 3.0) -> SessionStore:
+        # Short timeouts: a store that hangs must not hold a session's event handling for long.
+        client = aioredis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        return cls(client, replica_id, ttl_s, lease_s)
+
+    async def aclose(self) -> None:
+        await self._r.aclose()
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self.errors += 1
+        log.warning("session store: %s failed: %s", what, exc)
+
+    async def claim(self, session_id: str) -> Claim | None:
+        """Take (or keep) the session's lease; None while another replica holds it, or the store fails."""
+        try:
+            epoch = int(await self._claim(keys=[f"{PREFIX}lease:{session_id}", f"{PREFIX}s:{session_id}"],
+                                          args=[self.replica_id, self.lease_ms, self.ttl_s]))
+        except RedisError as exc:
+            self._failed("claim", exc)
+            return None
+        return Claim(session_id, epoch) if epoch else None
+
+    async def save(self, claim: Claim, snapshot: dict[str, Any]) -> bool:
+        """Write the session's snapshot; False when the claim is stale (rejected) or the store fails."""
+        try:
+            ok = await self._save(keys=[f"{PREFIX}s:{claim.session_id}"],
+                                  args=[str(claim.epoch), json.dumps(snapshot, separators=(",", ":")), self.ttl_s])
+        except RedisError as exc:
+            self._failed("save", exc)
+            return False
+        return bool(ok)
+
+    async def renew(self, claim: Claim) -> bool:
+        """Keep the lease (every second while the session is held); False when it was lost."""
+        try:
+            ok = await self._renew(keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}"],
+                                   args=[f"{self.replica_id}:{claim.epoch}", self.lease_ms, self.ttl_s])
+        except RedisError as exc:
+            self._failed("renew", exc)
+            return False
+        return bool(ok)
+
+    async def release(self, claim: Claim) -> bool:
+        """The session closed for good: forget it (only if still ours)."""
+        try:
+            ok = await self._release(keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}"],
+                                     args=[f"{self.replica_id}:{claim.epoch}"])
+        except RedisError as exc:
+            self._failed("release", exc)
+            return False
+        return bool(ok)
+
+    async def load(self, session_id: str) -> tuple[int, dict[str, Any]] | None:
+        """The session's epoch and last snapshot; None when unknown, expired or the store fails."""
+        try:
+            epoch, snap = await self._r.hmget(f"{PREFIX}s:{session_id}", ["epoch", "snap"])
+        except RedisError as exc:
+            self._failed("load", exc)
+            return None
+        if epoch is None or snap is None:
+            return None
+        snapshot: dict[str, Any] = json.loads(snap)
+        return int(epoch), snapshot
+
+    async def bind_token(self, token: str, session_id: str, previous: str | None = None) -> bool:
+        """`token` now names `session_id` (a rotation: `previous` stops naming it)."""
+        try:
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.set(_token_key(token), session_id, ex=self.ttl_s)
+                if previous is not None:
+                    pipe.delete(_token_key(previous))
+                await pipe.execute()
+        except RedisError as exc:
+            self._failed("bind_token", exc)
+            return False
+        return True
+
+    async def session_for(self, token: str) -> str | None:
+        """The session a resume token names; None when unknown, expired or the store fails."""
+        try:
+            sid = await self._r.get(_token_key(token))
+        except RedisError as exc:
+            self._failed("session_for", exc)
+            return None
+        return sid.decode() if isinstance(sid, bytes) else sid

@@ -1,0 +1,85 @@
+"""The session store's protocol against a real Redis server: owner leases, fencing, token lookup,
+and a store that is down."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from server.store import SessionStore
+from tests.conftest import free_port
+
+LEASE_S = 0.3
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (make setup-test installs it)")
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+async def stores(redis_url: str) -> AsyncIterator[tuple[SessionStore, SessionStore]]:
+    a = SessionStore.from_url(redis_url, "r1", ttl_s=30, lease_s=LEASE_S)
+    b = SessionStore.from_url(redis_url, "r2", ttl_s=30, lease_s=LEASE_S)
+    yield a, b
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_a_stale_owners_write_is_rejected_after_a_takeover(stores: tuple[SessionStore, SessionStore]) -> None:
+    """T7: r1 owns the session and stops renewing (killed); r2 takes it over; r1's late write is refused."""
+    a, b = stores
+    sid = "sess_r1_takeover"
+    first = await a.claim(sid)
+    assert first is not None and first.epoch == 1
+    assert await a.save(first, {"items": ["hello"]})
+    assert await b.claim(sid) is None  # r1's lease lives: two replicas never serve one session
+    assert await a.renew(first)
+    await asyncio.sleep(LEASE_S + 0.1)  # r1 stopped renewing
+    second = await b.claim(sid)
+    assert second is not None and second.epoch == 2
+    assert await b.save(second, {"items": ["hello", "from r2"]})
+    assert not await a.save(first, {"items": ["stale"]})  # the fencing counter moved on
+    assert not await a.renew(first)  # and r1 learns it lost the session
+    assert await a.load(sid) == (2, {"items": ["hello", "from r2"]})
+    assert not await a.release(first) and await b.release(second)
+    assert await a.load(sid) is None
+
+
+async def test_tokens_name_sessions_and_rotate(stores: tuple[SessionStore, SessionStore]) -> None:
+    a, b = stores
+    assert await a.bind_token("r1.tok1.mac", "sess_r1_tok")
+    assert await b.session_for("r1.tok1.mac") == "sess_r1_tok"
+    assert await a.bind_token("r1.tok2.mac", "sess_r1_tok", previous="r1.tok1.mac")
+    assert await b.session_for("r1.tok1.mac") is None
+    assert await b.session_for("r1.tok2.mac") == "sess_r1_tok"
+
+
+async def test_a_store_that_is_down_fails_soft() -> None:
+    store = SessionStore.from_url(f"redis://127.0.0.1:{free_port()}/0", "r1", ttl_s=30)
+    started = time.monotonic()
+    assert await store.claim("sess_r1_x") is None
+    assert await store.session_for("r1.t.m") is None
+    assert store.errors == 2 and time.monotonic() - started < 3
+    await store.aclose()

@@ -2,7 +2,8 @@
 
     python -m bench.cluster [--rounds 300]
 
-Starts `duplex cluster` (deploy/cluster.py: Redis, one echo:0 replica, HAProxy) on loopback, opens one
+Starts `duplex cluster` (deploy/cluster.py: Redis, one echo:0 replica, HAProxy) on loopback as a
+command (bench imports no deploy code), opens one
 media-pace session through the proxy and one straight to the replica, and alternates between them: send
 one micro-turn of PCM16, time until its `response.output_audio.delta` arrives. Alternating cancels drift
 (CPU frequency, other load) between the two paths. The rest of the issue's cluster benchmarks (kill -9
@@ -15,12 +16,16 @@ import argparse
 import asyncio
 import base64
 import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
-
-from deploy.cluster import ClusterSpec, LocalCluster, free_port
 
 TICK = 4800
 
@@ -60,17 +65,35 @@ async def measure(proxy_url: str, direct_url: str, rounds: int) -> dict[str, lis
     return out
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=300)
     args = parser.parse_args()
-    spec = ClusterSpec(replicas=1, port=free_port(), model="echo:0", serve_args=["--max-sessions", "4",
-                                                                               "--log-level", "warning"])
-    with LocalCluster(spec) as cluster:
-        state = cluster.state()
-        time.sleep(2.5)  # the proxy has the agent's first answer
-        direct = f"ws://127.0.0.1:{state['replicas'][0]['port']}/v1/realtime"
-        res = asyncio.run(measure(state["url"], direct, args.rounds))
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+        state_path = Path(tmp) / "state.json"
+        cluster = subprocess.Popen(
+            [sys.executable, "-m", "duplex.cli", "cluster", "--replicas", "1", "--port", str(_free_port()),
+             "--model", "echo:0", "--state", str(state_path), "--workdir", tmp, "--max-sessions", "4",
+             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while not state_path.exists():
+                if cluster.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"duplex cluster did not start; logs in {tmp}")
+                time.sleep(0.2)
+            state = json.loads(state_path.read_text())
+            time.sleep(2.5)  # the proxy has the agent's first answer
+            direct = f"ws://127.0.0.1:{state['replicas'][0]['port']}/v1/realtime"
+            res = asyncio.run(measure(state["url"], direct, args.rounds))
+        finally:
+            cluster.send_signal(signal.SIGTERM)
+            cluster.wait(60)
     for name, ms in res.items():
         a = np.array(ms)
         print(f"{name:6s} n={len(a)} p50 {np.percentile(a, 50):.2f} ms  p99 {np.percentile(a, 99):.2f} ms  "

@@ -229,7 +229,7 @@ class LlamaServerReasoner:
         cfg = self.config
         plain = _plain(messages)
         url = await self._ready_url()
-        slot = await self.slots.acquire(*conversation_key(plain))
+        slot = await self.slots.acquire(conversation_key(plain))
         said: list[str] = []
         seen = _Seen(self._tokens)
         body = {"id_slot": slot, "cache_prompt": True, "repeat_penalty": cfg.repeat_penalty, "seed": cfg.seed,
@@ -252,7 +252,7 @@ class LlamaServerReasoner:
                     elif isinstance(delta, Done):
                         finish = delta.finish_reason
             # Free the slot before the last delta: a consumer may stop reading at Done.
-            self.slots.release(slot, conversation_key(plain, "".join(said))[0])
+            self.slots.release(slot, conversation_key(plain, "".join(said)).text)
             slot = -1
             yield Done(finish or "stop", seen.predicted, seen.prompt)
         except ReasonerError as exc:
@@ -262,7 +262,7 @@ class LlamaServerReasoner:
             raise
         finally:
             if slot >= 0:
-                self.slots.release(slot, conversation_key(plain, "".join(said))[0])
+                self.slots.release(slot, conversation_key(plain, "".join(said)).text)
 
 
 class _Seen:

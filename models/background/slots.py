@@ -9,7 +9,10 @@ it sent to each slot and picks, among the idle ones:
   1. the longest common prefix that covers the first two messages (the system prompt is the same for
      most sessions: sharing only it, or it and the start of a first question, does not make a slot
      anyone's; a session's later requests repeat its first question whole);
-  2. otherwise the least recently used slot, empty ones first: with more live sessions than slots,
+  2. a slot holding the conversation less the oldest turns its context has since dropped (its first
+     turn after the system prompt is found further in the slot's text): llama-server's
+     `--cache-reuse` shifts the turns kept into place instead of evaluating them again;
+  3. otherwise the least recently used slot, empty ones first: with more live sessions than slots,
      the context used longest ago is the one dropped (llama-server keeps it in its RAM prompt cache
      when `--cache-ram` allows, and the next request of that session is served from there or rebuilt).
 A request finds every slot busy only when more requests run at once than there are slots: it waits,
@@ -22,18 +25,26 @@ import asyncio
 import os
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from models.background.base import Message
 
 
-def conversation_key(messages: list[Message], answer: str | None = None) -> tuple[str, int]:
-    """The messages as one string (what prefixes are compared on), and the length of its first two
-    messages (what a prefix must cover to make a slot this conversation's). `answer`: an assistant turn
-    the slot holds after them."""
+class Key(NamedTuple):
+    """A conversation as the slot table compares it."""
+
+    text: str  # the messages as one string: what prefixes are compared on
+    head: int  # length of its first message (the system prompt, shared by most sessions)
+    own: int  # length of its first two messages: what a shared prefix must cover to be this conversation
+
+
+def conversation_key(messages: list[Message], answer: str | None = None) -> Key:
+    """`messages` as a `Key`; `answer`: an assistant turn the slot holds after them."""
     parts = [f"\x1e{m.get('role', '')}\x1f{m.get('content') or ''}" for m in messages]
     if answer is not None:
         parts.append(f"\x1eassistant\x1f{answer}")
-    return "".join(parts), sum(len(p) for p in parts[:2])
+    head = len(parts[0]) if parts else 0
+    return Key("".join(parts), head, head + (len(parts[1]) if len(parts) > 1 else 0))
 
 
 @dataclass
@@ -57,22 +68,26 @@ class SlotTable:
     def __len__(self) -> int:
         return len(self._slots)
 
-    def pick(self, key: str, own_len: int) -> int | None:
+    def pick(self, key: Key) -> int | None:
         """The idle slot for `key` (module docstring), marked busy; None when every slot is busy."""
+        # The turn after the system prompt, as the slot's text would hold it further in: found there,
+        # the slot holds this conversation before its context dropped its oldest turns.
+        second = key.text[key.head:key.own] if key.own > key.head else ""
         best: _Slot | None = None
-        best_score = (-1, 0, 0)
+        best_score = (-1, -1, 0, 0)
         for s in self._slots:
             if s.busy:
                 continue
             # Characters, not path components: what is wanted here (and it runs in C).
-            shared = len(os.path.commonprefix([s.content, key])) if s.content else 0  # noqa: RUF071
-            # Longest shared prefix covering the first two messages; then empty slots; then least recently used.
-            score = (shared if shared >= own_len else 0, not s.content, -s.used)
+            shared = len(os.path.commonprefix([s.content, key.text])) if s.content else 0  # noqa: RUF071
+            # 1. the longest shared prefix covering the first two messages; 2. the conversation less its
+            # oldest turns; 3. an empty slot; 4. the least recently used.
+            score = (shared if shared >= key.own else 0, bool(second) and second in s.content, not s.content, -s.used)
             if score > best_score:
                 best, best_score = s, score
         if best is None:
             return None
-        if best_score[0]:
+        if best_score[0] or best_score[1]:
             self.hits += 1
         else:
             self.misses += 1
@@ -81,12 +96,12 @@ class SlotTable:
         best.content = ""  # unknown until the request ends (a failed request may leave anything)
         return best.id
 
-    async def acquire(self, key: str, own_len: int) -> int:
+    async def acquire(self, key: Key) -> int:
         """A slot for `key`, waiting (first come, first served) while all are busy."""
         woken = False  # a release woke this request: it goes before later arrivals
         while True:
             if woken or not self._waiters:
-                slot = self.pick(key, own_len)
+                slot = self.pick(key)
                 if slot is not None:
                     return slot
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -105,7 +120,7 @@ class SlotTable:
             woken = True
 
     def release(self, slot: int, content: str) -> None:
-        """The request on `slot` ended; the slot now holds `content` ("" when unknown)."""
+        """The request on `slot` ended; the slot now holds `content` (a `Key`'s text; "" when unknown)."""
         s = self._slots[slot]
         s.busy, s.content = False, content
         self._wake()

@@ -5,7 +5,7 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   status: $("status"), connect: $("connect"), camera: $("camera"), apiKey: $("api-key"), settings: $("settings"),
   message: $("message"), transcript: $("transcript"), form: $("text-form"), text: $("text"), send: $("send"),
-  ask: $("ask"), previewBox: $("preview-box"), preview: $("preview"), background: $("background"),
+  ask: $("ask"), previewBox: $("preview-box"), preview: $("preview"), seen: $("seen"), seenBox: $("seen-box"), background: $("background"),
   rtt: $("rtt"), late: $("late"), buffered: $("buffered"), jitter: $("jitter"), remote: $("remote"),
   micLevel: $("mic-level"), remoteLevel: $("remote-level"),
 };
@@ -229,6 +229,25 @@ ui.camera.addEventListener("change", async () => {
   }
 });
 
+// -- what the assistant sees ---------------------------------------------------------------------
+
+// The server's `vision` event: the face box (fractions of the frame) over the preview, a caption with
+// the gesture, fingers and text read, and each cue that began in the event log.
+function showSeen(d) {
+  const parts = [d.present ? (d.facing ? "person, facing the camera" : "person, looking away") : "nobody in view"];
+  if (d.gesture) parts.push(d.gesture.replace("_", " "));
+  if (d.fingers !== null && d.fingers !== undefined) parts.push(`${d.fingers} finger${d.fingers === 1 ? "" : "s"}`);
+  if (d.texts && d.texts.length) parts.push(`text: “${d.texts.join(" / ")}”`);
+  ui.seen.textContent = "Seen: " + parts.join(" · ");
+  const box = d.face_box;
+  ui.seenBox.hidden = !box;
+  if (box) {
+    Object.assign(ui.seenBox.style, { left: `${box[0] * 100}%`, top: `${box[1] * 100}%`,
+      width: `${(box[2] - box[0]) * 100}%`, height: `${(box[3] - box[1]) * 100}%` });
+  }
+  for (const cue of d.cues || []) note(`seen: ${cue.replace("_", " ")}`);
+}
+
 // -- events ---------------------------------------------------------------------------------------
 
 function send(c, event) {
@@ -316,6 +335,7 @@ function onEvent(c, ev) {
     case "duplex.event":
       if (ev.event === "yielded") tag(convo.assistant, "interrupted");
       else if (ev.event === "backchannel") note(`backchannel${ev.data && ev.data.text ? `: ${ev.data.text}` : ""}`);
+      else if (ev.event === "vision") showSeen(ev.data || {});
       break;
     case "duplex.background.started": bgItem(ev.request_id, ev.query, ev.queued ? "queued" : "running"); break;
     case "duplex.background.delta": bgAppend(ev.request_id, ev.delta); break;

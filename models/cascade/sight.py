@@ -52,7 +52,7 @@ class SightState:
     held: list[str] = field(default_factory=list)  # questions waiting for that reading
     turn_read: bool = False  # the open user turn already asked for a reading
     away: bool = False  # the user left while the assistant spoke: its speech is held until they are back
-    reported: tuple[Any, ...] = (False, False, None, None, ())  # the state last sent to the client
+    reported: tuple[Any, ...] = (False, False, None, None, (), None)  # the state last sent to the client
 
 
 class Sight:
@@ -109,12 +109,15 @@ class Sight:
         """A `vision` event when something began or the state changed; `facts`: with the line for the
         reasoner's context (the server logs it), sent just before a question goes to the reasoner."""
         st = s.tracker.state
-        snapshot = (st.present, st.facing, st.gesture, st.fingers, st.texts)
+        # the face box coarsely (a twentieth of the frame), so a client's overlay follows a moving face
+        box = tuple(round(v * 20) for v in st.face_box) if st.face_box else None
+        snapshot = (st.present, st.facing, st.gesture, st.fingers, st.texts, box)
         if not cues and snapshot == s.reported and not facts:
             return None
         s.reported = snapshot
         data: dict[str, Any] = {"cues": cues, "present": st.present, "facing": st.facing, "gesture": st.gesture,
-                                "fingers": st.fingers, "texts": list(st.texts)}
+                                "fingers": st.fingers, "texts": list(st.texts),
+                "face_box": [round(v, 3) for v in st.face_box] if st.face_box else None}
         if facts and st.frames:
             data["facts"] = st.describe()
         return Event("vision", data)

@@ -51,6 +51,7 @@ class VisualState:
     gesture: str | None = None  # the most salient hand gesture in view
     fingers: int | None = None  # fingers held up (the hand with most), None without a hand
     texts: tuple[str, ...] = ()  # text in view, last read
+    face_box: tuple[float, float, float, float] | None = None  # x0, y0, x1, y1 of the face in view
     frames: int = 0  # observations so far
 
     def describe(self) -> str:

@@ -39,7 +39,7 @@ from models.cascade.options import CascadeOptions
 from models.cascade.overlaps import OverlapJudge, OverlapState, log_overlap
 from models.cascade.pauses import PauseJudge, PauseState
 from models.cascade.policy import Decision, TurnPolicy, TurnState
-from models.cascade.sight import STOP_CUES, Sight, SightState
+from models.cascade.sight import Sight, SightState
 from models.cascade.speaker import Speaker, Synthesizer
 from models.cascade.text import only_backchannel
 from models.cascade.work import StepClock, Workers
@@ -386,8 +386,8 @@ class CascadeModel:
         sg.turn_read = sg.turn_read and bool(s.turn.turn)
         self.sight.look(s.session_id, sg, t.video, s.tick, question=bool(t.text))
         speaking = a.speaker.busy and not a.speaker.playing_backchannel
-        cues, _ = self.sight.see(s.session_id, sg, s.tick, speaking)
-        if speaking and any(c in STOP_CUES for c in cues):
+        cues, stop = self.sight.see(s.session_id, sg, s.tick, speaking)
+        if stop:
             a.stop("visual_stop", ev)  # a hand held up: stop, as a spoken interruption would
         # A nod while it speaks is a backchannel: it goes on (the cue is only reported).
         vision = self.sight.event(sg, cues, facts=False)

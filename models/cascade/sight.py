@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from models.base import Event
 from models.vision.tracker import Tracker
+from models.vision.types import Observation
 from models.vision.worker import VisionWorker
 from streaming.types import TICK_SECONDS
 
@@ -86,24 +87,12 @@ class Sight:
             s.asked = None  # blind: questions go on without a reading
 
     def see(self, sid: str, s: SightState, tick: int, speaking: bool) -> tuple[list[str], bool]:
-        """What the worker saw since the last micro-turn: (cues that began, a reading arrived)."""
+        """What the worker saw since the last micro-turn: (cues that began, stop speaking now)."""
         if self.worker is None:
             return [], False
         observations, readings = self.worker.take(sid)
-        cues: list[str] = []
-        for obs in observations:
-            cues += s.tracker.update(obs)
-        read = bool(readings)
-        for _, lines in readings:
-            if s.tracker.read(lines) and s.tracker.state.texts:
-                cues.append("text")
-        if read or (s.asked is not None and tick - s.asked >= READ_WAIT_TICKS):
-            s.asked = None
-        if "left" in cues and speaking:
-            s.away = True
-        if s.tracker.state.present:
-            s.away = False
-        return cues, read
+        return react(s, observations, readings, tick, speaking)
+
 
     def event(self, s: SightState, cues: list[str], facts: bool) -> Event | None:
         """A `vision` event when something began or the state changed; `facts`: with the line for the
@@ -117,7 +106,7 @@ class Sight:
         s.reported = snapshot
         data: dict[str, Any] = {"cues": cues, "present": st.present, "facing": st.facing, "gesture": st.gesture,
                                 "fingers": st.fingers, "texts": list(st.texts),
-                "face_box": [round(v, 3) for v in st.face_box] if st.face_box else None}
+                                "face_box": [round(v, 3) for v in st.face_box] if st.face_box else None}
         if facts and st.frames:
             data["facts"] = st.describe()
         return Event("vision", data)
@@ -134,3 +123,24 @@ class Sight:
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
+
+
+def react(s: SightState, observations: list[Observation], readings: list[tuple[float, list[str]]], tick: int,
+          speaking: bool) -> tuple[list[str], bool]:
+    """The rules, on what the worker reported: (cues that began, stop speaking now). `speaking`: the
+    assistant is saying an answer (not a backchannel). An open palm or a raised hand stops it; a nod is
+    only a cue (it keeps talking); leaving mid-answer holds it (`s.away`) until the person is back."""
+    cues: list[str] = []
+    for obs in observations:
+        cues += s.tracker.update(obs)
+    read = bool(readings)
+    for _, lines in readings:
+        if s.tracker.read(lines) and s.tracker.state.texts:
+            cues.append("text")
+    if read or (s.asked is not None and tick - s.asked >= READ_WAIT_TICKS):
+        s.asked = None
+    if "left" in cues and speaking:
+        s.away = True
+    if s.tracker.state.present:
+        s.away = False
+    return cues, speaking and any(c in STOP_CUES for c in cues)

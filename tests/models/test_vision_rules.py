@@ -127,3 +127,27 @@ def test_describe_quotes_text() -> None:
     assert s.describe() == ('Camera: a person is in view, looking at the camera; gesture: victory; '
                             'fingers held up: 2; text in view: "OPEN 9 TO 5".')
     assert VisualState().describe() == ""
+
+
+def test_what_the_cascade_does_on_visual_cues() -> None:
+    """models/cascade/sight.react: a hand held up stops the answer, a nod does not, leaving holds it."""
+    from models.cascade.sight import SightState, react
+
+    s = SightState()
+    palm = _hand_obs(hand({"thumb", "index", "middle", "ring", "pinky"}))
+    t = iter(range(100))
+
+    def see(face: FaceObs | None, hands: list[HandObs] | None = None, speaking: bool = True) -> tuple[list[str], bool]:
+        i = next(t)
+        return react(s, [Observation(t=i * 0.2, face=face, hands=hands or [])], [], i, speaking)
+
+    assert see(_face()) == ([], False)
+    assert see(_face(), [palm]) == (["open_palm"], True), "an open palm while it speaks: stop"
+    assert see(_face(), [palm]) == ([], False), "held: one stop, not one a frame"
+    see(_face())
+    assert see(_face(), [palm], speaking=False) == (["open_palm"], False), "silent: nothing to stop"
+    nod = [see(_face(pitch=p)) for p in (0.45, 0.55, 0.62, 0.5, 0.4, 0.52)]
+    assert any("nod" in cues for cues, _ in nod) and not any(stop for _, stop in nod), "a nod: it keeps talking"
+    see(None)
+    assert see(None) == (["left"], False) and s.away, "left mid-answer: the answer is held"
+    assert see(_face()) == (["returned"], False) and not s.away, "back: it picks up"

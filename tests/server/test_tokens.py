@@ -3,6 +3,7 @@ resumes only its own."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
@@ -54,6 +55,7 @@ async def test_resume_rotates_a_signed_token_of_this_replica(server: ServerProc)
     token = resume["resume_token"]
     assert token_replica(token) == "alpha" and ResumeTokens("alpha", SECRET).check(token) is TokenCheck.OURS
     ws.transport.abort()  # dropped, not closed: the session waits for its resume
+    await asyncio.sleep(0.3)  # until the server has seen the drop
     ws2 = await open_ws(server.ws_url, additional_headers={"X-Duplex-Resume-Token": token})
     assert (await recv_event(ws2))["session"]["id"] == resume["session_id"]
     again = await recv_event(ws2)

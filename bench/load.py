@@ -6,6 +6,9 @@ with) for M seconds. Before and after, the server's /metrics are read: the diffe
 lateness distribution, missed deadlines, underruns and dropped input of exactly this run; server
 memory comes from its process metrics (and /proc/PID when the server runs on this machine).
 
+`--video JPEG` adds a camera: every session also sends that picture as a `duplex.input_video.append`
+frame every micro-turn (5 a second, the bound), so perception's cost is in the measurement.
+
 `--find-max` repeats bounded trials (1, 2, 4, ... sessions, then bisection) to find the largest N
 with zero missed deadlines and no errors.
 
@@ -15,6 +18,7 @@ localhost or ::1. Every loop is bounded in count and time.
 
 import argparse
 import asyncio
+import base64
 import ipaddress
 import json
 import sys
@@ -154,7 +158,8 @@ class SessionStats:
     late_sends: int = 0  # our own sends more than one micro-turn behind schedule (client overloaded)
 
 
-async def _session(url: str, speech: Audio, seconds: float, offset: float, stats: SessionStats) -> None:
+async def _session(url: str, speech: Audio, seconds: float, offset: float, stats: SessionStats,
+                   video: str | None = None) -> None:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -190,6 +195,8 @@ async def _session(url: str, speech: Audio, seconds: float, offset: float, stats
                     elif delay < -TICK_SECONDS:
                         stats.late_sends += 1
                     await ws.send(frames[i % len(frames)])
+                    if video is not None:
+                        await ws.send(video)
                     stats.sent += 1
                 await asyncio.sleep(0.5)  # let the last micro-turns come back
             finally:
@@ -230,7 +237,8 @@ class TrialResult:
         return self.missed_deadlines == 0 and self.errors == 0 and self.refused == 0
 
 
-def trial(url: str, sessions: int, seconds: float, speech: Audio, ramp: float = 1.0) -> TrialResult:
+def trial(url: str, sessions: int, seconds: float, speech: Audio, ramp: float = 1.0,
+          video: str | None = None) -> TrialResult:
     """One bounded run of `sessions` concurrent real-time sessions for `seconds`."""
     check_loopback(url)
     if not 1 <= sessions <= MAX_SESSIONS:
@@ -245,7 +253,8 @@ def trial(url: str, sessions: int, seconds: float, speech: Audio, ramp: float = 
 
     async def all_sessions() -> None:
         # Stagger starts over `ramp` seconds so phases spread like real clients'.
-        await asyncio.gather(*(_session(url, speech, seconds, ramp * i / sessions, st) for i, st in enumerate(stats)))
+        await asyncio.gather(*(_session(url, speech, seconds, ramp * i / sessions, st, video)
+                               for i, st in enumerate(stats)))
 
     asyncio.run(asyncio.wait_for(all_sessions(), seconds + ramp + 60))
     after = snapshot(base)
@@ -277,14 +286,15 @@ def trial(url: str, sessions: int, seconds: float, speech: Audio, ramp: float = 
     )
 
 
-def find_max(url: str, seconds: float, speech: Audio, limit: int, progress: bool = True) -> list[TrialResult]:
+def find_max(url: str, seconds: float, speech: Audio, limit: int, progress: bool = True,
+             video: str | None = None) -> list[TrialResult]:
     """Double N until a trial misses a deadline (or errs), then bisect; at most MAX_TRIALS trials."""
     trials: list[TrialResult] = []
 
     def run(n: int) -> bool:
         if len(trials) >= MAX_TRIALS:
             raise RuntimeError(f"--find-max stopped after {MAX_TRIALS} trials")
-        res = trial(url, n, seconds, speech)
+        res = trial(url, n, seconds, speech, video=video)
         trials.append(res)
         if progress:
             print(
@@ -343,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--find-max", action="store_true", help="search the largest N with zero missed deadlines")
     p.add_argument("--limit", type=int, default=64, help="largest N --find-max tries (default 64)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--video", type=Path, help="a JPEG every session also sends as its camera, 5 frames a second")
     args = p.parse_args(argv)
     try:
         check_loopback(args.url)
@@ -350,8 +361,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     speech = speech_clip(args.wav)
+    video = None
+    if args.video is not None:
+        image = base64.b64encode(args.video.read_bytes()).decode("ascii")
+        video = json.dumps({"type": "duplex.input_video.append", "image": image})
     if args.find_max:
-        trials = find_max(args.url, args.seconds, speech, min(args.limit, MAX_SESSIONS))
+        trials = find_max(args.url, args.seconds, speech, min(args.limit, MAX_SESSIONS), video=video)
         best = max((t.sessions for t in trials if t.clean), default=0)
         if args.json:
             print(json.dumps({"max_sessions_zero_missed": best, "trials": [asdict(t) for t in trials]}, indent=2))
@@ -360,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(_line(t))
             print(f"largest N with zero missed deadlines and no errors: {best}")
         return 0 if best > 0 else 1
-    res = trial(args.url, args.sessions, args.seconds, speech)
+    res = trial(args.url, args.sessions, args.seconds, speech, video=video)
     print(json.dumps(asdict(res), indent=2) if args.json else _line(res))
     return 0 if res.clean else 1
 

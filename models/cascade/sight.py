@@ -33,12 +33,16 @@ STOP_CUES = ("open_palm", "raised_hand")  # while the assistant speaks: stop, li
 
 
 def thumbnail(frame: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
-    """A 16x16 grey thumbnail [16, 16] by block means: what 'the scene changed' is judged on."""
+    """A 16x16 grey thumbnail [16, 16] by block means: what 'the scene changed' is judged on.
+
+    Every 4th pixel each way is plenty for 16x16 blocks, and keeps this to a fraction of a millisecond
+    on the inference thread (all pixels, as float: ~8 ms for 640x480)."""
     h, w = frame.shape[:2]
-    ys, xs = np.linspace(0, h, 17).astype(int), np.linspace(0, w, 17).astype(int)
-    grey = frame.mean(axis=2, dtype=np.float32)  # [H, W]
-    return np.array([[grey[ys[i]:ys[i + 1], xs[j]:xs[j + 1]].mean() for j in range(16)] for i in range(16)],
-                    np.float32)
+    small = frame[: h - h % 64 : 4, : w - w % 64 : 4, 1].astype(np.float32)  # green ~ luma, [H/4, W/4]
+    bh, bw = small.shape[0] // 16, small.shape[1] // 16
+    if bh == 0 or bw == 0:
+        return np.zeros((16, 16), np.float32)
+    return small[: bh * 16, : bw * 16].reshape(16, bh, 16, bw).mean(axis=(1, 3))
 
 
 @dataclass

@@ -243,7 +243,8 @@ class CascadeModel:
         # 1. What the client sent: cancel, the camera, typed text, and the reasoner's answer as it streams in.
         if t.cancel:
             a.stop("cancel", ev)
-        self._see(s, t, ev)
+        if o.vision:
+            self._see(s, t, ev)
         for text in t.text:
             user_text = self._typed(s, text, ev) or user_text
         for chunk in t.background:

@@ -17,16 +17,26 @@ import pytest
 from PIL import Image
 from websockets.asyncio.client import ClientConnection
 
-from tests.models.test_vision_models import card
+from tests.conftest import ServerProc, start_server
+from tests.models.test_vision_models import astronaut, card
 from tests.server._background_stub import ScriptedOpenAI
 from tests.wsclient import TICK, recv_event, send, start_session
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stub() -> Iterator[ScriptedOpenAI]:
     server = ScriptedOpenAI().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(stub: ScriptedOpenAI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    """One server for the module: starting the cascade and its vision worker is most of each test's time."""
+    srv = start_server("--model", "cascade:classic", "--background", "openai", "--background-url", stub.base_url,
+                       "--background-model", "stub", tmp_path=tmp_path_factory.mktemp("server"))
+    yield srv
+    srv.stop()
 
 
 def jpeg_url(rgb: np.ndarray) -> str:
@@ -61,9 +71,7 @@ async def until(ws: ClientConnection, events: list[dict[str, Any]], etype: str, 
 
 
 async def test_picture_and_question_reach_the_reasoner_and_bad_picture_does_not_stop_it(
-        duplex_server, stub: ScriptedOpenAI) -> None:
-    server = duplex_server("--model", "cascade:classic", "--background", "openai", "--background-url", stub.base_url,
-                           "--background-model", "stub")
+        server: ServerProc, stub: ScriptedOpenAI) -> None:
     ws, _ = await start_session(server.ws_url, pace="media")
     events: list[dict[str, Any]] = []
     await step(ws, events)
@@ -102,12 +110,7 @@ def loud(ev: dict[str, Any]) -> bool:
     return bool(np.abs(pcm).max() > 30)
 
 
-async def test_leaving_the_picture_pauses_the_answer_until_the_user_is_back(duplex_server, stub: ScriptedOpenAI
-                                                                             ) -> None:
-    from tests.models.test_vision_models import astronaut
-
-    server = duplex_server("--model", "cascade:classic", "--background", "openai", "--background-url", stub.base_url,
-                           "--background-model", "stub")
+async def test_leaving_the_picture_pauses_the_answer_until_the_user_is_back(server: ServerProc) -> None:
     ws, _ = await start_session(server.ws_url, pace="media")
     face, empty = astronaut(), np.full((320, 320, 3), 90, np.uint8)
     events: list[dict[str, Any]] = []

@@ -2,7 +2,8 @@
 
 For development and tests (`duplex cluster`, tests/deploy/): it launches the same components a
 production layout runs (deploy/README.md), with free ports, one shared cluster secret and one log file
-each in a work directory. It is not an orchestrator: a replica that dies stays dead (that is what a
+each in a work directory; every replica gets `--session-store` pointing at the Redis server (unless
+the serve options name another). It is not an orchestrator: a replica that dies stays dead (that is what a
 fail-over test needs); only the proxy is started again if it exits, since without it nothing reaches
 the replicas. Every child gets SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so none
 outlives it.
@@ -138,14 +139,20 @@ class LocalCluster:
         self.store.start()
         _wait_port(self.spec.host, port, self.store, PROXY_READY_TIMEOUT)
 
+    @property
+    def store_url(self) -> str:
+        assert self.store is not None
+        return f"redis://{self.spec.host}:{self.store.port}/0"
+
     def _start_replicas(self) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "DUPLEX_CLUSTER_SECRET": self.secret}
         started: list[tuple[Child, str, int]] = []
         for i in range(1, self.spec.replicas + 1):
             rid, port, agent = f"r{i}", free_port(self.spec.host), free_port(self.spec.host)
             model = ["--model", self.spec.model] if self.spec.model else []
+            store = [] if _option(self.spec.serve_args, "--session-store") else ["--session-store", self.store_url]
             cmd = [sys.executable, "-m", "server.cli", "serve", "--host", self.spec.host, "--port", str(port),
-                   *model, "--replica-id", rid, "--agent-port", str(agent), *self.spec.serve_args]
+                   *model, "--replica-id", rid, "--agent-port", str(agent), *store, *self.spec.serve_args]
             child = Child(f"replica {rid}", cmd, port, self.workdir / f"replica-{rid}.log", env)
             child.start()  # all at once: they load their models in parallel
             started.append((child, rid, agent))
@@ -194,8 +201,7 @@ class LocalCluster:
             "url": f"ws://{self.spec.host}:{self.spec.port}/v1/realtime",
             "proxy": {"pid": self.proxy.pid, "port": self.proxy.port, "config": str(self.config_path),
                       "restarts": self.proxy_restarts},
-            "store": {"pid": self.store.pid, "port": self.store.port, "url": f"redis://{self.spec.host}:"
-                      f"{self.store.port}/0"},
+            "store": {"pid": self.store.pid, "port": self.store.port, "url": self.store_url},
             "replicas": [{"id": r.id, "pid": c.pid, "port": r.port, "agent_port": r.agent_port,
                           "capacity": r.capacity} for c, r in self.replicas],
             "workdir": str(self.workdir),
@@ -219,7 +225,7 @@ class LocalCluster:
             self.write_state()
         for child, _ in self.replicas:
             if child.proc is not None and child.proc.poll() is not None and not child.exit_reported:
-                log.warning("%s exited with %s; its sessions are lost (no session store yet)", child.name,
+                log.warning("%s exited with %s; its sessions can resume on the others", child.name,
                             child.proc.returncode)
                 child.exit_reported = True
 

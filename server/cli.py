@@ -193,6 +193,9 @@ def _add_cluster_options(serve: argparse.ArgumentParser) -> None:
     cluster.add_argument("--agent-port", type=int, default=0,
                          help="TCP port answering HAProxy's agent check with this replica's state "
                          "(room for sessions, drain), from the same figures as /healthz (0 = off)")
+    cluster.add_argument("--session-store", default=None, metavar="redis://HOST:PORT/DB",
+                         help="Redis (or Valkey) holding what a session needs to continue on another replica "
+                         "(its settings and conversation; not its model state yet); none: sessions live here only")
     cluster.add_argument("--drain-grace", type=float, default=0.0, metavar="S",
                          help="on SIGTERM, stop taking sessions (the agent says drain), tell each client "
                          "(duplex.session.draining) and let live sessions go on for up to S seconds before "
@@ -253,6 +256,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def _cluster_config(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"agent_port": args.agent_port, "drain_grace": args.drain_grace,
+                           "session_store": args.session_store,
                            "cluster_secret": args.cluster_secret or os.environ.get("DUPLEX_CLUSTER_SECRET") or None}
     if args.replica_id is not None:
         out["replica_id"] = args.replica_id

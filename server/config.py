@@ -54,6 +54,7 @@ class ServerConfig:
     replica_id: str = field(default_factory=new_replica_id)
     cluster_secret: str | None = None
     agent_port: int = 0
+    session_store: str | None = None  # redis://HOST:PORT/DB: sessions can continue on another replica
     drain_grace: float = 0.0  # seconds live sessions may go on after SIGTERM before they are closed (0 = at once)
 
     def is_loopback(self) -> bool:
@@ -95,6 +96,8 @@ class ServerConfig:
         if not REPLICA_ID.match(self.replica_id):
             raise ValueError("--replica-id must be 1-32 of a-z, 0-9 and '-', starting with a letter or digit; "
                              f"got {self.replica_id!r}")
+        if self.session_store is not None and not self.session_store.startswith(("redis://", "rediss://")):
+            raise ValueError(f"--session-store must be a redis:// URL, got {self.session_store!r}")
         if not 0 <= self.drain_grace <= 3600:
             raise ValueError(f"--drain-grace must be within 0..3600 seconds, got {self.drain_grace}")
         if not 0 <= self.agent_port <= 65535:

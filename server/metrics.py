@@ -52,6 +52,15 @@ class Metrics:
             "duplex_sessions_refused", "Connections refused because the server was full", registry=r
         )
         self.drains = Counter("duplex_drains", "Drains with a grace for live sessions (--drain-grace)", registry=r)
+        self.sessions_restored = Counter(
+            "duplex_sessions_restored", "Sessions another replica held, restored here from the session store",
+            registry=r)
+        self.restore_seconds = Histogram(
+            "duplex_restore_seconds", "Time to restore a session from the store (look-up, claim, open)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)
+        self.store_errors = Gauge("duplex_store_errors",
+                                  "Session store operations that failed (store down or erroring), since start",
+                                  registry=r)
         self.step_failures = Counter(
             "duplex_step_failures", "Sessions whose model step raised (they got silence and model_error)", registry=r
         )

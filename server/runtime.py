@@ -26,6 +26,7 @@ from models.background import Reasoner
 from models.base import InteractionModel, Preloading
 from models.registry import load_model
 from server import protocol as p
+from server._continuity import fingerprint, restore, snapshot
 from server.admission import HARD_CAP, budget, calibrate
 from server.agent import AgentServer
 from server.auth import ResumeTokens, TokenCheck, default_origins, session_id_prefix
@@ -44,6 +45,7 @@ from server.sessions import (
     SessionRegistry,
     SessionSettings,
 )
+from server.store import Claim, SessionStore
 from streaming.types import Audio
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,10 @@ REAP_EVERY = 1.0  # seconds between reaps of idle and expired sessions
 LAG_PROBE = 0.1  # seconds between event-loop lag probes (duplex_event_loop_lag_seconds)
 OVERRUN_ERROR_INTERVAL = 1.0  # seconds between repeated input_overrun errors to one session
 DRAIN_POLL = 0.1  # seconds between looks at the sessions left during a drain's grace
+# The session store: a lease lasts LEASE_S and is renewed every STORE_SYNC, when changed snapshots are
+# written too. A replica killed with -9 stops renewing; its sessions can be claimed LEASE_S later.
+LEASE_S = 1.5
+STORE_SYNC = 0.4
 
 
 class Runtime:
@@ -85,6 +91,9 @@ class Runtime:
         self.draining = False
         self.drained = asyncio.Event()  # set once drain() closes sessions: transports stop waiting on slow clients
         self._grace_until: float | None = None  # monotonic end of a drain's grace, while it runs
+        self.store: SessionStore | None = None  # --session-store: sessions can continue on another replica
+        self._claims: dict[str, Claim] = {}  # session id -> this replica's claim on it in the store
+        self._saved: dict[str, str] = {}  # session id -> fingerprint of the snapshot last written
         self.allowed_origins = default_origins(config.host, config.port) | set(config.allowed_origins)
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
@@ -120,6 +129,10 @@ class Runtime:
             # request. A model that never delegates (`delegates = False`: echo) never pays for it.
             reasoner.preload()
         runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
+        if cfg.session_store:
+            store = SessionStore.from_url(cfg.session_store, cfg.replica_id, cfg.resume_grace, LEASE_S)
+            runtime.store = store
+            metrics.store_errors.set_function(lambda: store.errors)
         await engine.start()
         if runtime.agent is not None:
             await runtime.agent.start()
@@ -140,7 +153,8 @@ class Runtime:
             # During a drain's grace a dropped session may still come back to finish here.
             raise Refused("server_shutting_down", "server is shutting down; reconnect later", 503, 1013)
         if resume_token:
-            self._check_token(resume_token)
+            if self._check_token(resume_token) is TokenCheck.FOREIGN:
+                return await self._restore(sink, resume_token, client, media)
             session = self.registry.resumable(resume_token)
             if session is None:
                 raise Refused("invalid_resume_token", "resume token is unknown, expired or already in use; "
@@ -159,6 +173,7 @@ class Runtime:
                                         "disconnected did not fit the resume backlog and were dropped; resume "
                                         "sooner to get them all", kind="server_error"))
             self.engine.resumed(session)
+            await self._store_token(session, previous=resume_token)
             return session
         cap = self.config.max_sessions_per_client
         if cap and client and self.registry.count(client) >= cap:
@@ -177,18 +192,100 @@ class Runtime:
         self.registry.reattach(session, sink)
         sink.bind(session, resumed=False)
         self.engine.add(session)
+        await self._own(session)
         return session
 
-    def _check_token(self, token: str) -> None:
-        """Refuse a token no replica made (403) or one made by another replica (421: the proxy should
-        have sent it there), before looking it up."""
+    def _check_token(self, token: str) -> TokenCheck:
+        """Refuse a token no replica made (403), or one made by another replica (421: the proxy should
+        have sent it there) unless the session store may hold its session, before looking it up."""
         verdict = self.tokens.check(token)
         if verdict is TokenCheck.FORGED:
             raise Refused("invalid_resume_token", "resume token is not valid (its signature does not verify); "
                           "open a new session", 403, 1008)
-        if verdict is TokenCheck.FOREIGN:
+        if verdict is TokenCheck.FOREIGN and self.store is None:
             raise Refused("invalid_resume_token", "resume token belongs to another replica, which this one "
                           "cannot resume; open a new session", 421, 1008)
+        return verdict
+
+    # -- the session store (--session-store) ---------------------------------------------------------
+
+    async def _own(self, session: Session) -> None:
+        """A new session: claim it in the store and write its first snapshot and its token."""
+        if self.store is None:
+            return
+        claim = await self.store.claim(session.id)
+        if claim is None:
+            return  # the store is down: the session lives here only (counted in duplex_store_errors)
+        self._claims[session.id] = claim
+        await self._save(session, claim)
+        await self._store_token(session)
+
+    async def _save(self, session: Session, claim: Claim) -> bool | None:
+        """Write the session's snapshot when it changed; False when another replica took it over."""
+        assert self.store is not None
+        snap = snapshot(session)
+        mark = fingerprint(snap)
+        if self._saved.get(session.id) == mark:
+            return True
+        written = await self.store.save(claim, snap)
+        if written:
+            self._saved[session.id] = mark
+        return written
+
+    async def _store_token(self, session: Session, previous: str | None = None) -> None:
+        if self.store is not None and session.id in self._claims:
+            await self.store.bind_token(session.resume_token, session.id, previous)
+
+    async def _restore(self, sink: OutputSink, token: str, client: str, media: bool) -> Session:
+        """A resume whose token another replica issued (it is down, or the proxy sent it here): take the
+        session over from the store, with its settings and conversation, under its own id."""
+        assert self.store is not None
+        started = time.monotonic()
+        gone = Refused("invalid_resume_token", "resume token is unknown or expired, and its replica cannot be "
+                       "reached; open a new session", 404, 1008)
+        sid = await self.store.session_for(token)
+        loaded = await self.store.load(sid) if sid is not None else None
+        if sid is None or loaded is None:
+            raise gone
+        _, snap = loaded
+        if snap["settings"]["pace"] == Pace.MEDIA.value and not media:
+            raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
+                          "endpoint serves; resume it there", 409, 1008)
+        claim = await self.store.claim(sid)
+        if claim is None:  # its replica still holds the lease: alive, or dead for less than LEASE_S
+            raise Refused("session_busy", "the session is still held by its replica; retry in a moment", 503, 1013,
+                          {"Retry-After": "1"})
+        try:
+            session = await self.registry.open(client, session_id=sid)
+        except Refused:
+            await self.store.release(claim)
+            raise
+        restore(session, snap)
+        self._claims[sid] = claim
+        session.background = self.background_factory(session)
+        self.registry.reattach(session, sink)
+        sink.bind(session, resumed=True)
+        self.engine.add(session)
+        await self._save(session, claim)
+        await self._store_token(session, previous=token)
+        self.metrics.sessions_restored.inc()
+        self.metrics.restore_seconds.observe(time.monotonic() - started)
+        log.info("session %s restored from the store (%d conversation entries)", sid, len(session.log.entries))
+        return session
+
+    async def sync_store(self) -> None:
+        """Renew this replica's leases and write changed snapshots (every STORE_SYNC s, from the reaper).
+        A session another replica took over is closed here: it is served there now."""
+        if self.store is None:
+            return
+        for session in self.registry.sessions():
+            claim = self._claims.get(session.id)
+            if claim is None:
+                continue
+            if await self.store.renew(claim) is False or await self._save(session, claim) is False:
+                log.warning("session %s was taken over by another replica; closing it here", session.id)
+                self._claims.pop(session.id, None)
+                await self.close(session, "session moved to another server", 1001)
 
     async def detach(self, session: Session, normal: bool, sink: OutputSink | None = None,
                      restore_token: str | None = None, keep_token: str | None = None) -> None:
@@ -213,11 +310,16 @@ class Runtime:
         await self.registry.close(session, code, reason)
 
     async def _free(self, session: Session) -> None:
-        """Registry closer: stop the background worker, drop the session from the engine, close its state."""
+        """Registry closer: stop the background worker, drop the session from the engine, close its state,
+        and forget it in the session store."""
         try:
             await session.background.stop()
         finally:
             await self.engine.close_state(session)
+            claim = self._claims.pop(session.id, None)
+            self._saved.pop(session.id, None)
+            if claim is not None and self.store is not None:
+                await self.store.release(claim)
 
     def session(self, session_id: str) -> Session | None:
         """The session (attached or awaiting resume) with this id, whatever its transport."""
@@ -372,11 +474,13 @@ class Runtime:
                 await self.reasoner.aclose()
             except Exception:
                 log.exception("closing the background reasoner failed")
+        if self.store is not None:
+            await self.store.aclose()
 
     async def _reap_forever(self) -> None:
         """Housekeeping: every LAG_PROBE s measure how late the loop woke us; every second reap; every
         COLLECT_EVERY s collect garbage and trim the heap."""
-        collected = reaped = time.monotonic()
+        collected = reaped = synced = time.monotonic()
         while True:
             due = time.monotonic() + LAG_PROBE
             await asyncio.sleep(LAG_PROBE)
@@ -384,6 +488,12 @@ class Runtime:
             # A late wake-up is time the loop spent on something else: a slow handler or a pause delays
             # every client's bytes even when the engine keeps its deadlines (the tick thread is separate).
             self.metrics.loop_lag_seconds.observe(max(0.0, now - due))
+            if self.store is not None and now - synced >= STORE_SYNC:
+                synced = now
+                try:
+                    await self.sync_store()
+                except Exception:  # the store's upkeep must never stop the reaper
+                    log.exception("session store upkeep failed")
             if now - reaped < REAP_EVERY:
                 continue
             reaped = now

@@ -310,14 +310,15 @@ class SessionRegistry:
         """Sessions (attached or awaiting resume) opened by `client`."""
         return sum(1 for s in self._by_id.values() if s.client == client)
 
-    async def open(self, client: str = "") -> Session:
-        """Admit and open a session; raises Refused("server_full") when every place is held or being opened."""
+    async def open(self, client: str = "", session_id: str | None = None) -> Session:
+        """Admit and open a session (`session_id`: one restored from the session store keeps its id);
+        raises Refused("server_full") when every place is held or being opened."""
         if self.in_use >= self.capacity:
             raise Refused("server_full", f"server full: {self.in_use} of {self.capacity} sessions in use; try again "
                           "later", 503, 1013, {"Retry-After": str(RETRY_AFTER_FULL)})
         self._opening += 1
         try:
-            sid = self._id_prefix + secrets.token_hex(8)
+            sid = session_id or self._id_prefix + secrets.token_hex(8)
             state = await self._open_state(sid)
         finally:
             self._opening -= 1

@@ -139,14 +139,15 @@ class SessionStore:
             return False
         return bool(ok)
 
-    async def renew(self, claim: Claim) -> bool:
-        """Keep the lease (every second while the session is held); False when it was lost."""
+    async def renew(self, claim: Claim) -> bool | None:
+        """Keep the lease (several times per lease while the session is held); False when another
+        replica took the session, None when the store could not be asked."""
         try:
             ok = await self._renew(keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}"],
                                    args=[f"{self.replica_id}:{claim.epoch}", self.lease_ms, self.ttl_s])
         except RedisError as exc:
             self._failed("renew", exc)
-            return False
+            return None
         return bool(ok)
 
     async def release(self, claim: Claim) -> bool:

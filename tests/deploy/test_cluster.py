@@ -7,14 +7,10 @@ held. Each replica admits 2 sessions.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,72 +19,16 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server.auth import token_replica
-from tests.conftest import ROOT, free_port
+from tests.deploy._cluster import AGENT_SETTLE, Cluster, run_cluster
 from tests.wsclient import TICK, collect_audio, open_ws, pcm16, random_pcm, recv_event, start_session
 
 CAPACITY = 2  # per replica
-CHECK_INTERVAL = 0.3  # s between the proxy's checks of each replica
-AGENT_SETTLE = 3 * CHECK_INTERVAL + 0.3  # s for the proxy to have heard new figures from every agent
-
-
-class Cluster:
-    def __init__(self, proc: subprocess.Popen[bytes], state_path: Path, log_path: Path) -> None:
-        self.proc = proc
-        self.state_path = state_path
-        self.log_path = log_path
-
-    @property
-    def state(self) -> dict[str, Any]:
-        state: dict[str, Any] = json.loads(self.state_path.read_text())
-        return state
-
-    @property
-    def url(self) -> str:
-        return str(self.state["url"])
-
-    def replica(self, rid: str) -> dict[str, Any]:
-        return next(r for r in self.state["replicas"] if r["id"] == rid)
-
-    def health(self, rid: str) -> dict[str, Any]:
-        body: dict[str, Any] = httpx.get(f"http://127.0.0.1:{self.replica(rid)['port']}/healthz").json()
-        return body
-
-    def wait_idle(self) -> None:
-        """Until no replica holds a session and the proxy has heard so from every agent."""
-        deadline = time.monotonic() + 10
-        while any(self.health(r["id"])["sessions"] for r in self.state["replicas"]):
-            assert time.monotonic() < deadline, "sessions were not freed"
-            time.sleep(0.1)
-        time.sleep(AGENT_SETTLE)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    work = tmp_path_factory.mktemp("cluster")
-    state, log = work / "state.json", work / "cluster.log"
-    cmd = [sys.executable, "-m", "duplex.cli", "cluster", "--replicas", "2", "--port", str(free_port()),
-           "--model", "echo:1", "--state", str(state), "--check-interval", str(CHECK_INTERVAL),
-           "--workdir", str(work / "run"),
-           "--max-sessions", str(CAPACITY), "--resume-grace", "20", "--drain-grace", "20", "--log-level", "warning"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    c = Cluster(proc, state, log)
-    deadline = time.monotonic() + 90
-    while not state.exists():
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
-    time.sleep(AGENT_SETTLE)  # the proxy has the agents' first answers
-    yield c
-    pids = [c.state["proxy"]["pid"], c.state["store"]["pid"], *(r["pid"] for r in c.state["replicas"])]
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(30) == 0, log.read_text()
-    # Ctrl-C / SIGTERM stops every part.
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-    assert "duplex cluster: stopped" in log.read_text()
+    yield from run_cluster(tmp_path_factory.mktemp("cluster"), "--max-sessions", str(CAPACITY),
+                           "--resume-grace", "20", "--drain-grace", "20")
 
 
 async def _resume(url: str, token: str, carrier: str) -> tuple[ClientConnection, dict[str, Any], dict[str, Any]]:

@@ -6,11 +6,18 @@ following the last frame's region); OCR on a drawn card and on a photo without t
 JPEG at the edge. Figures are medians and 90th percentiles in milliseconds.
 
     python -m bench.vision [--frames 30] [--image tests/models/data/astronaut.jpg] [--json]
+
+`--answers N`: visual questions through a real server (`duplex serve --model cascade:classic`, its
+default background reasoner): N sessions each send a drawn sign as an `input_image` with "What does the
+sign say?" and step in media pace until the reasoner's answer is done. Reported: how often the sign's
+text reached the reasoner (the vision event's facts) and how often the answer says it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
 import io
 import json
 import os
@@ -74,13 +81,61 @@ def run(frames: int, image: Path) -> dict[str, Any]:
     return out
 
 
+SIGNS = ("EXIT", "OPEN 9 TO 5", "NO PARKING", "PUSH", "PULL", "CAFE", "TAXI", "STOP", "SALE", "PLATFORM 3",
+         "ROOM 204", "WET FLOOR", "BUS STOP", "KEEP LEFT", "HOTEL", "POLICE", "PHARMACY", "FIRE EXIT", "LIBRARY",
+         "BAKERY")
+
+
+def _words(text: str) -> str:
+    return " ".join("".join(ch if ch.isalnum() else " " for ch in text.lower()).split())
+
+
+async def _ask_sign(ws_url: str, sign: str) -> dict[str, Any]:
+    from websockets.asyncio.client import connect
+
+    buf = io.BytesIO()
+    Image.fromarray(_card(sign)).save(buf, format="JPEG", quality=85)
+    url = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+    facts, answer, t0 = "", None, time.monotonic()
+    async with connect(ws_url, max_size=16 << 20) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"pace": "media"}}))
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                  "content": [{"type": "input_image", "image_url": url},
+                                              {"type": "input_text", "text": "What does the sign say?"}]}}))
+        for _ in range(400):  # micro-turns of silence until the answer is done
+            await ws.send(bytes(9600))
+            while True:
+                ev = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                if ev["type"] == "duplex.event" and ev["event"] == "vision" and ev["data"].get("facts"):
+                    facts = ev["data"]["facts"]
+                if ev["type"] == "duplex.background.done":
+                    answer = ev.get("text", "")
+                if ev["type"] == "response.output_audio.delta":
+                    break
+            if answer is not None:
+                break
+    return {"sign": sign, "facts": facts, "answer": answer, "seconds": round(time.monotonic() - t0, 2),
+            "read": f'"{sign}"' in facts, "said": _words(sign) in _words(answer or "")}
+
+
+def answers(n: int) -> dict[str, Any]:
+    from bench._server import local_server
+
+    with local_server("--model", "cascade:classic") as base:
+        ws_url = base.replace("http", "ws", 1) + "/v1/realtime"
+        results = [asyncio.run(_ask_sign(ws_url, SIGNS[i % len(SIGNS)])) for i in range(n)]
+    return {"questions": n, "text_reached_reasoner": sum(r["read"] for r in results) / n,
+            "answer_says_text": sum(r["said"] for r in results) / n, "results": results}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=30)
     ap.add_argument("--image", type=Path, default=ASTRONAUT)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--answers", type=int, default=0, help="N visual questions through a real server instead")
     args = ap.parse_args()
-    res = run(args.frames, args.image)
+    res = answers(args.answers) if args.answers else run(args.frames, args.image)
     if args.json:
         print(json.dumps(res))
         return

@@ -34,6 +34,7 @@ class _Inbox:
     in_flight: bool = False
     seen: Future[None] | None = None  # done when the frame in flight has been looked at
     reading: Future[None] | None = None  # done when the reading asked last has arrived
+    errors: int = 0  # frames the worker failed on
 
 
 class VisionWorker:
@@ -116,6 +117,9 @@ class VisionWorker:
             except (EOFError, OSError):
                 break
             kind, sid = msg[0], msg[1]
+            if kind == "fatal":
+                log.warning("vision worker cannot run its detectors: %s", msg[2])
+                continue
             with self._lock:
                 box = self._sessions.get(sid)
                 if box is None:
@@ -131,7 +135,9 @@ class VisionWorker:
                     box.in_flight = False
                     _resolve(box.seen)
                     _resolve(box.reading)
-                    log.warning("vision: a frame of session %s failed: %s", sid, msg[2])
+                    box.errors += 1
+                    if box.errors in (1, 10, 100, 1000):  # not once a frame
+                        log.warning("vision: %d frame(s) of session %s failed, the last: %s", box.errors, sid, msg[2])
         with self._lock:
             self.dead = True
             for box in self._sessions.values():
@@ -149,7 +155,13 @@ def _resolve(f: Future[None] | None) -> None:
 
 def _main(requests: Any, results: Any) -> None:
     """The worker process: landmarks on this thread, OCR on its own."""
-    from models.vision.detect import SessionDetectors, TextReader
+    try:  # a broken install ends the worker once, with its reason, not every frame with the same error
+        from models.vision.detect import SessionDetectors, TextReader, import_mediapipe
+
+        import_mediapipe()
+    except Exception as exc:
+        results.put(("fatal", "", f"{type(exc).__name__}: {exc}"))
+        return
 
     ocr_slot: queue.Queue[tuple[str, float, npt.NDArray[np.uint8]] | None] = queue.Queue(maxsize=1)
 

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 READ_WAIT_TICKS = 8  # a question waits at most 1.6 s for the reading it asked for (OCR ~0.2-0.4 s)
 SCENE_CHANGE = 24.0  # mean absolute difference of 16x16 grey thumbnails (0-255) that counts as a new scene
+CAMERA_GONE_TICKS = 10  # no frame for 2 s: the camera is off, and an answer held for the user's return goes on
 STOP_CUES = ("open_palm", "raised_hand")  # while the assistant speaks: stop, like a spoken interruption
 
 
@@ -51,6 +52,7 @@ class SightState:
 
     tracker: Tracker = field(default_factory=Tracker)  # visual state and cue onsets from observations
     frame: npt.NDArray[np.uint8] | None = None  # the newest frame seen (read again when a question comes)
+    frame_tick: int = 0  # the micro-turn it came in
     read_thumb: npt.NDArray[np.float32] | None = None  # thumbnail of the frame OCR last ran on
     want_text: bool = False  # a reading is wanted at the next submit
     asked: int | None = None  # micro-turn a question asked for a reading; questions wait until it arrives
@@ -71,7 +73,9 @@ class Sight:
         if frame is not None:
             if s.frame is None:
                 s.want_text = True  # the first frame: is there text in view at all?
-            s.frame = frame
+            s.frame, s.frame_tick = frame, tick
+        elif s.away and tick - s.frame_tick > CAMERA_GONE_TICKS:
+            s.away = False  # the camera went off while the user was away: nothing to wait for any more
         if s.frame is None:
             return  # no camera: nothing to read, questions do not wait
         if question:

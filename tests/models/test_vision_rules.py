@@ -151,3 +151,13 @@ def test_what_the_cascade_does_on_visual_cues() -> None:
     see(None)
     assert see(None) == (["left"], False) and s.away, "left mid-answer: the answer is held"
     assert see(_face()) == (["returned"], False) and not s.away, "back: it picks up"
+
+
+def test_an_answer_held_for_the_user_goes_on_when_the_camera_goes_off() -> None:
+    from models.cascade.sight import CAMERA_GONE_TICKS, Sight, SightState
+
+    sight, s = Sight(), SightState(frame=np.zeros((8, 8, 3), np.uint8), frame_tick=5, away=True)
+    sight.look("s", s, None, 5 + CAMERA_GONE_TICKS, question=False)
+    assert s.away, "a frame may still come"
+    sight.look("s", s, None, 6 + CAMERA_GONE_TICKS, question=False)
+    assert not s.away and sight.worker is None, "no frames: the camera is off; no worker was started for it"

@@ -26,6 +26,10 @@ def agent_line(load: Load) -> str:
     """The agent's answer for these figures (one line, newline-terminated)."""
     if load.problem:
         return "down\n"
+    if load.moving:
+        # Its sessions are handed on: a resume must go to another replica, which `drain` would not do
+        # (use-server still picks a draining server). Live connections are not cut by a down state.
+        return "down\n"
     if load.draining:
         return "drain\n"
     # `maxconn` stays the capacity: every connection is one session, attached or resuming (a resume

@@ -149,6 +149,11 @@ class Runtime:
         the session keeps its settings, and what it produced while detached is replayed in order.
         `media=False`: the transport cannot serve pace 'media' (WebRTC).
         """
+        if self.draining and self.store is not None and resume_token:
+            # Its session was handed to the store when its connection ended: another replica takes it.
+            raise Refused("session_moving", "this server is going away and has handed your session on; "
+                          "reconnect with the same token (the proxy sends you to another server)", 503, 1013,
+                          {"Retry-After": "1"})
         if self.draining and not (resume_token and self._grace_until is not None):
             # During a drain's grace a dropped session may still come back to finish here.
             raise Refused("server_shutting_down", "server is shutting down; reconnect later", 503, 1013)
@@ -236,6 +241,21 @@ class Runtime:
         if self.store is not None and session.id in self._claims:
             await self.store.bind_token(session.resume_token, session.id, previous)
 
+    async def _store_token_alias(self, session: Session, token: str) -> None:
+        """`token` (one the client may still hold) names the session in the store too."""
+        if self.store is not None:
+            await self.store.bind_token(token, session.id)
+
+    async def _hand_off(self, session: Session) -> None:
+        """Write the session's last snapshot and give up its lease, keeping the snapshot, so that another
+        replica can take it over at once (a drain); the local copy is then closed without a release."""
+        claim = self._claims.pop(session.id, None)
+        if claim is None or self.store is None:
+            return
+        self._saved.pop(session.id, None)
+        if await self.store.save(claim, snapshot(session)):
+            await self.store.hand_off(claim)
+
     async def _restore(self, sink: OutputSink, token: str, client: str, media: bool) -> Session:
         """A resume whose token another replica issued (it is down, or the proxy sent it here): take the
         session over from the store, with its settings and conversation, under its own id."""
@@ -297,6 +317,14 @@ class Runtime:
         if session.closed or (sink is not None and session.sink is not sink):
             return
         if normal:
+            await self.close(session)
+            return
+        if self.draining and session.id in self._claims:
+            # Draining with a store: the client will reconnect elsewhere; hand the session on now.
+            for token in (restore_token, keep_token):
+                if token:
+                    await self._store_token_alias(session, token)
+            await self._hand_off(session)
             await self.close(session)
             return
         self.registry.detach(session)
@@ -400,7 +428,7 @@ class Runtime:
         """The figures `/healthz` and the proxy's agent check report."""
         attached = sum(1 for s in self.registry.sessions() if s.attached)
         return Load(sessions=self.registry.in_use, capacity=self.registry.capacity, attached=attached,
-                    draining=self.draining, problem=self.health())
+                    draining=self.draining, problem=self.health(), moving=self.draining and self.store is not None)
 
     def health(self) -> str | None:
         """None when healthy; otherwise why not (the engine loop died, a step hangs)."""
@@ -433,6 +461,8 @@ class Runtime:
             await self._drain_grace(reason, self.config.drain_grace)
         self.drained.set()
         for session in self.registry.sessions():
+            await self._hand_off(session)  # with a store: what is left can still continue elsewhere
+        for session in self.registry.sessions():
             try:
                 await self.close(session, reason, 1001)
             except Exception:  # one broken session must not keep the others open
@@ -442,11 +472,14 @@ class Runtime:
         self._grace_until = time.monotonic() + grace
         self.metrics.drains.inc()
         log.info("draining: %d sessions have %.0f s to finish", len(self.registry), grace)
+        moving = self.store is not None
         for session in self.registry.sessions():
             session.emit({"type": "duplex.session.draining", "event_id": p.new_id("event"), "reason": reason,
-                          "seconds_left": grace, "resume_token": session.resume_token,
-                          "message": "this server is going away: finish, or open a new session (the proxy sends "
-                          "it to another server); what is left is closed when the time is up"})
+                          "seconds_left": grace, "resume_token": session.resume_token, "reconnect": moving,
+                          "message": "this server is going away: reconnect with your resume token and the "
+                          "session continues on another server" if moving else "this server is going away: "
+                          "finish, or open a new session (the proxy sends it to another server); what is left "
+                          "is closed when the time is up"})
         try:
             while len(self.registry) and time.monotonic() < self._grace_until:
                 await asyncio.sleep(DRAIN_POLL)

@@ -213,6 +213,7 @@ class Load:
     attached: int  # sessions with a live connection
     draining: bool  # shutting down: no new session, no resume
     problem: str | None  # why the replica is unhealthy; None when healthy
+    moving: bool = False  # draining with a session store: its sessions continue on other replicas
 
     @property
     def free(self) -> int:

@@ -81,6 +81,15 @@ redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 """
 
+# KEYS[1] = lease key; ARGV[1] = '{replica}:{epoch}'. Deletes the lease (not the snapshot) when ours.
+_HAND_OFF = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
 
 def _token_key(token: str) -> str:
     return f"{PREFIX}t:{hashlib.sha256(token.encode()).hexdigest()}"
@@ -105,6 +114,7 @@ class SessionStore:
         self._save = client.register_script(_SAVE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._hand_off = client.register_script(_HAND_OFF)
 
     @classmethod
     def from_url(cls, url: str, replica_id: str, ttl_s: float, lease_s: float = 3.0) -> SessionStore:
@@ -157,6 +167,16 @@ class SessionStore:
                                      args=[f"{self.replica_id}:{claim.epoch}"])
         except RedisError as exc:
             self._failed("release", exc)
+            return False
+        return bool(ok)
+
+    async def hand_off(self, claim: Claim) -> bool:
+        """Give the session up but keep its snapshot (a drain): another replica may claim it at once."""
+        try:
+            ok = await self._hand_off(keys=[f"{PREFIX}lease:{claim.session_id}"],
+                                      args=[f"{self.replica_id}:{claim.epoch}"])
+        except RedisError as exc:
+            self._failed("hand_off", exc)
             return False
         return bool(ok)
 

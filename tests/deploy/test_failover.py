@@ -1,5 +1,5 @@
-"""A replica killed with -9 mid-conversation: its session resumes on the other through the proxy, with
-its settings and conversation, from the session store (Redis)."""
+"""Sessions that outlive their replica, through the proxy and the session store (Redis): a replica
+killed with -9 mid-conversation, and one drained by SIGTERM."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ STORE_WRITTEN = 1.0  # s: a few of the replicas' store syncs (0.4 s apart)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    yield from run_cluster(tmp_path_factory.mktemp("failover"), "--max-sessions", "2", "--resume-grace", "20")
+    # Three replicas: each test takes one away.
+    yield from run_cluster(tmp_path_factory.mktemp("failover"), "--max-sessions", "2", "--resume-grace", "20",
+                           "--drain-grace", "20", replicas=3)
 
 
 async def _resume_until_served(url: str, token: str, budget: float) -> tuple[Any, dict[str, Any], dict[str, Any]]:
@@ -35,7 +37,7 @@ async def _resume_until_served(url: str, token: str, budget: float) -> tuple[Any
             first = await recv_event(ws)
             if first["type"] == "session.created":
                 return ws, first, await recv_event(ws)
-            assert first["error"]["code"] == "session_busy", first
+            assert first["error"]["code"] in ("session_busy", "session_moving"), first
         except (InvalidStatus, ConnectionClosed, OSError):
             pass
         assert time.monotonic() < deadline, "the session was not resumed in time"
@@ -71,3 +73,40 @@ async def test_a_killed_replicas_session_resumes_on_another(cluster: Cluster) ->
     metrics = httpx.get(f"http://127.0.0.1:{cluster.replica(new_owner)['port']}/metrics").text
     assert "duplex_sessions_restored_total 1.0" in metrics
     await ws2.close()
+
+
+async def test_a_drained_replicas_session_moves_to_another(cluster: Cluster) -> None:
+    """T5: SIGTERM with a store: the client is told to reconnect with its token, and its session, with
+    its settings, continues on another replica; the drained one exits."""
+    live = [r for r in cluster.state["replicas"] if _alive(r["pid"])]
+    assert len(live) >= 2
+    ws, resume = await start_session(cluster.url)
+    owner = token_replica(resume["resume_token"])
+    await send(ws, {"type": "session.update", "session": {"instructions": "moving day"}})
+    await recv_until(ws, "session.updated")
+    await asyncio.sleep(STORE_WRITTEN)
+    pid = cluster.replica(owner)["pid"]
+    os.kill(pid, signal.SIGTERM)
+    draining, _ = await recv_until(ws, "duplex.session.draining")
+    assert draining["reconnect"] is True and draining["resume_token"] == resume["resume_token"]
+    ws.transport.abort()  # the client acts on it: drops this connection and reconnects
+    ws2, created, resumed = await _resume_until_served(cluster.url, draining["resume_token"], budget=8)
+    assert created["session"]["id"] == resume["session_id"]
+    assert created["session"]["instructions"] == "moving day" and resumed["resumed"] is True
+    assert token_replica(resumed["resume_token"]) != owner
+    chunk = pcm16(random_pcm(TICK, seed=6))
+    await ws2.send(chunk + chunk)
+    await collect_audio(ws2, 1)
+    await ws2.close()
+    deadline = time.monotonic() + 10
+    while _alive(pid):
+        assert time.monotonic() < deadline, "the drained replica did not exit"
+        await asyncio.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -30,6 +30,9 @@ IMAGE_MAX_SIDE = 640  # pictures are shrunk to this longest side at once: what p
 # network jitter on a steady 5 fps stream is not refused. Frames beyond it are dropped with an error.
 VIDEO_FRAMES_PER_S = 5.0
 VIDEO_FRAME_BURST = 3
+# input_image pictures in conversation items: the same average, a larger burst (an app may send a few
+# pictures at once), so decoding cannot be used to keep a core busy.
+IMAGE_ITEM_BURST = 8
 # A TCP connection whose sent data stays unacknowledged this long (a peer that vanished, or one that
 # never reads: its zero window is probed forever) is dropped by the kernel. Without it a client that
 # never reads and never closes pins a socket, its send buffer and our transport buffer for good, after

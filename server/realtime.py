@@ -25,6 +25,7 @@ from models.base import TickOutput
 from server import protocol as p
 from server._session_update import updated_settings
 from server.limits import (
+    IMAGE_ITEM_BURST,
     IMAGE_MAX_SIDE,
     MAX_IMAGE_BYTES,
     MAX_IMAGE_PIXELS,
@@ -140,7 +141,8 @@ class RealtimeConnection:
             "duplex.background.request": self._background_event,
             "duplex.input_video.append": self._on_video_append,
         }
-        self._frame_rate = FrameRate(VIDEO_FRAMES_PER_S, VIDEO_FRAME_BURST)
+        self._frame_rate = FrameRate(VIDEO_FRAMES_PER_S, VIDEO_FRAME_BURST)  # duplex.input_video.append
+        self._image_rate = FrameRate(VIDEO_FRAMES_PER_S, IMAGE_ITEM_BURST)  # input_image parts
 
     @property
     def session(self) -> Session:
@@ -419,6 +421,10 @@ class RealtimeConnection:
         if len(images) > MAX_IMAGES_PER_ITEM:
             raise ProtocolError("too_many_images", f"the message has {len(images)} input_image parts; the limit is "
                                 f"{MAX_IMAGES_PER_ITEM} (send pictures in separate items)", "item.content", eid)
+        if images and not all(self._image_rate.take(time.monotonic()) for _ in images):
+            self.runtime.metrics.dropped_events.labels("video_rate").inc()
+            raise ProtocolError("video_rate_exceeded", f"pictures are arriving faster than {VIDEO_FRAMES_PER_S:g} a "
+                                "second; this item was dropped", "item.content", eid)
         # Every picture is decoded before anything is pushed: a bad one changes nothing.
         frames = [await picture(data, "item.content", eid) for _, data in images]
         if self.state is not ConnState.OPEN:  # closed while decoding

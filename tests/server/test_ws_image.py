@@ -91,6 +91,12 @@ async def test_pictures_accepted_and_bad_ones_refused(duplex_server) -> None:
     await ws.send('{"type": "response.create", "x": -Infinity}')
     await _error(ws, "invalid_json")
 
+    # Pictures in items: a burst beyond the bound is refused.
+    for _ in range(6):
+        await send(ws, image_item(data_url(good)))
+    err = await _error(ws, "video_rate_exceeded")
+    assert "pictures are arriving faster than 5 a second" in err["error"]["message"]
+
     # The camera: a burst within the bound is taken, frames faster than it are refused one by one.
     frame = b64(good)
     for _ in range(8):

@@ -2,11 +2,10 @@
 
 For development and tests (`duplex cluster`, tests/deploy/): it launches the same components a
 production layout runs (deploy/README.md), with free ports, one shared cluster secret and one log file
-each in a work directory; every replica gets `--session-store` pointing at the Redis server (unless
-the serve options name another). It is not an orchestrator: a replica that dies stays dead (that is what a
-fail-over test needs); only the proxy is started again if it exits, since without it nothing reaches
-the replicas. Every child gets SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so none
-outlives it.
+each in a work directory; every replica gets `--session-store` pointing at the Redis server (unless the
+serve options name another). It is not an orchestrator: a replica that dies stays dead (that is what a
+fail-over test needs); only the proxy and the store are started again if they exit. Every child gets
+SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG), so none outlives it.
 """
 
 from __future__ import annotations
@@ -119,6 +118,7 @@ class LocalCluster:
         self.proxy: Child | None = None
         self.config_path = self.workdir / "haproxy.cfg"
         self.proxy_restarts = 0
+        self.store_restarts = 0
 
     # -- start --------------------------------------------------------------------------------------
 
@@ -201,7 +201,8 @@ class LocalCluster:
             "url": f"ws://{self.spec.host}:{self.spec.port}/v1/realtime",
             "proxy": {"pid": self.proxy.pid, "port": self.proxy.port, "config": str(self.config_path),
                       "restarts": self.proxy_restarts},
-            "store": {"pid": self.store.pid, "port": self.store.port, "url": self.store_url},
+            "store": {"pid": self.store.pid, "port": self.store.port, "url": self.store_url,
+                      "restarts": self.store_restarts},
             "replicas": [{"id": r.id, "pid": c.pid, "port": r.port, "agent_port": r.agent_port,
                           "capacity": r.capacity} for c, r in self.replicas],
             "workdir": str(self.workdir),
@@ -222,6 +223,13 @@ class LocalCluster:
             self.proxy.stop()  # closes its log
             self.proxy_restarts += 1
             self._launch_proxy()
+            self.write_state()
+        if self.store is not None and not self.store.alive():
+            log.warning("redis-server exited; starting it again (empty: the replicas write their sessions again)")
+            self.store.stop()
+            self.store_restarts += 1
+            self.store.start()
+            _wait_port(self.spec.host, self.store.port, self.store, PROXY_READY_TIMEOUT)
             self.write_state()
         for child, _ in self.replicas:
             if child.proc is not None and child.proc.poll() is not None and not child.exit_reported:

@@ -302,7 +302,12 @@ class Runtime:
             claim = self._claims.get(session.id)
             if claim is None:
                 continue
-            if await self.store.renew(claim) is False or await self._save(session, claim) is False:
+            renewed = await self.store.renew(claim)
+            if renewed == 2:  # the store restarted empty: write everything again
+                log.info("session store lost session %s; writing it again", session.id)
+                self._saved.pop(session.id, None)
+                await self._store_token(session)
+            if renewed == 0 or (renewed is not None and await self._save(session, claim) is False):
                 log.warning("session %s was taken over by another replica; closing it here", session.id)
                 self._claims.pop(session.id, None)
                 await self.close(session, "session moved to another server", 1001)

@@ -61,15 +61,24 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 """
 
-# KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = '{replica}:{epoch}', ARGV[2] = lease ms, ARGV[3] = ttl s.
-# Returns 1 when renewed, 0 when the lease is no longer ours.
+# KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = '{replica}:{epoch}', ARGV[2] = lease ms, ARGV[3] = ttl s,
+# ARGV[4] = epoch, ARGV[5] = replica id. Returns 1 when renewed, 0 when another replica took the session
+# (the lease is someone else's, or the epoch moved on), 2 when the store had lost both (it restarted
+# empty): the lease and epoch are written again and the caller writes its snapshot and token again.
 _RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+  return 1
+end
+if holder or redis.call('EXISTS', KEYS[2]) == 1 then
   return 0
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], 'epoch', ARGV[4], 'owner', ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
-return 1
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 2
 """
 
 # KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = '{replica}:{epoch}'. Deletes both when ours.
@@ -149,16 +158,17 @@ class SessionStore:
             return False
         return bool(ok)
 
-    async def renew(self, claim: Claim) -> bool | None:
-        """Keep the lease (several times per lease while the session is held); False when another
-        replica took the session, None when the store could not be asked."""
+    async def renew(self, claim: Claim) -> int | None:
+        """Keep the lease (several times per lease while the session is held): 1 renewed, 0 another
+        replica took the session, 2 the store had lost it (restarted empty) and it is claimed again with
+        the same epoch (write the snapshot and token again), None the store could not be asked."""
         try:
-            ok = await self._renew(keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}"],
-                                   args=[f"{self.replica_id}:{claim.epoch}", self.lease_ms, self.ttl_s])
+            return int(await self._renew(
+                keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}"],
+                args=[f"{self.replica_id}:{claim.epoch}", self.lease_ms, self.ttl_s, claim.epoch, self.replica_id]))
         except RedisError as exc:
             self._failed("renew", exc)
             return None
-        return bool(ok)
 
     async def release(self, claim: Claim) -> bool:
         """The session closed for good: forget it (only if still ours)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server.auth import token_replica
@@ -42,6 +43,32 @@ async def _resume_until_served(url: str, token: str, budget: float) -> tuple[Any
             pass
         assert time.monotonic() < deadline, "the session was not resumed in time"
         await asyncio.sleep(0.1)
+
+
+async def test_a_store_restart_goes_unnoticed(cluster: Cluster) -> None:
+    """T9: Redis killed and started again (empty): the live session streams on, new sessions are still
+    admitted, and the replica writes the session to the new store."""
+    ws, resume = await start_session(cluster.url)
+    old = cluster.state["store"]
+    os.kill(old["pid"], signal.SIGKILL)
+    chunks = [pcm16(random_pcm(TICK, seed=s)) for s in range(30, 36)]
+    await ws.send(chunks[0] + chunks[1])
+    assert (await collect_audio(ws, 2))[1] == chunks[0]
+    other, _ = await start_session(cluster.url)  # admitted while the store is down
+    await other.close()
+    deadline = time.monotonic() + 10
+    while cluster.state["store"]["pid"] == old["pid"]:
+        assert time.monotonic() < deadline, "the store was not started again"
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(STORE_WRITTEN)
+    await ws.send(chunks[2])
+    assert (await collect_audio(ws, 1)) == {2: chunks[1]}  # the session never noticed
+    client = aioredis.Redis.from_url(cluster.state["store"]["url"])
+    try:
+        assert await client.exists(f"duplex:s:{resume['session_id']}") == 1  # written again
+    finally:
+        await client.aclose()
+    await ws.close()
 
 
 async def test_a_killed_replicas_session_resumes_on_another(cluster: Cluster) -> None:

@@ -55,13 +55,13 @@ async def test_a_stale_owners_write_is_rejected_after_a_takeover(stores: tuple[S
     assert first is not None and first.epoch == 1
     assert await a.save(first, {"items": ["hello"]})
     assert await b.claim(sid) is None  # r1's lease lives: two replicas never serve one session
-    assert await a.renew(first)
+    assert await a.renew(first) == 1
     await asyncio.sleep(LEASE_S + 0.1)  # r1 stopped renewing
     second = await b.claim(sid)
     assert second is not None and second.epoch == 2
     assert await b.save(second, {"items": ["hello", "from r2"]})
     assert not await a.save(first, {"items": ["stale"]})  # the fencing counter moved on
-    assert not await a.renew(first)  # and r1 learns it lost the session
+    assert await a.renew(first) == 0  # and r1 learns it lost the session
     assert await a.load(sid) == (2, {"items": ["hello", "from r2"]})
     assert not await a.release(first) and await b.release(second)
     assert await a.load(sid) is None
@@ -83,3 +83,13 @@ async def test_a_store_that_is_down_fails_soft() -> None:
     assert await store.session_for("r1.t.m") is None
     assert store.errors == 2 and time.monotonic() - started < 3
     await store.aclose()
+
+
+async def test_an_owner_claims_again_what_a_restarted_store_lost(stores: tuple[SessionStore, SessionStore]) -> None:
+    a, _ = stores
+    claim = await a.claim("sess_r1_lost")
+    assert claim is not None and await a.save(claim, {"n": 1})
+    await a._r.flushdb()  # the store restarted without persistence
+    assert await a.renew(claim) == 2  # claimed again, same epoch: the owner writes again
+    assert await a.save(claim, {"n": 1}) and await a.load("sess_r1_lost") == (claim.epoch, {"n": 1})
+    assert await a.renew(claim) == 1

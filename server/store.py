@@ -119,6 +119,7 @@ class SessionStore:
         self.ttl_s = max(1, int(ttl_s + 0.999))  # the resume grace, whole seconds
         self.lease_ms = int(lease_s * 1000)
         self.errors = 0  # operations that failed because the store was unreachable or answered an error
+        self.reachable = True  # the last operation reached the store (/healthz reports it)
         self._claim = client.register_script(_CLAIM)
         self._save = client.register_script(_SAVE)
         self._renew = client.register_script(_RENEW)
@@ -136,6 +137,7 @@ class SessionStore:
 
     def _failed(self, what: str, exc: Exception) -> None:
         self.errors += 1
+        self.reachable = False
         log.warning("session store: %s failed: %s", what, exc)
 
     async def claim(self, session_id: str) -> Claim | None:
@@ -146,6 +148,7 @@ class SessionStore:
         except RedisError as exc:
             self._failed("claim", exc)
             return None
+        self.reachable = True
         return Claim(session_id, epoch) if epoch else None
 
     async def save(self, claim: Claim, snapshot: dict[str, Any]) -> bool:
@@ -163,12 +166,14 @@ class SessionStore:
         replica took the session, 2 the store had lost it (restarted empty) and it is claimed again with
         the same epoch (write the snapshot and token again), None the store could not be asked."""
         try:
-            return int(await self._renew(
+            result = int(await self._renew(
                 keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}"],
                 args=[f"{self.replica_id}:{claim.epoch}", self.lease_ms, self.ttl_s, claim.epoch, self.replica_id]))
         except RedisError as exc:
             self._failed("renew", exc)
             return None
+        self.reachable = True
+        return result
 
     async def release(self, claim: Claim) -> bool:
         """The session closed for good: forget it (only if still ours)."""

@@ -68,6 +68,8 @@ async def test_a_store_restart_goes_unnoticed(cluster: Cluster) -> None:
         assert await client.exists(f"duplex:s:{resume['session_id']}") == 1  # written again
     finally:
         await client.aclose()
+    owner = cluster.replica(token_replica(resume["resume_token"]))
+    assert httpx.get(f"http://127.0.0.1:{owner['port']}/healthz").json()["store"] == "ok"
     await ws.close()
 
 

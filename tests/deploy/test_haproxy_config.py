@@ -43,3 +43,6 @@ def test_agent_answers_from_the_health_figures() -> None:
     assert agent_line(load(2)) == "up drain maxconn:2\n"  # full: no new session, resumes still routed
     assert agent_line(load(0, draining=True)) == "drain\n"
     assert agent_line(load(0, problem="engine loop died")) == "down\n"
+    # Draining with a session store: resumes must go elsewhere, so not even use-server may pick it.
+    moving = Load(sessions=1, capacity=2, attached=1, draining=True, problem=None, moving=True)
+    assert agent_line(moving) == "down\n"

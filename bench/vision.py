@@ -9,8 +9,9 @@ JPEG at the edge. Figures are medians and 90th percentiles in milliseconds.
 
 `--answers N`: visual questions through a real server (`duplex serve --model cascade:classic`, its
 default background reasoner): N sessions each send a drawn sign as an `input_image` with "What does the
-sign say?" and step in media pace until the reasoner's answer is done. Reported: how often the sign's
-text reached the reasoner (the vision event's facts) and how often the answer says it.
+sign say?" and step in media pace until the reasoner's answer is done; then N/4 ask "Is anyone looking
+at the camera?" of the astronaut or of an empty grey frame. Reported: how often the right facts reached
+the reasoner (the vision event's facts) and how often its answer is right.
 """
 
 from __future__ import annotations
@@ -90,18 +91,19 @@ def _words(text: str) -> str:
     return " ".join("".join(ch if ch.isalnum() else " " for ch in text.lower()).split())
 
 
-async def _ask_sign(ws_url: str, sign: str) -> dict[str, Any]:
+async def _ask(ws_url: str, picture: np.ndarray, question: str) -> tuple[str, str | None, float]:
+    """(the facts line the reasoner got, its answer, seconds) for one picture and question."""
     from websockets.asyncio.client import connect
 
     buf = io.BytesIO()
-    Image.fromarray(_card(sign)).save(buf, format="JPEG", quality=85)
+    Image.fromarray(picture).save(buf, format="JPEG", quality=85)
     url = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
     facts, answer, t0 = "", None, time.monotonic()
     async with connect(ws_url, max_size=16 << 20) as ws:
         await ws.send(json.dumps({"type": "session.update", "session": {"pace": "media"}}))
         await ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
                                   "content": [{"type": "input_image", "image_url": url},
-                                              {"type": "input_text", "text": "What does the sign say?"}]}}))
+                                              {"type": "input_text", "text": question}]}}))
         for _ in range(400):  # micro-turns of silence until the answer is done
             await ws.send(bytes(9600))
             while True:
@@ -114,8 +116,23 @@ async def _ask_sign(ws_url: str, sign: str) -> dict[str, Any]:
                     break
             if answer is not None:
                 break
-    return {"sign": sign, "facts": facts, "answer": answer, "seconds": round(time.monotonic() - t0, 2),
+    return facts, answer, round(time.monotonic() - t0, 2)
+
+
+async def _ask_sign(ws_url: str, sign: str) -> dict[str, Any]:
+    facts, answer, seconds = await _ask(ws_url, _card(sign), "What does the sign say?")
+    return {"sign": sign, "facts": facts, "answer": answer, "seconds": seconds,
             "read": f'"{sign}"' in facts, "said": _words(sign) in _words(answer or "")}
+
+
+async def _ask_person(ws_url: str, photo: np.ndarray, there: bool) -> dict[str, Any]:
+    """Someone there (the astronaut, facing the camera) or nobody (a grey frame): is the answer right?"""
+    facts, answer, seconds = await _ask(ws_url, photo if there else np.full_like(photo, 90),
+                                        "Is anyone looking at the camera? Answer yes or no.")
+    words = _words(answer or "").split()
+    return {"person": there, "facts": facts, "answer": answer, "seconds": seconds,
+            "read": ("looking at the camera" in facts) == there,
+            "said": ("yes" in words) == there and ("no" in words or "nobody" in words) != there}
 
 
 def answers(n: int) -> dict[str, Any]:
@@ -124,8 +141,12 @@ def answers(n: int) -> dict[str, Any]:
     with local_server("--model", "cascade:classic") as base:
         ws_url = base.replace("http", "ws", 1) + "/v1/realtime"
         results = [asyncio.run(_ask_sign(ws_url, SIGNS[i % len(SIGNS)])) for i in range(n)]
+        photo = np.asarray(Image.open(ASTRONAUT).convert("RGB").resize((640, 480)))
+        people = [asyncio.run(_ask_person(ws_url, photo, i % 2 == 0)) for i in range(max(2, n // 4))]
     return {"questions": n, "text_reached_reasoner": sum(r["read"] for r in results) / n,
-            "answer_says_text": sum(r["said"] for r in results) / n, "results": results}
+            "answer_says_text": sum(r["said"] for r in results) / n,
+            "person_facts_right": sum(r["read"] for r in people) / len(people),
+            "person_answer_right": sum(r["said"] for r in people) / len(people), "results": results + people}
 
 
 def main() -> None:

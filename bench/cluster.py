@@ -1,13 +1,20 @@
-"""The proxy's cost: echo round-trip through HAProxy against straight to a replica, in one run.
+"""Cluster figures on one machine: the proxy's cost, and a replica killed with -9.
 
-    python -m bench.cluster [--rounds 300]
+    python -m bench.cluster [--rounds 300]             # echo round-trip through HAProxy vs straight
+    python -m bench.cluster --failover [--sessions 6]  # kill -9 of a replica: resumed, time, intact
 
-Starts `duplex cluster` (deploy/cluster.py: Redis, one echo:0 replica, HAProxy) on loopback as a
-command (bench imports no deploy code), opens one
-media-pace session through the proxy and one straight to the replica, and alternates between them: send
-one micro-turn of PCM16, time until its `response.output_audio.delta` arrives. Alternating cancels drift
-(CPU frequency, other load) between the two paths. The rest of the issue's cluster benchmarks (kill -9
-fail-over, rolling restart, native replay) need the session store, which is not built yet.
+Each starts `duplex cluster` (deploy/cluster.py: Redis, echo replicas, HAProxy) on loopback as a
+command (bench imports no deploy code).
+
+Round trip: one media-pace session through the proxy and one straight to the replica, alternating:
+send one micro-turn of PCM16, time until its `response.output_audio.delta` arrives. Alternating cancels
+drift (CPU frequency, other load) between the two paths.
+
+`--failover`: three echo replicas with room for 4 sessions each, `--sessions` sessions spread over them
+(each with its own instructions), then `kill -9` of the replica holding the first; every session it
+held resumes through the proxy (retrying while the dead replica's lease lapses) and sends audio.
+Reported: sessions resumed of those on it, the time from the kill to each one's first audio delta
+(p50, p99), and how many came back with their own instructions.
 """
 
 from __future__ import annotations
@@ -15,14 +22,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
@@ -30,14 +41,17 @@ from websockets.asyncio.client import ClientConnection, connect
 TICK = 4800
 
 
-async def _session(url: str) -> ClientConnection:
+async def _session(url: str, instructions: str = "") -> tuple[ClientConnection, str]:
+    """A media-pace session; returns it and its resume token."""
     ws = await connect(url, max_size=16 << 20)
-    while json.loads(await ws.recv())["type"] != "duplex.session.resume":
-        pass
-    await ws.send(json.dumps({"type": "session.update", "session": {"pace": "media"}}))
+    token = ""
+    while not token:
+        ev = json.loads(await ws.recv())
+        token = ev.get("resume_token", "") if ev["type"] == "duplex.session.resume" else ""
+    await ws.send(json.dumps({"type": "session.update", "session": {"pace": "media", "instructions": instructions}}))
     while json.loads(await ws.recv())["type"] != "session.updated":
         pass
-    return ws
+    return ws, token
 
 
 async def _round_trip(ws: ClientConnection, pcm: bytes) -> float:
@@ -52,7 +66,7 @@ async def _round_trip(ws: ClientConnection, pcm: bytes) -> float:
 
 async def measure(proxy_url: str, direct_url: str, rounds: int) -> dict[str, list[float]]:
     rng = np.random.default_rng(0)
-    conns = {"proxy": await _session(proxy_url), "direct": await _session(direct_url)}
+    conns = {"proxy": (await _session(proxy_url))[0], "direct": (await _session(direct_url))[0]}
     out: dict[str, list[float]] = {k: [] for k in conns}
     for i in range(rounds + 20):
         for name in (("proxy", "direct") if i % 2 else ("direct", "proxy")):
@@ -65,21 +79,60 @@ async def measure(proxy_url: str, direct_url: str, rounds: int) -> dict[str, lis
     return out
 
 
+async def _resume(url: str, token: str, killed: float, budget: float = 10.0) -> tuple[float, str] | None:
+    """Resume until served: (seconds from the kill to the first audio delta, its instructions), or None."""
+    deadline = time.monotonic() + budget
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # refused while the lease lapses: try again
+            ws = await connect(url, additional_headers={"X-Duplex-Resume-Token": token}, max_size=16 << 20)
+            first = json.loads(await ws.recv())
+            if first["type"] == "session.created":
+                instructions = str(first["session"]["instructions"])
+                await ws.send(bytes(2 * TICK))
+                while json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] != "response.output_audio.delta":
+                    pass
+                elapsed = time.monotonic() - killed
+                await ws.close()
+                return elapsed, instructions
+            await ws.close()
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def failover(state: dict[str, Any], sessions: int) -> None:
+    url = str(state["url"])
+    held = [(*await _session(url, f"session {i}"), f"session {i}") for i in range(sessions)]
+    await asyncio.sleep(1.0)  # the replicas' store syncs (every 0.4 s) have written every session
+    victim = held[0][1].partition(".")[0]
+    on_it = [(ws, token, text) for ws, token, text in held if token.startswith(victim + ".")]
+    pid = next(r["pid"] for r in state["replicas"] if r["id"] == victim)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    results = await asyncio.gather(*(_resume(url, token, killed) for _, token, _ in on_it))
+    done = [r for r in results if r is not None]
+    intact = sum(1 for r, (_, _, text) in zip(results, on_it, strict=True) if r is not None and r[1] == text)
+    times = np.array([r[0] for r in done]) if done else np.array([float("nan")])
+    print(f"kill -9 of {victim}: {len(done)}/{len(on_it)} sessions resumed, {intact}/{len(on_it)} with their "
+          f"instructions; kill to first audio delta p50 {np.percentile(times, 50):.2f} s, "
+          f"p99 {np.percentile(times, 99):.2f} s (floor: all, p99 <= 2 s)")
+    for ws, *_ in held:
+        with contextlib.suppress(Exception):
+            await ws.close()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=300)
-    args = parser.parse_args()
+@contextlib.contextmanager
+def _cluster(replicas: int, max_sessions: int) -> Iterator[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         state_path = Path(tmp) / "state.json"
         cluster = subprocess.Popen(
-            [sys.executable, "-m", "duplex.cli", "cluster", "--replicas", "1", "--port", str(_free_port()),
-             "--model", "echo:0", "--state", str(state_path), "--workdir", tmp, "--max-sessions", "4",
+            [sys.executable, "-m", "duplex.cli", "cluster", "--replicas", str(replicas), "--port", str(_free_port()),
+             "--model", "echo:0", "--state", str(state_path), "--workdir", tmp, "--max-sessions", str(max_sessions),
              "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 120
@@ -87,13 +140,26 @@ def main() -> None:
                 if cluster.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"duplex cluster did not start; logs in {tmp}")
                 time.sleep(0.2)
-            state = json.loads(state_path.read_text())
-            time.sleep(2.5)  # the proxy has the agent's first answer
-            direct = f"ws://127.0.0.1:{state['replicas'][0]['port']}/v1/realtime"
-            res = asyncio.run(measure(state["url"], direct, args.rounds))
+            time.sleep(2.5)  # the proxy has the agents' first answers
+            yield json.loads(state_path.read_text())
         finally:
             cluster.send_signal(signal.SIGTERM)
             cluster.wait(60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--failover", action="store_true", help="measure a kill -9 fail-over instead")
+    parser.add_argument("--sessions", type=int, default=6, help="--failover: sessions over the 3 replicas")
+    args = parser.parse_args()
+    if args.failover:
+        with _cluster(3, 4) as state:
+            asyncio.run(failover(state, args.sessions))
+        return
+    with _cluster(1, 4) as state:
+        direct = f"ws://127.0.0.1:{state['replicas'][0]['port']}/v1/realtime"
+        res = asyncio.run(measure(state["url"], direct, args.rounds))
     for name, ms in res.items():
         a = np.array(ms)
         print(f"{name:6s} n={len(a)} p50 {np.percentile(a, 50):.2f} ms  p99 {np.percentile(a, 99):.2f} ms  "

@@ -337,6 +337,9 @@ class Runtime:
             self.registry.retoken(session, restore_token)
         elif keep_token:
             self.registry.keep_token(session, keep_token)
+        if (restore_token or keep_token) and session.id in self._claims:
+            # The client may hold only that token: it must name the session on another replica too.
+            await self._store_token_alias(session, restore_token or keep_token or "")
 
     async def close(self, session: Session, reason: str = "", code: int = 1000) -> None:
         """End a session for good: tell its client why (when `reason`), free its model state and slot."""

@@ -294,9 +294,9 @@ def broken_text(draw: st.DrawFn, m: SessionModel) -> tuple[str, str, str]:
         field_name = draw(st.sampled_from(["zzz", "event_id", "audio"]))
         # Valid JSON (the grammar sets no limit on digits): accepted or refused, but never fatal.
         return "huge_number", f'{{"type": "response.create", "{field_name}": {"9" * digits}}}', "either"
-    if choice == 6:  # JSON extensions Python accepts and the JSON grammar does not
+    if choice == 6:  # JSON extensions Python accepts and the JSON grammar does not: refused (README)
         token = draw(st.sampled_from(["NaN", "Infinity", "-Infinity"]))
-        return "nonstandard_json", f'{{"type": "response.create", "zzz": {token}}}', "either"
+        return "nonstandard_json", f'{{"type": "response.create", "zzz": {token}}}', "error"
     # a valid event cut short
     ev, _ = draw(session_update(m))
     text = json.dumps(ev)

@@ -136,8 +136,8 @@ def parse_format(value: Any, param: str, event_id: str | None) -> AudioFormat:
 
 def item_text(item: Any, event_id: str | None) -> str:
     """Text of a user `message` item (`input_text` / `text` parts)."""
-    text, _ = item_parts(item, event_id)
-    if not text:
+    text, _, parts = _item_parts(item, event_id)
+    if not parts:
         raise ProtocolError("invalid_item", "message content needs 'input_text' parts with a 'text' string",
                             "item.content", event_id)
     return text
@@ -147,11 +147,17 @@ IMAGE_TYPES = ("image/jpeg", "image/png")
 
 
 def item_parts(item: Any, event_id: str | None) -> tuple[str, list[tuple[str, bytes]]]:
-    """A user `message` item -> (its text, its pictures as (MIME type, bytes)); at least one of them.
+    """A user `message` item -> (its text, its pictures as (MIME type, bytes)); at least one part of them.
 
     Text parts are `input_text` (or `text`); a picture is an `input_image` part whose `image_url` is a
     `data:image/jpeg;base64,...` or `data:image/png;base64,...` URL, as OpenAI Realtime sends them.
     """
+    text, images, _ = _item_parts(item, event_id)
+    return text, images
+
+
+def _item_parts(item: Any, event_id: str | None) -> tuple[str, list[tuple[str, bytes]], int]:
+    """(text, pictures, number of text parts); ProtocolError unless there is a text part or a picture."""
     if not isinstance(item, dict):
         raise ProtocolError("invalid_item", "'item' must be an object", "item", event_id)
     content = item.get("content")
@@ -170,11 +176,10 @@ def item_parts(item: Any, event_id: str | None) -> tuple[str, list[tuple[str, by
         elif kind == "input_image":
             images.append(decode_data_url(part.get("image_url"), f"item.content[{i}].image_url", event_id))
         # other parts (input_audio, ...) are ignored, as they were before pictures were read
-    text = " ".join(t for t in texts if t)
-    if not text and not images:
+    if not texts and not images:
         raise ProtocolError("invalid_item", "message content needs 'input_text' parts with a 'text' string or "
                             "'input_image' parts", "item.content", event_id)
-    return text, images
+    return " ".join(t for t in texts if t), images, len(texts)
 
 
 def decode_data_url(value: Any, param: str, event_id: str | None) -> tuple[str, bytes]:

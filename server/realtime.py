@@ -431,7 +431,8 @@ class RealtimeConnection:
             return
         for frame in frames:
             self.runtime.push_video(s, frame)
-        if text:
+        said = bool(text) or not frames  # a message of empty text parts is still a (typed) message
+        if said:
             try:
                 self.runtime.push_text(s, text)
             except TextFull as exc:
@@ -439,7 +440,7 @@ class RealtimeConnection:
                 raise ProtocolError("text_buffer_full", str(exc), "item.content", eid) from None
         content: list[dict[str, Any]] = [{"type": "input_image", "width": int(f.shape[1]), "height": int(f.shape[0])}
                                          for f in frames]
-        if text:
+        if said:
             content.append({"type": "input_text", "text": text})
         given = item.get("id") if isinstance(item, dict) else None
         item_id = given[:64] if isinstance(given, str) else p.new_id("item")

@@ -433,7 +433,8 @@ def make_background_factory(
     worker factory."""
     spec = ReasonerSpec(kind=cfg.background, url=cfg.background_url, model=cfg.background_model,
                         max_tokens=cfg.background_max_tokens, max_sentences=cfg.background_max_sentences,
-                        threads=cfg.background_threads or 1)
+                        threads=cfg.background_threads or 1, slots=cfg.background_slots,
+                        on_restart=None if metrics is None else lambda reason: metrics.background_restarts.inc())
     reasoner = make_reasoner(spec)
     if reasoner is None:
         return None, lambda session: NoBackground()

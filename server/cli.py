@@ -139,11 +139,12 @@ def add_serve_command(sub: Any) -> None:
                        help="close sessions whose client sent nothing for this many seconds (0 = never)")
     serve.add_argument("--background", default="auto",
                        help="background reasoner: auto (embedded llama.cpp when the model delegates), none, "
-                       "llamacpp, openai, sglang")
+                       "llama-server (llama.cpp's server as a supervised child: per-session prompt cache, sessions "
+                       "answered together), llamacpp, openai, sglang")
     serve.add_argument("--background-url", default=None,
                        help="openai backend: base URL of an OpenAI-compatible server (e.g. http://127.0.0.1:30000/v1)")
     serve.add_argument("--background-model", default=None,
-                       help="openai/sglang backend: model name; llamacpp backend: path of a GGUF file")
+                       help="openai/sglang backend: model name; llamacpp/llama-server backend: path of a GGUF file")
     serve.add_argument("--background-policy", default="supersede", choices=["supersede", "queue"],
                        help="what a new background request does to one still running")
     serve.add_argument("--background-timeout", type=float, default=None,
@@ -152,10 +153,12 @@ def add_serve_command(sub: Any) -> None:
                        help="seconds to wait for a client-executed tool's output")
     serve.add_argument("--background-max-tokens", type=int, default=None, help="cap on a background answer's length")
     serve.add_argument("--background-max-sentences", type=int, default=None,
-                       help="embedded (llamacpp) reasoner: stop an answer after N sentences (0 = no limit; "
-                            "default 3), which frees its one generation thread for other sessions sooner")
+                       help="embedded (llamacpp, llama-server) reasoner: stop an answer after N sentences "
+                            "(0 = no limit; default 3), which frees its generation for other sessions sooner")
     serve.add_argument("--background-threads", type=int, default=1,
                        help="llama.cpp threads; 1 keeps a core free for the foreground model")
+    serve.add_argument("--background-slots", type=int, default=None,
+                       help="llama-server backend: conversations kept evaluated and answered at once (default 8)")
     serve.add_argument("--ice-server", action="append", default=[], metavar="URL",
                        help="WebRTC STUN/TURN server URL (stun:host:port, turn:user:pass@host:port); repeatable")
     serve.add_argument("--rtc-connect-timeout", type=float, default=15.0,
@@ -247,6 +250,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         background_policy=args.background_policy, background_timeout=args.background_timeout,
         background_tool_timeout=args.background_tool_timeout, background_max_tokens=args.background_max_tokens,
         background_max_sentences=args.background_max_sentences, background_threads=args.background_threads,
+        background_slots=args.background_slots,
         ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout,
         max_sessions_per_client=args.max_sessions_per_client, max_outbox_bytes=args.max_outbox_bytes,
         step_watchdog_s=args.step_watchdog_s, stalled_connection_s=args.stalled_connection_s,

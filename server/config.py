@@ -31,7 +31,7 @@ class ServerConfig:
     max_frame_bytes: int = 256 * 1024  # larger client messages are refused with an error event
     resume_grace: float = 30.0  # seconds a dropped session waits for its client to resume
     idle_timeout: float = 600.0  # seconds without client activity before an attached session is closed (0 = never)
-    background: str = "auto"  # background reasoner: auto | none | llamacpp | openai | sglang
+    background: str = "auto"  # background reasoner: auto | none | llama-server | llamacpp | openai | sglang
     background_url: str | None = None  # openai backend: base URL
     background_model: str | None = None  # openai backend: model name; llamacpp: GGUF path
     background_policy: str = "supersede"  # a new request supersedes the running one, or queues behind it
@@ -40,6 +40,7 @@ class ServerConfig:
     background_max_tokens: int | None = None  # answer length cap
     background_max_sentences: int | None = None  # llamacpp: stop after N sentences (None = its default, 0 = off)
     background_threads: int = 1  # llama.cpp threads; 1 leaves a core to the foreground
+    background_slots: int | None = None  # llama-server: conversations kept evaluated and answered at once
     ice_servers: list[str] = field(default_factory=list)  # WebRTC STUN/TURN URLs
     rtc_connect_timeout: float = 15.0  # s for a WebRTC peer's first sign of life; then the call is closed
     max_sessions_per_client: int = 0  # sessions one client address may hold at once (0 = no limit)
@@ -78,8 +79,11 @@ class ServerConfig:
             raise ValueError(f"--max-sessions must be at least 1, got {self.max_sessions}")
         if self.max_backlog_ticks < 1:
             raise ValueError("--max-backlog-ticks must be at least 1")
-        if self.background not in ("auto", "none", "llamacpp", "openai", "sglang"):
-            raise ValueError(f"--background must be auto, none, llamacpp, openai or sglang; got {self.background!r}")
+        if self.background not in ("auto", "none", "llama-server", "llamacpp", "openai", "sglang"):
+            raise ValueError("--background must be auto, none, llama-server, llamacpp, openai or sglang; "
+                             f"got {self.background!r}")
+        if self.background_slots is not None and self.background_slots < 1:
+            raise ValueError(f"--background-slots must be 1 or more, got {self.background_slots}")
         if self.background == "openai" and not self.background_url:
             raise ValueError("--background openai needs --background-url (e.g. http://127.0.0.1:30000/v1)")
         if self.max_sessions_per_client < 0:

@@ -96,6 +96,11 @@ class Metrics:
             registry=r,
             buckets=_ANSWER_BUCKETS,
         )
+        self.background_restarts = Counter(
+            "duplex_background_restarts",
+            "Restarts of the background model's server process (llama-server) after a crash or a hang",
+            registry=r,
+        )
         self.background_requests = Counter(
             "duplex_background_requests",
             "Background requests ended, by status: completed, cancelled (superseded or the session ended) "

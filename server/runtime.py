@@ -16,6 +16,7 @@ import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,13 @@ DRAIN_POLL = 0.1  # seconds between looks at the sessions left during a drain's 
 # written too. A replica killed with -9 stops renewing; its sessions can be claimed LEASE_S later.
 LEASE_S = 1.5
 STORE_SYNC = 0.4
+
+
+def _report_preload(done: Future[None]) -> None:
+    """Runs on the reasoner's thread: a reasoner that failed to start is an error in the log now, not
+    only in the first answer (which gets an error chunk, as every answer does until it starts)."""
+    if not done.cancelled() and (exc := done.exception()) is not None:
+        log.error("background reasoner did not start: %s; answers get an error until it does", exc)
 
 
 class Runtime:
@@ -127,7 +135,7 @@ class Runtime:
             # On the reasoner's own thread, now: the first answer does not wait for the weights to load
             # and their cost to be measured (~1.3 s, token_clock.py). A failure is raised again by that
             # request. A model that never delegates (`delegates = False`: echo) never pays for it.
-            reasoner.preload()
+            reasoner.preload().add_done_callback(_report_preload)
         runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
         if cfg.session_store:
             store = SessionStore.from_url(cfg.session_store, cfg.replica_id, cfg.resume_grace, LEASE_S)

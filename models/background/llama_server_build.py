@@ -11,12 +11,15 @@ Steps (each prints a line): 1. `pip download` the sdist of the installed llama-c
 (from pip's cache when `pip install` fetched it already); 2. extract `vendor/llama.cpp`; 3. configure
 a portable static build (no -march=native: its AMX kernels crash on this project's machines; no web
 UI and no download of one; no curl, no OpenSSL); 4. build the `llama-server` target (~5.5 min on 2
-cores); 5. install it as `<venv>/bin/llama-server` with a stamp beside it; 6. check that it runs.
+cores); 5. install it as `<venv>/bin/llama-server` with a stamp beside it, and keep a copy in
+`~/.cache/duplex/llama-server/` keyed by version and flags (the next venv on this machine copies it
+instead of compiling; `--no-cache` to skip); 6. check that it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -73,6 +76,27 @@ def up_to_date(binary: Path, version: str) -> bool:
     return binary.is_file() and stamp.is_file() and stamp.read_text() == _stamp(version)
 
 
+def cache_dir() -> Path:
+    """Built binaries kept per version and flags, as pip keeps built wheels: a second venv or a fresh
+    clone on the same machine copies the binary instead of compiling for minutes."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "duplex" / "llama-server"
+
+
+def _cached(version: str) -> Path:
+    key = hashlib.sha256(_stamp(version).encode()).hexdigest()[:16]
+    return cache_dir() / f"{version}-{key}" / BINARY
+
+
+def _install(built: Path, binary: Path, version: str) -> None:
+    """Copy `built` to `binary` atomically and write its stamp."""
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_name(binary.name + ".tmp")
+    shutil.copy2(built, tmp)
+    os.replace(tmp, binary)
+    _stamp_path(binary).write_text(_stamp(version))
+
+
 def _step(n: int, text: str) -> None:
     print(f">> llama-server build {n}/6: {text}", flush=True)
 
@@ -108,11 +132,14 @@ def build(version: str, binary: Path, jobs: int, work: Path) -> None:
     _run(["cmake", "--build", str(out), "--target", BINARY, "-j", str(jobs)])
     _step(5, f"installing {binary}")
     built = out / "bin" / BINARY
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_name(binary.name + ".tmp")
-    shutil.copy2(built, tmp)
-    os.replace(tmp, binary)
-    _stamp_path(binary).write_text(_stamp(version))
+    _install(built, binary, version)
+    try:  # a cache that cannot be written only costs the next set-up a build
+        cached = _cached(version)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, cached.with_name(BINARY + ".tmp"))
+        os.replace(cached.with_name(BINARY + ".tmp"), cached)
+    except OSError as exc:
+        print(f">> could not keep the binary in {cache_dir()}: {exc}", flush=True)
     print(f">> llama-server built in {time.monotonic() - t0:.0f} s", flush=True)
 
 
@@ -134,10 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=None,
                     help="build directory, kept for a faster rebuild (default: a temporary one)")
     ap.add_argument("--force", action="store_true", help="build even when the stamp says it is up to date")
+    ap.add_argument("--no-cache", action="store_true",
+                    help=f"neither reuse nor keep a built binary in {cache_dir()} (per version and flags)")
     args = ap.parse_args(argv)
     version = installed_version()
     if not args.force and up_to_date(args.binary, version):
         print(f">> {args.binary} is up to date ({PACKAGE} {version})", flush=True)
+        return 0
+    cached = _cached(version)
+    if not args.force and not args.no_cache and cached.is_file():
+        print(f">> llama-server: reusing the binary built before for these sources and flags ({cached})", flush=True)
+        _install(cached, args.binary, version)
+        check(args.binary)
         return 0
     if shutil.which("cmake") is None:
         raise SystemExit("error: building llama-server needs cmake and a C++ compiler (apt-get install cmake g++)")

@@ -84,10 +84,10 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
         body: dict[str, Any] = {"status": status, "model": runtime.model.name, "sessions": load.sessions,
                                 "capacity": load.capacity, "attached": load.attached, "free": load.free,
                                 "replica": runtime.tokens.replica_id, "pid": os.getpid()}
-        if runtime.store is not None:
+        if runtime.claims is not None:
             # Down, sessions go on here and new ones are admitted; only moving them to another replica
             # stops working, so this does not make the replica unhealthy.
-            body["store"] = "ok" if runtime.store.reachable else "unreachable"
+            body["store"] = "ok" if runtime.claims.store.reachable else "unreachable"
         if load.problem:
             body["problem"] = load.problem
         return JSONResponse(body, status_code=503 if load.draining or load.problem else 200)

@@ -27,11 +27,12 @@ from models.background import Reasoner
 from models.base import InteractionModel, Preloading
 from models.registry import load_model
 from server import protocol as p
-from server._continuity import fingerprint, restore, snapshot
+from server._continuity import restore
 from server.admission import HARD_CAP, budget, calibrate
 from server.agent import AgentServer
 from server.auth import ResumeTokens, TokenCheck, default_origins, session_id_prefix
 from server.background import make_background_factory
+from server.claims import Claims
 from server.config import ServerConfig
 from server.engine import Engine
 from server.metrics import Metrics
@@ -46,7 +47,7 @@ from server.sessions import (
     SessionRegistry,
     SessionSettings,
 )
-from server.store import Claim, SessionStore
+from server.store import SessionStore
 from streaming.types import Audio
 
 log = logging.getLogger(__name__)
@@ -99,9 +100,7 @@ class Runtime:
         self.draining = False
         self.drained = asyncio.Event()  # set once drain() closes sessions: transports stop waiting on slow clients
         self._grace_until: float | None = None  # monotonic end of a drain's grace, while it runs
-        self.store: SessionStore | None = None  # --session-store: sessions can continue on another replica
-        self._claims: dict[str, Claim] = {}  # session id -> this replica's claim on it in the store
-        self._saved: dict[str, str] = {}  # session id -> fingerprint of the snapshot last written
+        self.claims: Claims | None = None  # --session-store: sessions can continue on another replica
         self.allowed_origins = default_origins(config.host, config.port) | set(config.allowed_origins)
         self.started_at = time.time()
         self._reaper: asyncio.Task[None] | None = None
@@ -139,7 +138,7 @@ class Runtime:
         runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
         if cfg.session_store:
             store = SessionStore.from_url(cfg.session_store, cfg.replica_id, cfg.resume_grace, LEASE_S)
-            runtime.store = store
+            runtime.claims = Claims(store)
             metrics.store_errors.set_function(lambda: store.errors)
         await engine.start()
         if runtime.agent is not None:
@@ -157,7 +156,7 @@ class Runtime:
         the session keeps its settings, and what it produced while detached is replayed in order.
         `media=False`: the transport cannot serve pace 'media' (WebRTC).
         """
-        if self.draining and self.store is not None and resume_token:
+        if self.draining and self.claims is not None and resume_token:
             # Its session was handed to the store when its connection ended: another replica takes it.
             raise Refused("session_moving", "this server is going away and has handed your session on; "
                           "reconnect with the same token (the proxy sends you to another server)", 503, 1013,
@@ -186,7 +185,8 @@ class Runtime:
                                         "disconnected did not fit the resume backlog and were dropped; resume "
                                         "sooner to get them all", kind="server_error"))
             self.engine.resumed(session)
-            await self._store_token(session, previous=resume_token)
+            if self.claims is not None:
+                await self.claims.bind_token(session, previous=resume_token)
             return session
         cap = self.config.max_sessions_per_client
         if cap and client and self.registry.count(client) >= cap:
@@ -205,7 +205,8 @@ class Runtime:
         self.registry.reattach(session, sink)
         sink.bind(session, resumed=False)
         self.engine.add(session)
-        await self._own(session)
+        if self.claims is not None:
+            await self.claims.own(session)
         return session
 
     def _check_token(self, token: str) -> TokenCheck:
@@ -215,87 +216,44 @@ class Runtime:
         if verdict is TokenCheck.FORGED:
             raise Refused("invalid_resume_token", "resume token is not valid (its signature does not verify); "
                           "open a new session", 403, 1008)
-        if verdict is TokenCheck.FOREIGN and self.store is None:
+        if verdict is TokenCheck.FOREIGN and self.claims is None:
             raise Refused("invalid_resume_token", "resume token belongs to another replica, which this one "
                           "cannot resume; open a new session", 421, 1008)
         return verdict
 
     # -- the session store (--session-store) ---------------------------------------------------------
 
-    async def _own(self, session: Session) -> None:
-        """A new session: claim it in the store and write its first snapshot and its token."""
-        if self.store is None:
-            return
-        claim = await self.store.claim(session.id)
-        if claim is None:
-            return  # the store is down: the session lives here only (counted in duplex_store_errors)
-        self._claims[session.id] = claim
-        await self._save(session, claim)
-        await self._store_token(session)
-
-    async def _save(self, session: Session, claim: Claim) -> bool | None:
-        """Write the session's snapshot when it changed; False when another replica took it over."""
-        assert self.store is not None
-        snap = snapshot(session)
-        mark = fingerprint(snap)
-        if self._saved.get(session.id) == mark:
-            return True
-        written = await self.store.save(claim, snap)
-        if written:
-            self._saved[session.id] = mark
-        return written
-
-    async def _store_token(self, session: Session, previous: str | None = None) -> None:
-        if self.store is not None and session.id in self._claims:
-            await self.store.bind_token(session.resume_token, session.id, previous)
-
-    async def _store_token_alias(self, session: Session, token: str) -> None:
-        """`token` (one the client may still hold) names the session in the store too."""
-        if self.store is not None:
-            await self.store.bind_token(token, session.id)
-
-    async def _hand_off(self, session: Session) -> None:
-        """Write the session's last snapshot and give up its lease, keeping the snapshot, so that another
-        replica can take it over at once (a drain); the local copy is then closed without a release."""
-        claim = self._claims.pop(session.id, None)
-        if claim is None or self.store is None:
-            return
-        self._saved.pop(session.id, None)
-        if await self.store.save(claim, snapshot(session)):
-            await self.store.hand_off(claim)
-
     async def _restore(self, sink: OutputSink, token: str, client: str, media: bool) -> Session:
         """A resume whose token another replica issued (it is down, or the proxy sent it here): take the
         session over from the store, with its settings and conversation, under its own id."""
-        assert self.store is not None
+        assert self.claims is not None
+        store = self.claims.store
         started = time.monotonic()
         gone = Refused("invalid_resume_token", "resume token is unknown or expired, and its replica cannot be "
                        "reached; open a new session", 404, 1008)
-        sid = await self.store.session_for(token)
-        loaded = await self.store.load(sid) if sid is not None else None
+        sid = await store.session_for(token)
+        loaded = await store.load(sid) if sid is not None else None
         if sid is None or loaded is None:
             raise gone
         _, snap = loaded
         if snap["settings"]["pace"] == Pace.MEDIA.value and not media:
             raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
                           "endpoint serves; resume it there", 409, 1008)
-        claim = await self.store.claim(sid)
+        claim = await store.claim(sid)
         if claim is None:  # its replica still holds the lease: alive, or dead for less than LEASE_S
             raise Refused("session_busy", "the session is still held by its replica; retry in a moment", 503, 1013,
                           {"Retry-After": "1"})
         try:
             session = await self.registry.open(client, session_id=sid)
         except Refused:
-            await self.store.release(claim)
+            await store.release(claim)
             raise
         restore(session, snap)
-        self._claims[sid] = claim
         session.background = self.background_factory(session)
         self.registry.reattach(session, sink)
         sink.bind(session, resumed=True)
         self.engine.add(session)
-        await self._save(session, claim)
-        await self._store_token(session, previous=token)
+        await self.claims.adopt(session, claim, previous_token=token)
         self.metrics.sessions_restored.inc()
         self.metrics.restore_seconds.observe(time.monotonic() - started)
         log.info("session %s restored from the store (%d conversation entries)", sid, len(session.log.entries))
@@ -304,21 +262,10 @@ class Runtime:
     async def sync_store(self) -> None:
         """Renew this replica's leases and write changed snapshots (every STORE_SYNC s, from the reaper).
         A session another replica took over is closed here: it is served there now."""
-        if self.store is None:
+        if self.claims is None:
             return
-        for session in self.registry.sessions():
-            claim = self._claims.get(session.id)
-            if claim is None:
-                continue
-            renewed = await self.store.renew(claim)
-            if renewed == 2:  # the store restarted empty: write everything again
-                log.info("session store lost session %s; writing it again", session.id)
-                self._saved.pop(session.id, None)
-                await self._store_token(session)
-            if renewed == 0 or (renewed is not None and await self._save(session, claim) is False):
-                log.warning("session %s was taken over by another replica; closing it here", session.id)
-                self._claims.pop(session.id, None)
-                await self.close(session, "session moved to another server", 1001)
+        for session in await self.claims.sync(self.registry.sessions()):
+            await self.close(session, "session moved to another server", 1001)
 
     async def detach(self, session: Session, normal: bool, sink: OutputSink | None = None,
                      restore_token: str | None = None, keep_token: str | None = None) -> None:
@@ -332,12 +279,11 @@ class Runtime:
         if normal:
             await self.close(session)
             return
-        if self.draining and session.id in self._claims:
+        if self.draining and self.claims is not None and self.claims.holds(session):
             # Draining with a store: the client will reconnect elsewhere; hand the session on now.
             for token in (restore_token, keep_token):
-                if token:
-                    await self._store_token_alias(session, token)
-            await self._hand_off(session)
+                await self.claims.alias(session, token or "")
+            await self.claims.hand_off(session)
             await self.close(session)
             return
         self.registry.detach(session)
@@ -345,9 +291,9 @@ class Runtime:
             self.registry.retoken(session, restore_token)
         elif keep_token:
             self.registry.keep_token(session, keep_token)
-        if (restore_token or keep_token) and session.id in self._claims:
+        if self.claims is not None:
             # The client may hold only that token: it must name the session on another replica too.
-            await self._store_token_alias(session, restore_token or keep_token or "")
+            await self.claims.alias(session, restore_token or keep_token or "")
 
     async def close(self, session: Session, reason: str = "", code: int = 1000) -> None:
         """End a session for good: tell its client why (when `reason`), free its model state and slot."""
@@ -360,10 +306,8 @@ class Runtime:
             await session.background.stop()
         finally:
             await self.engine.close_state(session)
-            claim = self._claims.pop(session.id, None)
-            self._saved.pop(session.id, None)
-            if claim is not None and self.store is not None:
-                await self.store.release(claim)
+            if self.claims is not None:
+                await self.claims.release(session)
 
     def session(self, session_id: str) -> Session | None:
         """The session (attached or awaiting resume) with this id, whatever its transport."""
@@ -444,7 +388,7 @@ class Runtime:
         """The figures `/healthz` and the proxy's agent check report."""
         attached = sum(1 for s in self.registry.sessions() if s.attached)
         return Load(sessions=self.registry.in_use, capacity=self.registry.capacity, attached=attached,
-                    draining=self.draining, problem=self.health(), moving=self.draining and self.store is not None)
+                    draining=self.draining, problem=self.health(), moving=self.draining and self.claims is not None)
 
     def health(self) -> str | None:
         """None when healthy; otherwise why not (the engine loop died, a step hangs)."""
@@ -477,7 +421,8 @@ class Runtime:
             await self._drain_grace(reason, self.config.drain_grace)
         self.drained.set()
         for session in self.registry.sessions():
-            await self._hand_off(session)  # with a store: what is left can still continue elsewhere
+            if self.claims is not None:
+                await self.claims.hand_off(session)  # with a store: what is left can still continue elsewhere
         for session in self.registry.sessions():
             try:
                 await self.close(session, reason, 1001)
@@ -488,7 +433,7 @@ class Runtime:
         self._grace_until = time.monotonic() + grace
         self.metrics.drains.inc()
         log.info("draining: %d sessions have %.0f s to finish", len(self.registry), grace)
-        moving = self.store is not None
+        moving = self.claims is not None
         for session in self.registry.sessions():
             session.emit({"type": "duplex.session.draining", "event_id": p.new_id("event"), "reason": reason,
                           "seconds_left": grace, "resume_token": session.resume_token, "reconnect": moving,
@@ -523,8 +468,8 @@ class Runtime:
                 await self.reasoner.aclose()
             except Exception:
                 log.exception("closing the background reasoner failed")
-        if self.store is not None:
-            await self.store.aclose()
+        if self.claims is not None:
+            await self.claims.store.aclose()
 
     async def _reap_forever(self) -> None:
         """Housekeeping: every LAG_PROBE s measure how late the loop woke us; every second reap; every
@@ -537,7 +482,7 @@ class Runtime:
             # A late wake-up is time the loop spent on something else: a slow handler or a pause delays
             # every client's bytes even when the engine keeps its deadlines (the tick thread is separate).
             self.metrics.loop_lag_seconds.observe(max(0.0, now - due))
-            if self.store is not None and now - synced >= STORE_SYNC:
+            if self.claims is not None and now - synced >= STORE_SYNC:
                 synced = now
                 try:
                     await self.sync_store()

@@ -26,19 +26,16 @@ from server import protocol as p
 from server._session_update import updated_settings
 from server.limits import (
     IMAGE_ITEM_BURST,
-    IMAGE_MAX_SIDE,
-    MAX_IMAGE_BYTES,
-    MAX_IMAGE_PIXELS,
     MAX_IMAGES_PER_ITEM,
     MAX_ITEM_TEXT_CHARS,
     VIDEO_FRAME_BURST,
     VIDEO_FRAMES_PER_S,
 )
 from server.outbox import Close, Outbox
+from server.pictures import FrameRate, picture
 from server.protocol import ProtocolError
 from server.runtime import Runtime
 from server.sessions import Pace, Session, TextFull
-from streaming.image import ImageError, decode_image
 from streaming.pcm import PCMError, float32_to_pcm16, pcm16_to_float32
 from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE, TICK_SECONDS
@@ -75,35 +72,6 @@ class AudioOutput(Protocol):
 
 
 Handler = Callable[[dict[str, Any], str | None], Awaitable[None] | None]
-
-
-class FrameRate:
-    """A token bucket: `rate` frames a second on average, bursts of `burst`; `take(now)` False: too fast."""
-
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, float(burst)
-        self.tokens = float(burst)
-        self.at: float | None = None
-
-    def take(self, now: float) -> bool:
-        if self.at is not None:
-            self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
-
-
-async def picture(data: bytes, param: str, event_id: str | None) -> np.ndarray:
-    """JPEG / PNG bytes -> RGB [H, W, 3] (longest side IMAGE_MAX_SIDE), decoded off the event loop."""
-    if len(data) > MAX_IMAGE_BYTES:
-        raise ProtocolError("image_too_large", f"the picture has {len(data)} bytes; the limit is {MAX_IMAGE_BYTES}",
-                            param, event_id)
-    try:
-        return await asyncio.to_thread(decode_image, data, MAX_IMAGE_PIXELS, IMAGE_MAX_SIDE)
-    except ImageError as exc:
-        raise ProtocolError(exc.code, str(exc), param, event_id) from None
 
 
 class RealtimeConnection:

@@ -46,7 +46,8 @@ def _times(fn: Callable[[], Any], n: int) -> dict[str, float]:
     return {"p50_ms": round(float(np.percentile(ts, 50)), 2), "p90_ms": round(float(np.percentile(ts, 90)), 2)}
 
 
-def _card(text: str) -> np.ndarray:
+def text_card(text: str) -> np.ndarray:
+    """A 640x480 white card with `text` in 64-px bold letters: what OCR is measured (and tested) on."""
     img = Image.new("RGB", (640, 480), "white")
     try:
         font: ImageFont.FreeTypeFont | ImageFont.ImageFont = ImageFont.truetype("DejaVuSans-Bold.ttf", 64)
@@ -63,7 +64,7 @@ def run(frames: int, image: Path) -> dict[str, Any]:
     fresh_hands = mp.solutions.hands.Hands(static_image_mode=True, max_num_hands=2, model_complexity=0)
     det = SessionDetectors()
     reader = TextReader()
-    card = _card("OPEN 9 TO 5")
+    card = text_card("OPEN 9 TO 5")
     buf = io.BytesIO()
     Image.fromarray(photo).save(buf, format="JPEG", quality=85)
     jpeg = buf.getvalue()
@@ -120,7 +121,7 @@ async def _ask(ws_url: str, picture: np.ndarray, question: str) -> tuple[str, st
 
 
 async def _ask_sign(ws_url: str, sign: str) -> dict[str, Any]:
-    facts, answer, seconds = await _ask(ws_url, _card(sign), "What does the sign say?")
+    facts, answer, seconds = await _ask(ws_url, text_card(sign), "What does the sign say?")
     return {"sign": sign, "facts": facts, "answer": answer, "seconds": seconds,
             "read": f'"{sign}"' in facts, "said": _words(sign) in _words(answer or "")}
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 
+from bench.vision import text_card
 from models.vision.tracker import Tracker
 from models.vision.types import Observation
 from models.vision.worker import VisionWorker
@@ -24,14 +25,7 @@ def astronaut() -> np.ndarray:
     return np.asarray(Image.open(ASTRONAUT).convert("RGB"))
 
 
-def card(text: str) -> np.ndarray:
-    img = Image.new("RGB", (640, 480), "white")
-    try:
-        font: ImageFont.FreeTypeFont | ImageFont.ImageFont = ImageFont.truetype("DejaVuSans-Bold.ttf", 64)
-    except OSError:
-        font = ImageFont.load_default(size=64)
-    ImageDraw.Draw(img).text((60, 180), text, fill="black", font=font)
-    return np.asarray(img)
+card = text_card  # the bench measures OCR on the same card
 
 
 @pytest.fixture(scope="module")

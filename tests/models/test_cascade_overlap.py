@@ -60,7 +60,7 @@ def test_a_backchannel_never_stops_the_reply(model: CascadeModel, backchannel: s
     c = _talking(model)
     t0 = c.n
     c.feed(np.concatenate([speech(backchannel), np.zeros(round(0.6 * TICK_SAMPLES / TICK), dtype=np.float32)]))
-    assert c.s.p_interrupt is not None  # asked
+    assert c.s.overlap.p_interrupt is not None  # asked
     loud = [c.loud(i) for i in range(t0, c.n)]
     assert not c.events("yielded") and loud[-1], loud
     # At most a short gap where the probe paused it: its micro-turn, the next (Whisper's first transcript

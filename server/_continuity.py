@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, get_args
 
-from server.conversation import Entry
-from server.protocol import AudioFormat
+from server.conversation import Entry, Role
+from server.protocol import SUPPORTED_RATES, AudioFormat
 from server.sessions import Pace, Session, SessionSettings
 
 SNAPSHOT_VERSION = 1
+ROLES: tuple[str, ...] = get_args(Role)
 
 
 def snapshot(session: Session) -> dict[str, Any]:
@@ -35,14 +36,43 @@ def fingerprint(snap: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def restore(session: Session, snap: dict[str, Any]) -> None:
-    """Put a snapshot's settings and conversation into a freshly opened session."""
-    if snap.get("v") != SNAPSHOT_VERSION:
-        raise ValueError(f"session snapshot version {snap.get('v')!r} is not {SNAPSHOT_VERSION}")
-    st = snap["settings"]
-    session.settings = SessionSettings(pace=Pace(st["pace"]), in_format=AudioFormat(int(st["in_rate"])),
-                                       out_format=AudioFormat(int(st["out_rate"])),
-                                       instructions=str(st["instructions"]), tools=list(st["tools"]),
-                                       tick_stats=bool(st["tick_stats"]))
-    for e in snap["log"]:
-        session.log.entries.append(Entry(float(e["t"]), e["role"], str(e["text"]), str(e["kind"])))
+@dataclass(frozen=True)
+class Restored:
+    """A snapshot read back and checked: what a freshly opened session takes over."""
+
+    settings: SessionSettings
+    entries: list[Entry]
+
+
+def parse(snap: Any) -> Restored:
+    """Check a snapshot read from the store; ValueError says what is wrong with it. The store is shared
+    by every replica (and by whatever else can reach it): nothing in it is trusted until read here, so
+    a bad one is refused before a session is opened or a lease is taken for it."""
+    try:
+        if snap.get("v") != SNAPSHOT_VERSION:
+            raise ValueError(f"version {snap.get('v')!r} is not {SNAPSHOT_VERSION}")
+        st = snap["settings"]
+        for key in ("in_rate", "out_rate"):
+            if int(st[key]) not in SUPPORTED_RATES:
+                raise ValueError(f"{key} {st[key]!r} is not one of {SUPPORTED_RATES}")
+        if not all(isinstance(t, dict) for t in st["tools"]):
+            raise ValueError("tools must be objects")
+        settings = SessionSettings(pace=Pace(st["pace"]), in_format=AudioFormat(int(st["in_rate"])),
+                                   out_format=AudioFormat(int(st["out_rate"])),
+                                   instructions=str(st["instructions"]), tools=list(st["tools"]),
+                                   tick_stats=bool(st["tick_stats"]))
+        entries = []
+        for e in snap["log"]:
+            role = e["role"]
+            if role not in ROLES:
+                raise ValueError(f"conversation role {role!r} is not one of {ROLES}")
+            entries.append(Entry(float(e["t"]), role, str(e["text"]), str(e["kind"])))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"session snapshot is not readable: {type(exc).__name__}: {exc}") from None
+    return Restored(settings, entries)
+
+
+def restore(session: Session, restored: Restored) -> None:
+    """Put a checked snapshot's settings and conversation into a freshly opened session."""
+    session.settings = restored.settings
+    session.log.entries.extend(restored.entries)

@@ -27,7 +27,7 @@ from models.background import Reasoner
 from models.base import InteractionModel, Preloading
 from models.registry import load_model
 from server import protocol as p
-from server._continuity import restore
+from server._continuity import parse, restore
 from server.admission import HARD_CAP, budget, calibrate
 from server.agent import AgentServer
 from server.auth import ResumeTokens, TokenCheck, default_origins, session_id_prefix
@@ -235,8 +235,13 @@ class Runtime:
         loaded = await store.load(sid) if sid is not None else None
         if sid is None or loaded is None:
             raise gone
-        _, snap = loaded
-        if snap["settings"]["pace"] == Pace.MEDIA.value and not media:
+        try:
+            restored = parse(loaded[1])
+        except ValueError as exc:
+            log.error("session %s cannot be restored from the store: %s", sid, exc)
+            raise Refused("invalid_resume_token", "the stored session behind this resume token could not be "
+                          "read; open a new session", 404, 1008) from None
+        if restored.settings.pace is Pace.MEDIA and not media:
             raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
                           "endpoint serves; resume it there", 409, 1008)
         claim = await store.claim(sid)
@@ -248,7 +253,7 @@ class Runtime:
         except Refused:
             await store.release(claim)
             raise
-        restore(session, snap)
+        restore(session, restored)
         session.background = self.background_factory(session)
         self.registry.reattach(session, sink)
         sink.bind(session, resumed=True)

@@ -204,8 +204,13 @@ class SessionStore:
             return None
         if epoch is None or snap is None:
             return None
-        snapshot: dict[str, Any] = json.loads(snap)
-        return int(epoch), snapshot
+        try:
+            snapshot: dict[str, Any] = json.loads(snap)
+            return int(epoch), snapshot
+        except ValueError as exc:  # not JSON, or an epoch that is not a number: nothing to restore
+            self.errors += 1  # the store answered (still reachable); what it holds is unusable
+            log.warning("session store: session %s holds an unreadable snapshot: %s", session_id, exc)
+            return None
 
     async def bind_token(self, token: str, session_id: str, previous: str | None = None) -> bool:
         """`token` now names `session_id` (a rotation: `previous` stops naming it)."""

@@ -93,3 +93,22 @@ async def test_an_owner_claims_again_what_a_restarted_store_lost(stores: tuple[S
     assert await a.renew(claim) == 2  # claimed again, same epoch: the owner writes again
     assert await a.save(claim, {"n": 1}) and await a.load("sess_r1_lost") == (claim.epoch, {"n": 1})
     assert await a.renew(claim) == 1
+
+
+def test_a_snapshot_that_cannot_be_read_is_refused_with_what_is_wrong() -> None:
+    """What another replica (or anything else with access) left in the store is checked before a session
+    is opened for it: each bad snapshot is a ValueError naming the fault, a good one reads back whole."""
+    from server._continuity import SNAPSHOT_VERSION, parse
+
+    good = {"v": SNAPSHOT_VERSION, "settings": {"pace": "realtime", "in_rate": 24000, "out_rate": 16000,
+                                                "instructions": "be brief", "tools": [], "tick_stats": False},
+            "log": [{"t": 0.2, "role": "user", "text": "hi", "kind": "text"}], "tick": 3}
+    restored = parse(good)
+    assert restored.settings.out_format.rate == 16000 and restored.entries[0].text == "hi"
+    bad_settings = [("pace", "warp"), ("in_rate", 7), ("out_rate", "fast"), ("tools", ["x"])]
+    cases = [None, [], {"v": 99}, {"v": SNAPSHOT_VERSION}, {**good, "log": [{"t": "soon"}]},
+             {**good, "log": [{"t": 1, "role": "god", "text": "", "kind": "text"}]}]
+    cases += [{**good, "settings": {**good["settings"], k: v}} for k, v in bad_settings]
+    for snap in cases:
+        with pytest.raises(ValueError, match="session snapshot is not readable"):
+            parse(snap)

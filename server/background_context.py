@@ -8,7 +8,8 @@ token, and the reasoner's prefix cache (llama.cpp's, SGLang's radix cache) only 
 turn. On the embedded CPU model prompt processing runs at ~100 tokens/s on one core, so this is what
 keeps the delay from a delegate to the first token short as a conversation gets long.
 
-Bounded: the oldest turns are dropped past `max_turns` or `max_chars` (one cache miss, then stable).
+Bounded: past `max_turns` or `max_chars` the oldest turns are dropped down to half of each (one cache miss,
+then several requests that hit).
 
 How the new user turn reads. When the request is the user's own last words (the voice delegates what
 the user asked), the turn is just what the user said since the previous request, as a chat user turn:
@@ -82,10 +83,16 @@ class ReasonerContext:
     def commit(self, pending: Pending, answer: str) -> None:
         self.turns.append(Turn(pending.content, answer))
         self._last_entry, self._last_len = pending.last_entry, pending.last_len
-        # Earlier turns get two thirds of the budget, the next request's new lines the last third.
-        while len(self.turns) > self.max_turns or (
-                len(self.turns) > 1 and sum(len(t.user) + len(t.answer) for t in self.turns) > self.max_chars * 2 // 3):
-            self.turns.pop(0)
+        # Earlier turns get two thirds of the budget, the next request's new lines the last third. Past
+        # it, the oldest turns go until half the budget is left, not one at a time: every drop changes
+        # the prompt's start, so the prefix cache re-reads the whole conversation once; dropping one turn
+        # per request made that miss happen on every request of a long conversation.
+        if self._over(self.max_turns, self.max_chars * 2 // 3):
+            while len(self.turns) > 1 and self._over(self.max_turns // 2, self.max_chars // 3):
+                self.turns.pop(0)
+
+    def _over(self, turns: int, chars: int) -> bool:
+        return len(self.turns) > turns or sum(len(t.user) + len(t.answer) for t in self.turns) > chars
 
     def _new_lines(self, log: ConversationLog) -> tuple[list[tuple[Entry, str]], Entry | None, int]:
         """Log entries not yet in a committed turn, each with its new text (the last covered speech

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from server.background_context import SYSTEM_PROMPT, ReasonerContext
 from server.conversation import ConversationLog
 
@@ -71,3 +73,19 @@ def test_no_time_stamp_reaches_the_reasoner() -> None:
     assert prompts[0] == prompts[1]
     assert prompts[0][1]["content"] == (
         "Conversation so far:\nUser: tell me about the moon\nAssistant: Sure.\n\nTask: summarise the conversation")
+
+
+def test_a_full_context_drops_to_half_so_the_next_requests_keep_their_prefix() -> None:
+    # Each request past the budget used to drop one old turn: the prompt's start moved every time and
+    # a prefix cache re-read the whole conversation on every request.
+    log, ctx = ConversationLog(), ReasonerContext(max_turns=8, max_chars=100_000)
+    prompts = []
+    for i in range(24):
+        log.add(float(i), "user", f"question {i}")
+        messages, pending = ctx.build(log, "", f"question {i}")
+        ctx.commit(pending, f"answer {i}")
+        prompts.append(messages)
+    misses = sum(1 for a, b in itertools.pairwise(prompts) if b[:len(a)] != a)
+    # 24 requests with 8 turns kept: a drop to 4 turns every 5 requests, not one on each of the last 16
+    assert 2 <= misses <= 5, misses
+    assert all(len(m) <= 1 + 2 * 8 + 1 for m in prompts)

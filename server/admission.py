@@ -9,7 +9,9 @@ Measured at start-up by stepping batches of throw-away sessions with silence (ag
   and each session then waits at most a couple of milliseconds for its tick; a model whose step is
   mostly fixed cost (the native transformer on a CPU) should batch everyone into one or a few groups.
   We spend at most a quarter of the budget on per-batch overhead.
-- **capacity**: sessions that fit `groups * overhead + n * per_session <= budget`.
+- **capacity**: sessions that fit `groups * overhead + n * per_session <= budget`, then lowered to the
+  model's own cap and, for a model that delegates, to what the background reasoner answers well at once
+  (`admitted`).
 
 Models whose cost depends on content (speech recognisers) are cheaper on silence, so the budget keeps
 a margin; `--max-sessions` and `--phase-groups` override either decision.
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from models.background import Concurrency, Reasoner
 from models.base import TickInput, silence
 from streaming.types import TICK_SAMPLES
 
@@ -92,3 +95,20 @@ async def calibrate(engine: Engine) -> Calibration:
 
 def budget(engine: Engine) -> float:
     return engine.period * BUDGET_FRACTION
+
+
+def admitted(measured: int, explicit: int | None, model_cap: int | None, model_name: str,
+             reasoner: Reasoner | None, delegates: bool) -> tuple[int, str]:
+    """Sessions to admit and why (start-up says it). `measured` is the calibration's figure, or the
+    operator's `--max-sessions` when `explicit` is set; the model's cap lowers either. The reasoner's
+    `Concurrency` lowers it only when the operator did not choose: deadlines would hold more sessions,
+    but their answers would queue on the reasoner and start after the user has moved on."""
+    capacity, why = measured, "set by --max-sessions" if explicit is not None else "measured at start-up"
+    if model_cap is not None and model_cap < capacity:
+        capacity, why = model_cap, f"the model's own cap: {model_name}, max_sessions={model_cap}"
+    if (explicit is None and delegates and isinstance(reasoner, Concurrency)
+            and reasoner.conversations_at_once < capacity):
+        capacity, why = reasoner.conversations_at_once, (
+            f"what the background reasoner {reasoner.name} answers well at once; --background llama-server "
+            "answers sessions together, or set --max-sessions")
+    return capacity, why

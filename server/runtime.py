@@ -28,7 +28,7 @@ from models.base import InteractionModel, Preloading
 from models.registry import load_model
 from server import protocol as p
 from server._continuity import parse, restore
-from server.admission import HARD_CAP, budget, calibrate
+from server.admission import HARD_CAP, admitted, budget, calibrate
 from server.agent import AgentServer
 from server.auth import ResumeTokens, TokenCheck, default_origins, session_id_prefix
 from server.background import make_background_factory
@@ -125,11 +125,11 @@ class Runtime:
             groups = groups or cal.groups(budget(engine))
             capacity = capacity or cal.capacity(budget(engine), groups, model.max_sessions or HARD_CAP)
         engine.set_phase_groups(groups)
-        if model.max_sessions is not None:
-            capacity = min(capacity, model.max_sessions)
-        log.info("model %s ready; admitting up to %d sessions; %d phase groups (%.1f ms apart)",
-                 model.name, capacity, groups, engine.grid * 1000)
         reasoner, factory = make_background_factory(cfg, metrics)
+        capacity, why = admitted(capacity, cfg.max_sessions, model.max_sessions, model.name, reasoner,
+                                 engine.features.delegates)
+        log.info("model %s ready; admitting up to %d sessions (%s); %d phase groups (%.1f ms apart)",
+                 model.name, capacity, why, groups, engine.grid * 1000)
         if isinstance(reasoner, Preloading) and engine.features.delegates:
             # On the reasoner's own thread, now: the first answer does not wait for the weights to load
             # and their cost to be measured (~1.3 s, token_clock.py). A failure is raised again by that

@@ -5,6 +5,7 @@ so that a missing optional dependency names itself instead of breaking the serve
 """
 
 from models.background.base import (
+    Concurrency,
     Delta,
     Done,
     Message,
@@ -15,4 +16,4 @@ from models.background.base import (
     ToolSpec,
 )
 
-__all__ = ["Delta", "Done", "Message", "Reasoner", "ReasonerError", "TextDelta", "ToolCall", "ToolSpec"]
+__all__ = ["Concurrency", "Delta", "Done", "Message", "Reasoner", "ReasonerError", "TextDelta", "ToolCall", "ToolSpec"]

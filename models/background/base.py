@@ -75,6 +75,15 @@ class Reasoner(Protocol):
 
 
 @runtime_checkable
+class Concurrency(Protocol):
+    """Optional, beside `Reasoner`: how many conversations it answers well at once, measured. A server
+    admits no more sessions than that when the operator did not set `--max-sessions` (server/runtime.py):
+    past it answers queue behind each other and start after the user has moved on."""
+
+    conversations_at_once: int
+
+
+@runtime_checkable
 class WorkClock(Protocol):
     """Optional, beside `Reasoner`: an in-process reasoner whose compute can be timed (its thread's CPU
     seconds). Media pace counts a request's progress on it (models/background/clock.py)."""

@@ -29,6 +29,7 @@ from typing import IO, Any
 import httpx
 
 from deploy.haproxy import ProxyOptions, Replica, render
+from server.config import ServerConfig
 
 log = logging.getLogger("duplex.cluster")
 
@@ -158,7 +159,13 @@ class LocalCluster:
             started.append((child, rid, agent))
         for child, rid, agent in started:
             health = self._wait_healthy(child)
-            self.replicas.append((child, Replica(rid, self.spec.host, child.port, agent, int(health["capacity"]))))
+            self.replicas.append((child, Replica(rid, self.spec.host, child.port, agent, int(health["capacity"]),
+                                                 self._reserve())))
+
+    def _reserve(self) -> int:
+        """Each replica's --restore-reserve (the serve options', else the server's default)."""
+        given = _option(self.spec.serve_args, "--restore-reserve")
+        return int(given) if given is not None else ServerConfig.restore_reserve
 
     def _wait_healthy(self, child: Child) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

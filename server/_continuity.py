@@ -1,32 +1,55 @@
-"""What of a session the store keeps, and how it is put back: settings and the conversation log.
+"""What of a session the store keeps, and how it is put back on another replica.
 
-The model's state is not in it: a session restored on another replica starts its model afresh (the
-native model's KV cache rebuilt by replaying a logged input, bit-identical, is a later step).
+Carried: the settings and audio formats, the conversation log, the conversation items as the client saw
+them (`conversation.item.retrieve`), what a detached session produced for its client (the backlog), and
+the background requests not finished yet with what each had already said. Not carried: the model's
+state (a restored session's model starts afresh) and the background reasoner's stream itself: a request
+in flight is asked again on the new replica, and its client is told so (`duplex.background.reissued`,
+with the text the old answer had reached), because the stream cannot move with it.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, get_args
 
-from server.conversation import Entry, Role
-from server.protocol import SUPPORTED_RATES, AudioFormat
-from server.sessions import Pace, Session, SessionSettings
+import numpy as np
 
-SNAPSHOT_VERSION = 1
+from models.base import Event, TickOutput
+from server import protocol as p
+from server.background import BackgroundWorker, Policy
+from server.conversation import Entry, Role
+from server.items import MAX_ITEMS
+from server.protocol import SUPPORTED_RATES, AudioFormat
+from server.sessions import OutputSink, Pace, Session, SessionSettings
+from streaming.pcm import float32_to_pcm16, pcm16_to_float32
+from streaming.types import TICK_SAMPLES
+
+SNAPSHOT_VERSION = 1  # later fields are optional: a replica of the previous release writes without them
 ROLES: tuple[str, ...] = get_args(Role)
+# The backlog carried in a snapshot, newest first, up to this many bytes of JSON; what is older is
+# counted as dropped and the client told so on resume. A detached session is not stepped, so its
+# backlog is mostly background events and the few micro-turns that were in flight.
+MAX_BACKLOG_JSON = 1 << 20
+MAX_CARRIED_REQUESTS = 8  # the running background request and those queued behind it
 
 
 def snapshot(session: Session) -> dict[str, Any]:
     s = session.settings
+    backlog, dropped = _backlog(session)
     return {
         "v": SNAPSHOT_VERSION,
         "settings": {"pace": s.pace.value, "in_rate": s.in_format.rate, "out_rate": s.out_format.rate,
                      "instructions": s.instructions, "tools": s.tools, "tick_stats": s.tick_stats},
         "log": [asdict(e) for e in session.log.entries],
         "tick": session.tick,
+        "items": session.items.all(),
+        "backlog": backlog,
+        "backlog_dropped": dropped,
+        "background": _unfinished(session),
     }
 
 
@@ -36,12 +59,55 @@ def fingerprint(snap: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def _unfinished(session: Session) -> list[dict[str, str]]:
+    worker = session.background
+    if not isinstance(worker, BackgroundWorker):
+        return []
+    return [{"id": r.id, "query": r.query, "source": r.source, "said": r.said}
+            for r in worker.unfinished_requests()[:MAX_CARRIED_REQUESTS]]
+
+
+def _backlog(session: Session) -> tuple[list[dict[str, Any]], int]:
+    """The backlog as JSON-able entries (oldest first), cut to MAX_BACKLOG_JSON; and how many are gone."""
+    kept: list[dict[str, Any]] = []
+    size = 0
+    entries = session.backlog.entries()
+    for n, (item, tick) in enumerate(reversed(entries)):
+        entry = _output_json(item, tick) if isinstance(item, TickOutput) else {"event": item}
+        size += len(json.dumps(entry, separators=(",", ":"), default=str))
+        if size > MAX_BACKLOG_JSON:
+            return kept[::-1], session.backlog.dropped + len(entries) - n
+        kept.append(entry)
+    return kept[::-1], session.backlog.dropped
+
+
+def _output_json(out: TickOutput, tick: int) -> dict[str, Any]:
+    # Audio as PCM16 (what the client gets anyway), nothing for silence: most held outputs are silent.
+    audio = "" if out.silent else base64.b64encode(float32_to_pcm16(out.audio)).decode()
+    events = [{"type": e.type, "data": json.loads(json.dumps(e.data, default=str))} for e in out.events]
+    return {"tick": tick, "audio": audio, "text": out.text, "user_text": out.user_text, "events": events}
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A background request that had not finished on the replica the session left."""
+
+    id: str
+    query: str
+    source: str
+    said: str  # what its answer had reached (the client saw it in duplex.background.delta events)
+
+
 @dataclass(frozen=True)
 class Restored:
     """A snapshot read back and checked: what a freshly opened session takes over."""
 
     settings: SessionSettings
     entries: list[Entry]
+    items: list[dict[str, Any]] = field(default_factory=list)
+    backlog: list[tuple[TickOutput | dict[str, Any], int]] = field(default_factory=list)  # (item, tick)
+    backlog_dropped: int = 0
+    background: list[Carried] = field(default_factory=list)
 
 
 def parse(snap: Any) -> Restored:
@@ -67,12 +133,62 @@ def parse(snap: Any) -> Restored:
             if role not in ROLES:
                 raise ValueError(f"conversation role {role!r} is not one of {ROLES}")
             entries.append(Entry(float(e["t"]), role, str(e["text"]), str(e["kind"])))
+        items = list(snap.get("items", []))[-MAX_ITEMS:]
+        if not all(isinstance(i, dict) and isinstance(i.get("id"), str) for i in items):
+            raise ValueError("conversation items must be objects with a string id")
+        backlog = [_backlog_entry(b) for b in snap.get("backlog", [])]
+        carried = [Carried(str(r["id"]), str(r["query"]), str(r["source"]), str(r["said"]))
+                   for r in snap.get("background", [])[:MAX_CARRIED_REQUESTS]]
+        dropped = int(snap.get("backlog_dropped", 0))
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"session snapshot is not readable: {type(exc).__name__}: {exc}") from None
-    return Restored(settings, entries)
+    return Restored(settings, entries, items, backlog, max(0, dropped), carried)
+
+
+def _backlog_entry(b: dict[str, Any]) -> tuple[TickOutput | dict[str, Any], int]:
+    if "event" in b:
+        event = b["event"]
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            raise ValueError("a backlog event must be an object with a string type")
+        return event, -1
+    pcm = base64.b64decode(b["audio"], validate=True)
+    if len(pcm) not in (0, 2 * TICK_SAMPLES):
+        raise ValueError(f"a backlog output holds {len(pcm)} bytes of audio, not one micro-turn")
+    audio = pcm16_to_float32(pcm) if pcm else np.zeros(TICK_SAMPLES, np.float32)
+    events = [Event(str(e["type"]), dict(e["data"])) for e in b["events"]]
+    return TickOutput(audio, str(b["text"]), str(b["user_text"]), events), int(b["tick"])
 
 
 def restore(session: Session, restored: Restored) -> None:
-    """Put a checked snapshot's settings and conversation into a freshly opened session."""
+    """Put a checked snapshot's settings, conversation, items and backlog into a freshly opened session
+    (before it is attached: the backlog is handed to its client by `continue_work`)."""
     session.settings = restored.settings
     session.log.entries.extend(restored.entries)
+    for item in restored.items:
+        session.items.put(item)
+    for entry, tick in restored.backlog:
+        if isinstance(entry, TickOutput):
+            session.backlog.add_output(entry, tick)
+        else:
+            session.backlog.add_event(entry)
+    session.backlog.dropped += restored.backlog_dropped
+
+
+def continue_work(session: Session, sink: OutputSink, restored: Restored) -> int:
+    """Once the restored session is attached to `sink`: hand over what its client missed, then ask the
+    background requests that were in flight again here. Returns how many backlog entries were lost."""
+    dropped = session.backlog.replay(sink)
+    worker = session.background
+    for req in restored.background:
+        if not isinstance(worker, BackgroundWorker):
+            session.emit(p.error_event("background_lost", f"background request {req.id} was still running when "
+                                       "the session moved, and this server runs no reasoner to ask it again",
+                                       kind="server_error"))
+            continue
+        # Queued, so several carried requests run in their old order instead of superseding each other.
+        new_id = worker.request(req.query, source=req.source, policy=Policy.QUEUE)
+        session.emit({"type": "duplex.background.reissued", "event_id": p.new_id("event"), "request_id": new_id,
+                      "previous_request_id": req.id, "query": req.query, "said": req.said,
+                      "message": "the server answering this request went away; it was asked again here and "
+                      "its answer starts over (what it had said is in 'said')"})
+    return dropped

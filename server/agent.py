@@ -6,6 +6,10 @@ every place is held (weight 0: no new session is sent here, but a resume that na
 `drain` while the server drains, `down` while it is unhealthy. The figures are the runtime's, the same
 that `/healthz` reports (`Runtime.load`). A connection that is not answered in time is closed, so a
 stuck client cannot pile up here.
+
+The proxy's resume backend (deploy/haproxy.py) asks with `agent-send "resume"`: it routes resumes whose
+replica is down, so it is answered from the room for a *restored* session (capacity plus the restore
+reserve, `Load.restore_room`) instead of the room for a new one.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from server.sessions import Load
 log = logging.getLogger(__name__)
 
 WRITE_TIMEOUT = 1.0  # seconds for HAProxy to take the line
+READ_TIMEOUT = 0.3  # seconds to wait for what HAProxy sends first (agent-send); none: a new-session check
+RESUME = "resume"  # agent-send of the resume backend
 
 
-def agent_line(load: Load) -> str:
-    """The agent's answer for these figures (one line, newline-terminated)."""
+def agent_line(load: Load, resume: bool = False) -> str:
+    """The agent's answer for these figures (one line, newline-terminated); `resume`: for the proxy's
+    resume backend, whose sessions may take the restore reserve."""
     if load.problem:
         return "down\n"
     if load.moving:
@@ -36,6 +43,9 @@ def agent_line(load: Load) -> str:
     # uses the place its detached session kept). What is full is the room for *new* sessions: weight
     # 0 then, so none is sent here (and when every replica is full the proxy answers 503 at once),
     # while a resume that names this replica still reaches it.
+    if resume:
+        state = "ready" if load.restore_room > 0 else "drain"
+        return f"up {state} maxconn:{load.capacity + load.reserve}\n"
     state = "ready" if load.free > 0 else "drain"
     return f"up {state} maxconn:{load.capacity}\n"
 
@@ -56,7 +66,11 @@ class AgentServer:
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            writer.write(agent_line(self._load()).encode())
+            try:
+                asked = (await asyncio.wait_for(reader.readline(), READ_TIMEOUT)).decode(errors="replace").strip()
+            except (TimeoutError, asyncio.IncompleteReadError):
+                asked = ""  # HAProxy without agent-send writes nothing: the new-session answer
+            writer.write(agent_line(self._load(), resume=asked == RESUME).encode())
             await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
         except (TimeoutError, OSError):
             pass  # HAProxy went away; it will ask again

@@ -73,6 +73,10 @@ class _Request:
     context: Pending | None = None  # its turn in the reasoner's context, committed when it completes
     asked: float = field(default_factory=time.monotonic)  # wall time it was asked (metrics)
 
+    @property
+    def said(self) -> str:
+        return "".join(self.text)
+
 
 class BackgroundWorker:
     """Implements `BackgroundHook` for one session."""
@@ -267,6 +271,11 @@ class BackgroundWorker:
                    text=text)
         if text:
             self.session.log.add(self.session.tick * TICK_SECONDS, "background", text, kind="background")
+
+    def unfinished_requests(self) -> list[_Request]:
+        """The running request, then those waiting: what a session's snapshot carries to another
+        replica, which asks them again (server/_continuity.py)."""
+        return ([self._current] if self._current is not None else []) + list(self._waiting)
 
     def _unfinished(self) -> list[_Request]:
         """The waiting requests and the running one."""

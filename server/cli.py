@@ -203,6 +203,10 @@ def _add_cluster_options(serve: argparse.ArgumentParser) -> None:
                          help="on SIGTERM, stop taking sessions (the agent says drain), tell each client "
                          "(duplex.session.draining) and let live sessions go on for up to S seconds before "
                          "closing them; 0 = close them at once")
+    cluster.add_argument("--restore-reserve", type=int, default=1, metavar="N",
+                         help="with --session-store: places above the capacity that only sessions restored from "
+                         "another replica (one that died) may take, so they find room when every place is busy; "
+                         "a resume that finds none gets 503 with Retry-After and its session stays in the store")
 
 
 def _add_native_options(serve: argparse.ArgumentParser) -> None:
@@ -260,6 +264,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def _cluster_config(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"agent_port": args.agent_port, "drain_grace": args.drain_grace,
+                           "restore_reserve": args.restore_reserve,
                            "session_store": args.session_store,
                            "cluster_secret": args.cluster_secret or os.environ.get("DUPLEX_CLUSTER_SECRET") or None}
     if args.replica_id is not None:

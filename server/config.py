@@ -57,6 +57,9 @@ class ServerConfig:
     agent_port: int = 0
     session_store: str | None = None  # redis://HOST:PORT/DB: sessions can continue on another replica
     drain_grace: float = 0.0  # seconds live sessions may go on after SIGTERM before they are closed (0 = at once)
+    # Places above capacity that only sessions restored from the store take (their replica died): with
+    # every place busy, a dead replica's sessions still find room (deploy/README.md: how to size it).
+    restore_reserve: int = 1
 
     def is_loopback(self) -> bool:
         if self.host in ("localhost", "ip6-localhost"):
@@ -104,6 +107,8 @@ class ServerConfig:
             raise ValueError(f"--session-store must be a redis:// URL, got {self.session_store!r}")
         if not 0 <= self.drain_grace <= 3600:
             raise ValueError(f"--drain-grace must be within 0..3600 seconds, got {self.drain_grace}")
+        if not 0 <= self.restore_reserve <= 1000:
+            raise ValueError(f"--restore-reserve must be within 0..1000 sessions, got {self.restore_reserve}")
         if not 0 <= self.agent_port <= 65535:
             raise ValueError(f"--agent-port must be a TCP port (0 = off), got {self.agent_port}")
         if self.background_max_sentences is not None and self.background_max_sentences < 0:

@@ -22,6 +22,7 @@ CLIENT_EVENTS = frozenset({
     "input_audio_buffer.commit",
     "input_audio_buffer.clear",
     "conversation.item.create",
+    "conversation.item.retrieve",
     "response.create",
     "response.cancel",
     "output_audio_buffer.clear",

@@ -24,6 +24,7 @@ import numpy as np
 from models.base import TickOutput
 from server import protocol as p
 from server._session_update import updated_settings
+from server.items import MAX_ITEMS
 from server.limits import (
     IMAGE_ITEM_BURST,
     MAX_IMAGES_PER_ITEM,
@@ -103,6 +104,7 @@ class RealtimeConnection:
             "input_audio_buffer.commit": self._on_commit,
             "input_audio_buffer.clear": self._on_clear,
             "conversation.item.create": self._on_item_create,
+            "conversation.item.retrieve": self._on_item_retrieve,
             "response.create": self._on_response_create,
             "response.cancel": self._on_response_cancel,
             "output_audio_buffer.clear": self._on_output_clear,
@@ -165,6 +167,7 @@ class RealtimeConnection:
     def emit(self, event: dict[str, Any]) -> None:
         if self.state is not ConnState.OPEN:
             return
+        self.session.items.seen(event)  # every item the client is told of can be retrieved later
         if self.beta and event["type"] in BETA_NAMES:
             event["type"] = BETA_NAMES[event["type"]]
         text = json.dumps(event, separators=(",", ":"))
@@ -414,6 +417,17 @@ class RealtimeConnection:
         item_id = given[:64] if isinstance(given, str) else p.new_id("item")
         self.emit({"type": "conversation.item.added", "event_id": p.new_id("event"), "previous_item_id": None,
                    "item": {"id": item_id, "type": "message", "role": "user", "content": content}})
+
+    def _on_item_retrieve(self, ev: dict[str, Any], eid: str | None) -> None:
+        item_id = ev.get("item_id")
+        if not isinstance(item_id, str) or not item_id:
+            raise ProtocolError("invalid_item_id", "conversation.item.retrieve needs a string 'item_id'", "item_id",
+                                eid)
+        item = self.session.items.get(item_id)
+        if item is None:
+            raise ProtocolError("item_not_found", f"no conversation item {item_id[:64]!r} in this session (unknown, "
+                                f"or older than the last {MAX_ITEMS} items kept)", "item_id", eid)
+        self.emit({"type": "conversation.item.retrieved", "event_id": p.new_id("event"), "item": item})
 
     async def _on_video_append(self, ev: dict[str, Any], eid: str | None) -> None:
         """One frame of a WebSocket camera: `image` is a base64 JPEG (or PNG), at most VIDEO_FRAMES_PER_S."""

@@ -27,7 +27,7 @@ from models.background import Reasoner
 from models.base import InteractionModel, Preloading
 from models.registry import load_model
 from server import protocol as p
-from server._continuity import parse, restore
+from server._continuity import continue_work, parse, restore
 from server.admission import HARD_CAP, admitted, budget, calibrate
 from server.agent import AgentServer
 from server.auth import ResumeTokens, TokenCheck, default_origins, session_id_prefix
@@ -249,15 +249,25 @@ class Runtime:
             raise Refused("session_busy", "the session is still held by its replica; retry in a moment", 503, 1013,
                           {"Retry-After": "1"})
         try:
-            session = await self.registry.open(client, session_id=sid)
-        except Refused:
-            await store.release(claim)
-            raise
+            # Its replica died: it may take a place of the restore reserve, above the capacity.
+            session = await self.registry.open(client, session_id=sid, reserve=self.config.restore_reserve)
+        except Refused as exc:
+            await store.hand_off(claim)  # the lease goes, the snapshot stays: another replica may take it
+            if exc.code != "server_full":
+                raise
+            raise Refused("no_room", "no place is free here for your session (its server went away); it is kept "
+                          f"for {self.config.resume_grace:g} s after your disconnect: retry with the same token",
+                          503, 1013, {"Retry-After": "2"}) from None
         restore(session, restored)
         session.background = self.background_factory(session)
         self.registry.reattach(session, sink)
         sink.bind(session, resumed=True)
         self.engine.add(session)
+        lost = continue_work(session, sink, restored)  # what its client missed; background asked again
+        if lost:
+            self.metrics.dropped_events.labels("backlog_full").inc(lost)
+            sink.emit(p.error_event("backlog_overflow", f"{lost} outputs/events produced while you were "
+                                    "disconnected were not carried to this server and are lost", kind="server_error"))
         await self.claims.adopt(session, claim, previous_token=token)
         self.metrics.sessions_restored.inc()
         self.metrics.restore_seconds.observe(time.monotonic() - started)
@@ -393,7 +403,8 @@ class Runtime:
         """The figures `/healthz` and the proxy's agent check report."""
         attached = sum(1 for s in self.registry.sessions() if s.attached)
         return Load(sessions=self.registry.in_use, capacity=self.registry.capacity, attached=attached,
-                    draining=self.draining, problem=self.health(), moving=self.draining and self.claims is not None)
+                    draining=self.draining, problem=self.health(), moving=self.draining and self.claims is not None,
+                    reserve=self.config.restore_reserve if self.claims is not None else 0)
 
     def health(self) -> str | None:
         """None when healthy; otherwise why not (the engine loop died, a step hangs)."""

@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from models.base import BackgroundChunk, SessionState, TickOutput
 from server.conversation import ConversationLog
+from server.items import ConversationItems
 from server.limits import BACKLOG_BYTES, BACKLOG_ITEMS, MAX_PENDING_TEXT_CHARS
 from server.protocol import AudioFormat
 from server.schedule import Schedule
@@ -191,6 +192,10 @@ class Backlog:
             self.bytes -= old
             self.dropped += 1
 
+    def entries(self) -> list[tuple[TickOutput | dict[str, Any], int]]:
+        """What is held, oldest first, as (output or event, tick; -1 for an event): a session's snapshot."""
+        return [(item, tick) for _, item, tick in self._items]
+
     def replay(self, sink: OutputSink) -> int:
         """Hand everything to `sink` in order; returns how many items had been dropped (then resets it)."""
         while self._items:
@@ -214,6 +219,12 @@ class Load:
     draining: bool  # shutting down: no new session, no resume
     problem: str | None  # why the replica is unhealthy; None when healthy
     moving: bool = False  # draining with a session store: its sessions continue on other replicas
+    reserve: int = 0  # places above capacity that only sessions restored from the store may take
+
+    @property
+    def restore_room(self) -> int:
+        """Places for a session restored from another replica (its own place plus the reserve)."""
+        return max(0, self.capacity + self.reserve - self.sessions)
 
     @property
     def free(self) -> int:
@@ -234,6 +245,7 @@ class Session:
     last_lateness: float = 0.0  # seconds the last real-time step started after its deadline (duplex.tick)
     heard_through: int = 0  # input samples the last delivered micro-turn had heard, in all (duplex.tick)
     log: ConversationLog = field(default_factory=ConversationLog)
+    items: ConversationItems = field(default_factory=ConversationItems)  # as the client saw them (item.retrieve)
     background: BackgroundHook = field(default_factory=NoBackground)
     sink: OutputSink | None = None  # None while detached
     detached_at: float | None = None  # monotonic time of the disconnect, None while attached
@@ -311,10 +323,11 @@ class SessionRegistry:
         """Sessions (attached or awaiting resume) opened by `client`."""
         return sum(1 for s in self._by_id.values() if s.client == client)
 
-    async def open(self, client: str = "", session_id: str | None = None) -> Session:
-        """Admit and open a session (`session_id`: one restored from the session store keeps its id);
-        raises Refused("server_full") when every place is held or being opened."""
-        if self.in_use >= self.capacity:
+    async def open(self, client: str = "", session_id: str | None = None, reserve: int = 0) -> Session:
+        """Admit and open a session (`session_id`: one restored from the session store keeps its id;
+        `reserve`: places above capacity it may take); raises Refused("server_full") when every place is
+        held or being opened."""
+        if self.in_use >= self.capacity + reserve:
             raise Refused("server_full", f"server full: {self.in_use} of {self.capacity} sessions in use; try again "
                           "later", 503, 1013, {"Retry-After": str(RETRY_AFTER_FULL)})
         self._opening += 1

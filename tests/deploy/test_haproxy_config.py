@@ -16,11 +16,12 @@ from server.sessions import Load
 def test_haproxy_accepts_the_generated_config(tmp_path: Path) -> None:
     if shutil.which("haproxy") is None:
         pytest.skip("haproxy is not installed (make setup-test installs it)")
-    replicas = [Replica("r1", "127.0.0.1", 9001, 9101, 4), Replica("gpu-a", "10.0.0.2", 8000, 8001, 300)]
+    replicas = [Replica("r1", "127.0.0.1", 9001, 9101, 4, 1), Replica("gpu-a", "10.0.0.2", 8000, 8001, 300)]
     text = render(replicas, ProxyOptions(port=9000, api_key="k"))
     for line in ("balance leastconn", "option redispatch 1", "retry-on all-retryable-errors",
                  "use-server gpu-a if token_gpu_a", "acl token_gpu_a req.hdr(x-duplex-resume-token) -m beg gpu-a.",
-                 "server r1 127.0.0.1:9001 maxconn 4", "agent-port 8001"):
+                 "server r1 127.0.0.1:9001 maxconn 4", "agent-port 8001", "use_backend duplex_resume if resume",
+                 "server r1 127.0.0.1:9001 maxconn 5", 'agent-send "resume\\n"'):
         assert line in text, line
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(text)
@@ -46,3 +47,9 @@ def test_agent_answers_from_the_health_figures() -> None:
     # Draining with a session store: resumes must go elsewhere, so not even use-server may pick it.
     moving = Load(sessions=1, capacity=2, attached=1, draining=True, problem=None, moving=True)
     assert agent_line(moving) == "down\n"
+    # The resume backend asks for the room for a restored session: the capacity plus the reserve.
+    full = Load(sessions=2, capacity=2, attached=2, draining=False, problem=None, reserve=1)
+    assert agent_line(full) == "up drain maxconn:2\n"
+    assert agent_line(full, resume=True) == "up ready maxconn:3\n"
+    over = Load(sessions=3, capacity=2, attached=3, draining=False, problem=None, reserve=1)
+    assert agent_line(over, resume=True) == "up drain maxconn:3\n"

@@ -4,11 +4,9 @@ and a store that is down."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -16,26 +14,6 @@ from server.store import SessionStore
 from tests.conftest import free_port
 
 LEASE_S = 0.3
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (make setup-test installs it)")
-    port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(10)
 
 
 @pytest.fixture
@@ -100,15 +78,19 @@ def test_a_snapshot_that_cannot_be_read_is_refused_with_what_is_wrong() -> None:
     is opened for it: each bad snapshot is a ValueError naming the fault, a good one reads back whole."""
     from server._continuity import SNAPSHOT_VERSION, parse
 
-    good = {"v": SNAPSHOT_VERSION, "settings": {"pace": "realtime", "in_rate": 24000, "out_rate": 16000,
+    good: dict[str, Any] = {"v": SNAPSHOT_VERSION, "settings": {"pace": "realtime", "in_rate": 24000, "out_rate": 16000,
                                                 "instructions": "be brief", "tools": [], "tick_stats": False},
             "log": [{"t": 0.2, "role": "user", "text": "hi", "kind": "text"}], "tick": 3}
     restored = parse(good)
     assert restored.settings.out_format.rate == 16000 and restored.entries[0].text == "hi"
     bad_settings = [("pace", "warp"), ("in_rate", 7), ("out_rate", "fast"), ("tools", ["x"])]
-    cases = [None, [], {"v": 99}, {"v": SNAPSHOT_VERSION}, {**good, "log": [{"t": "soon"}]},
+    cases: list[Any] = [None, [], {"v": 99}, {"v": SNAPSHOT_VERSION}, {**good, "log": [{"t": "soon"}]},
              {**good, "log": [{"t": 1, "role": "god", "text": "", "kind": "text"}]}]
     cases += [{**good, "settings": {**good["settings"], k: v}} for k, v in bad_settings]
+    # What a move carries besides (server/_continuity.py): items, the detached client's backlog, requests.
+    cases += [{**good, "items": [{"type": "message"}]}, {**good, "backlog": [{"event": {"no": "type"}}]},
+              {**good, "backlog": [{"tick": 1, "audio": "AAAA", "text": "", "user_text": "", "events": []}]},
+              {**good, "background": [{"id": "bg_1"}]}]
     for snap in cases:
         with pytest.raises(ValueError, match="session snapshot is not readable"):
             parse(snap)

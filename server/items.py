@@ -1,0 +1,63 @@
+"""A session's conversation items as its client saw them, by id: what `conversation.item.retrieve` reads.
+
+The Realtime protocol names every item it announces (a typed message in `conversation.item.added`, the
+assistant's answer in `response.done`, the user's spoken turn in its transcription's `completed` event),
+and a client may ask for any of them again later, for example after it resumed on another replica. The
+items belong to the session (they survive a resume) and travel in its snapshot (server/_continuity.py).
+
+Bounded like the conversation log: a session may run for hours; the oldest items go first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+MAX_ITEMS = 200  # items kept per session; older ones can no longer be retrieved
+MAX_ID_CHARS = 64  # a client-chosen item id is cut to this (server/realtime.py does the same)
+
+
+class ConversationItems:
+    def __init__(self, max_items: int = MAX_ITEMS) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id -> item, oldest first
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, item_id: str) -> dict[str, Any] | None:
+        return self._items.get(item_id)
+
+    def put(self, item: dict[str, Any]) -> None:
+        """Keep `item` (a Realtime item with an `id`); an item announced again (a transcript completed
+        later) replaces the earlier version in place."""
+        item_id = item.get("id")
+        if not isinstance(item_id, str) or not item_id:
+            return
+        self._items[item_id] = item
+        while len(self._items) > self.max_items:
+            self._items.popitem(last=False)
+
+    def all(self) -> list[dict[str, Any]]:
+        return list(self._items.values())
+
+    def seen(self, event: dict[str, Any]) -> None:
+        """Keep whatever item a server event announces (events that announce none are ignored)."""
+        for item in announced(event):
+            self.put(item)
+
+
+def announced(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The items a server event announces, in the shape `conversation.item.retrieved` gives them."""
+    etype = event.get("type")
+    if etype in ("conversation.item.added", "conversation.item.created"):
+        item = event.get("item")
+        return [item] if isinstance(item, dict) else []
+    if etype == "response.done":
+        output = event.get("response", {}).get("output", [])
+        status = event["response"].get("status", "completed")
+        return [{**o, "status": status} for o in output if isinstance(o, dict)]
+    if etype == "conversation.item.input_audio_transcription.completed":
+        return [{"id": event.get("item_id"), "type": "message", "role": "user", "status": "completed",
+                 "content": [{"type": "input_audio", "transcript": event.get("transcript", "")}]}]
+    return []

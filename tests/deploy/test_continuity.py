@@ -1,0 +1,145 @@
+"""What a session takes along when its replica dies: two real replicas (`duplex serve`, echo model, an
+OpenAI-compatible reasoner on loopback) sharing a real Redis, no proxy (a resume is sent to the
+surviving replica directly, as the proxy would once the dead one is marked down).
+
+Checked in one run, because each step needs the state the previous one left: conversation items are
+retrieved on the replica that made them and after the move; a background request in flight when the
+replica died is asked again on the new one, and its client is told what the old answer had said; the
+events a detached client missed are carried and handed over; a full replica takes the refugee into its
+restore reserve; with no room left the resume gets `no_room` and the session waits in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from tests.conftest import ServerProc, start_server
+from tests.server._background_stub import ScriptedOpenAI
+from tests.wsclient import TICK, collect_audio, open_ws, pcm16, random_pcm, recv_event, recv_until, send, start_session
+
+STORE_WRITTEN = 1.0  # s: a few of the replicas' store syncs (0.4 s apart)
+
+
+class HeldAnswer(ScriptedOpenAI):
+    """The first request says one word and then holds (its replica is killed under it); the others are
+    answered as the scripted server answers them."""
+
+    async def _script(self, body: dict[str, Any], w: asyncio.StreamWriter) -> None:
+        if len(self.requests) > 1:
+            await super()._script(body, w)
+            return
+        await asyncio.sleep(0.3)  # its client has dropped by then: the word waits in the backlog
+        await self._chunk(w, {"content": "partly"})
+        await self._closing.wait()
+
+
+def _replica(rid: str, capacity: int, redis_url: str, stub: ScriptedOpenAI, tmp: Path) -> ServerProc:
+    return start_server("--model", "echo:1", "--replica-id", rid, "--cluster-secret", "test-secret",
+                        "--session-store", redis_url, "--resume-grace", "20", "--max-sessions", str(capacity),
+                        "--restore-reserve", "1", "--background", "openai", "--background-url", stub.base_url,
+                        "--background-model", "scripted", "--log-level", "warning", tmp_path=tmp)
+
+
+async def _resume(url: str, token: str, budget: float = 8.0) -> tuple[ClientConnection | None, dict[str, Any]]:
+    """Resume at `url`; retried while the dead owner's lease lapses (session_busy). Returns the
+    connection and its session.created, or None and the refusal (any other error)."""
+    deadline = time.monotonic() + budget
+    while True:
+        ws = await open_ws(url, additional_headers={"X-Duplex-Resume-Token": token})
+        first = await recv_event(ws)
+        if first["type"] == "session.created":
+            return ws, first
+        await ws.close()
+        if first["error"]["code"] != "session_busy":
+            return None, first
+        assert time.monotonic() < deadline, "the session was not resumed in time"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_session_moves_with_its_items_backlog_and_background_requests(redis_url: str,
+                                                                             tmp_path: Path) -> None:
+    stub = HeldAnswer().start()
+    r1 = _replica("r1", 2, redis_url, stub, tmp_path)
+    r2 = _replica("r2", 1, redis_url, stub, tmp_path)
+    try:
+        await _move(r1, r2, redis_url)
+    finally:
+        r2.stop()
+        r1.stop(signal.SIGKILL)
+        stub.stop()
+
+
+async def _move(r1: ServerProc, r2: ServerProc, redis_url: str) -> None:
+    # 1. On r1: a typed item, retrievable there; an unknown id is an error naming it.
+    ws, first = await start_session(r1.ws_url)
+    await send(ws, {"type": "conversation.item.create", "item": {
+        "id": "item_keep", "type": "message", "role": "user",
+        "content": [{"type": "input_text", "text": "remember me"}]}})
+    await recv_until(ws, "conversation.item.added")
+    await send(ws, {"type": "conversation.item.retrieve", "item_id": "item_keep"})
+    got, _ = await recv_until(ws, "conversation.item.retrieved")
+    assert got["item"]["content"][-1]["text"] == "remember me"
+    await send(ws, {"type": "conversation.item.retrieve", "event_id": "e1", "item_id": "item_nope"})
+    err, _ = await recv_until(ws, "error")
+    assert err["error"]["code"] == "item_not_found" and "item_nope" in err["error"]["message"]
+    assert err["error"]["event_id"] == "e1"
+    # 2. A background request starts; the client drops before its first word, which waits in r1's backlog.
+    await send(ws, {"type": "duplex.background.request", "query": "what is up"})
+    started, _ = await recv_until(ws, "duplex.background.started")
+    ws.transport.abort()
+    other, second = await start_session(r1.ws_url)  # r1's second place; it dies with r1 too
+    full, _ = await start_session(r2.ws_url)  # r2's only place is taken
+    await asyncio.sleep(STORE_WRITTEN)
+    # 3. r1 dies; the first session resumes on r2 (over its capacity: the restore reserve).
+    r1.stop(signal.SIGKILL)
+    moved, created = await _resume(r2.ws_url, first["resume_token"])
+    assert moved is not None, created
+    assert created["session"]["id"] == first["session_id"]
+    seen = [await recv_event(moved) for _ in range(3)]  # resume, then the backlog and the re-issued request
+    done, more = await recv_until(moved, "duplex.background.done")
+    seen += more
+    old = started["request_id"]
+    deltas = [e for e in seen if e["type"] == "duplex.background.delta"]
+    assert deltas[0]["request_id"] == old and deltas[0]["delta"] == "partly"  # what it missed while away
+    reissued = next(e for e in seen if e["type"] == "duplex.background.reissued")
+    assert reissued["previous_request_id"] == old and reissued["said"] == "partly"
+    assert reissued["query"] == "what is up" and done["request_id"] == reissued["request_id"] != old
+    assert done["status"] == "completed" and done["text"].startswith("answer:")
+    await send(moved, {"type": "conversation.item.retrieve", "item_id": "item_keep"})
+    got, _ = await recv_until(moved, "conversation.item.retrieved")
+    assert got["item"]["content"][-1]["text"] == "remember me"  # after the move
+    health = httpx.get(r2.url + "/healthz").json()
+    assert (health["sessions"], health["capacity"]) == (2, 1)
+    # 4. No room left on r2: the second session is refused with no_room and stays in the store...
+    late, refusal = await _resume(r2.ws_url, second["resume_token"])
+    assert late is None and refusal["error"]["code"] == "no_room", refusal
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.exists(f"duplex:s:{second['session_id']}") == 1
+    finally:
+        await client.aclose()
+    # ... until a place frees: then it resumes and goes on.
+    await full.close()
+    deadline = time.monotonic() + 5
+    while httpx.get(r2.url + "/healthz").json()["sessions"] > 1:
+        assert time.monotonic() < deadline, "the closed session kept its place"
+        await asyncio.sleep(0.05)
+    late, created = await _resume(r2.ws_url, second["resume_token"])
+    assert late is not None and created["session"]["id"] == second["session_id"], created
+    await recv_event(late)  # duplex.session.resume
+    chunk = pcm16(random_pcm(TICK, seed=3))
+    await late.send(chunk + chunk)
+    assert (await collect_audio(late, 1))  # it goes on
+    for conn in (moved, late, other):
+        with contextlib.suppress(ConnectionClosed):
+            await conn.close()

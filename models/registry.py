@@ -13,6 +13,7 @@ from models.base import InteractionModel
 
 GRAPH_MODES = ("off", "eager", "cuda")
 MATMUL_MODES = ("fp32", "bf16")
+VOICE_MODES = ("auto", "flow", "piper")  # models/interaction/voice.py decides what auto means
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class NativeOptions:
     graphs: str | None = None  # bucketed step: off | eager | cuda; None = cuda on a GPU, off on a CPU
     graph_max_batch: int = 64  # largest bucket (bigger steps run as several)
     kv_budget_mb: float | None = None  # KV pool size; None = 512 MiB on a CPU, 85% of free GPU memory
+    voice: str = "auto"  # flow = the model's own flow head; piper = its text spoken by Piper; auto = per metadata
 
     def __post_init__(self) -> None:
         if self.matmul not in MATMUL_MODES:
@@ -39,6 +41,8 @@ class NativeOptions:
                              f"{', '.join(GRAPH_MODES)}")
         if self.threads < 0 or self.graph_max_batch < 1:
             raise ValueError("--torch-threads must be 0 (every core) or more and --graph-max-batch at least 1")
+        if self.voice not in VOICE_MODES:
+            raise ValueError(f"--voice {self.voice!r} (DUPLEX_NATIVE_VOICE): use one of {', '.join(VOICE_MODES)}")
         if self.kv_budget_mb is not None and self.kv_budget_mb <= 0:
             raise ValueError(f"--kv-budget-mb must be positive, got {self.kv_budget_mb}")
 
@@ -52,7 +56,8 @@ class NativeOptions:
                    matmul=env.get("DUPLEX_NATIVE_MATMUL") or "fp32",
                    graphs=env.get("DUPLEX_NATIVE_GRAPHS") or None,
                    graph_max_batch=int(env.get("DUPLEX_GRAPH_MAX_BATCH", "64") or 64),
-                   kv_budget_mb=float(budget) if budget else None)
+                   kv_budget_mb=float(budget) if budget else None,
+                   voice=env.get("DUPLEX_NATIVE_VOICE") or "auto")
 
 
 @dataclass

@@ -3,7 +3,7 @@
 `load_native("tiny", options=...)` is what `duplex serve --model native:tiny [--checkpoint FILE]` calls;
 its serving options (`NativeOptions`, models/registry.py) are `duplex serve` options, whose defaults
 the environment variables DUPLEX_KV_BUDGET_MB, DUPLEX_NATIVE_DETERMINISTIC, DUPLEX_TORCH_THREADS,
-DUPLEX_NATIVE_MATMUL, DUPLEX_NATIVE_GRAPHS and DUPLEX_GRAPH_MAX_BATCH override.
+DUPLEX_NATIVE_MATMUL, DUPLEX_NATIVE_GRAPHS, DUPLEX_GRAPH_MAX_BATCH and DUPLEX_NATIVE_VOICE override.
 """
 
 import contextlib
@@ -12,11 +12,13 @@ import os
 
 import torch
 
-from models.interaction.checkpoint import build, parameter_count, save_checkpoint
+from models.interaction.checkpoint import build, checkpoint_metadata, parameter_count, save_checkpoint
 from models.interaction.config import PRESETS, InteractionConfig, preset
 from models.interaction.kv import KVPool, PoolFullError
 from models.interaction.model import InteractionTransformer, TurnFeatures, init_weights
+from models.interaction.phrases import PhraseSet
 from models.interaction.serving import NativeModel, NativeSession, StepObserver
+from models.interaction.voice import choose_voice
 from models.registry import NativeOptions
 
 __all__ = [
@@ -92,8 +94,19 @@ def load_native(
     n_slots = slots_for_budget(net.cfg, dtype, budget, f"native:{preset_name}")
     if deterministic is None:
         deterministic = opts.deterministic
+    meta = checkpoint_metadata(preset_name, checkpoint)
+    phrases = PhraseSet.from_metadata(meta)
+    voice, why = choose_voice(opts.voice, meta)
+    log.info("native:%s speaks with %s (%s); its text is %s", preset_name,
+             "its flow head" if voice == "flow" else "Piper (the talker)", why,
+             f"decoded within its {len(phrases.replies)} trained phrases" if phrases else "decoded freely")
+    talker = None
+    if voice == "piper":
+        from models.interaction.talker import PiperTalker  # imports the cascade's speaker: only when used
+
+        talker = PiperTalker(phrases)
     model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic, matmul=opts.matmul,
-                        graphs=opts.graphs, graph_max_batch=opts.graph_max_batch)
+                        graphs=opts.graphs, graph_max_batch=opts.graph_max_batch, phrases=phrases, talker=talker)
     log.info(
         "native:%s: %.1f M parameters on %s, %d KV slots of %.1f MiB, deterministic=%s",
         preset_name,

@@ -11,6 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from models.interaction.config import InteractionConfig, preset
 from models.interaction.model import InteractionTransformer, init_weights
+from models.interaction.phrases import PhraseSet
+from models.interaction.voice import PHRASE_WER_KEY
 
 log = logging.getLogger(__name__)
 FORMAT = "duplex-native-1"
@@ -23,12 +25,28 @@ def save_checkpoint(
     preset_name: str,
     dtype: torch.dtype | None = None,
     extra: dict[str, str] | None = None,
+    phrase_wer: float | None = None,
+    phrases: PhraseSet | None = None,
 ) -> None:
     """Weights (optionally cast, e.g. fp16 to halve the file) and the config; `extra` goes into the
-    metadata too (the trainer records its command, data seed and commit there)."""
+    metadata too (the trainer records its command, data seed and commit there). `phrase_wer`: the flow
+    head's measured word error on held-out phrases (`--voice auto` reads it: models/interaction/voice.py);
+    `phrases`: what the model was trained to say (its text is decoded within it: phrases.py)."""
     tensors = {k: v.detach().to("cpu", dtype=dtype or v.dtype).contiguous() for k, v in net.state_dict().items()}
     meta = {**(extra or {}), "format": FORMAT, "preset": preset_name, "config": json.dumps(net.cfg.to_dict())}
+    if phrase_wer is not None:
+        meta[PHRASE_WER_KEY] = f"{phrase_wer:.4f}"
+    if phrases is not None:
+        meta.update(phrases.to_metadata())
     save_file(tensors, str(path), metadata=meta)
+
+
+def checkpoint_metadata(preset_name: str, checkpoint: str | None) -> dict[str, str]:
+    """The metadata of the checkpoint `build(preset_name, checkpoint)` loads ({} for random weights)."""
+    if checkpoint == RANDOM:
+        return {}
+    path = checkpoint if checkpoint is not None else shipped_checkpoint(preset_name)
+    return read_metadata(path) if path is not None and Path(path).is_file() else {}
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:

@@ -5,13 +5,19 @@ Per micro-turn and batch: featurise (dMel, patches, bytes) -> one batched forwar
 text and transcript heads -> flow head -> Griffin-Lim -> gate by the control decision -> feed the
 model's own audio and text back as next micro-turn's input. All of it runs on the one inference
 thread that calls `step`.
+
+With a Piper talker (`--voice piper`, talker.py) the flow head and vocoder are skipped: the text the
+model writes (decoded within its phrase set, phrases.py, when the checkpoint has one) is spoken by
+Piper, and the audio the talker plays is what the model hears back as its own.
 """
 
 import codecs
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -24,6 +30,10 @@ from models.interaction.flow import turn_noise
 from models.interaction.kv import KVPool
 from models.interaction.layers import Lin
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
+from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
+
+if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
+    from models.interaction.talker import PiperTalker, TalkerSession
 from models.interaction.video import PATCH, frame_patches
 from models.registry import GRAPH_MODES
 
@@ -60,6 +70,8 @@ class NativeSession:
     text_dec: codecs.IncrementalDecoder = field(default_factory=_utf8)
     transcript_dec: codecs.IncrementalDecoder = field(default_factory=_utf8)
     closed: bool = False
+    writer: PhraseWriter | None = None  # text decoded within the checkpoint's phrase set (None: free)
+    talk: "TalkerSession | None" = None  # the Piper talker's queue (None: the flow head speaks)
 
 
 # Told, for each session of a step, what the model saw and what its heads said: (state, features row,
@@ -98,8 +110,14 @@ class NativeModel:
         matmul: str = "fp32",
         graphs: str | None = None,
         graph_max_batch: int = 64,
+        phrases: PhraseSet | None = None,
+        talker: "PiperTalker | None" = None,
     ) -> None:
-        """`matmul`, `graphs`, `graph_max_batch`: see `NativeOptions` (models/registry.py)."""
+        """`matmul`, `graphs`, `graph_max_batch`: see `NativeOptions` (models/registry.py). `phrases`: what
+        the checkpoint was trained to say (its text is decoded within it); `talker`: Piper speaks instead
+        of the flow head (`--voice`)."""
+        self.phrases, self.talker = phrases, talker
+        self.voice = "flow" if talker is None else "piper"
         self.net = net.eval()
         self.cfg = net.cfg
         self.name = name
@@ -184,12 +202,27 @@ class NativeModel:
             voc_phase=phase,
             self_dmel=torch.zeros(FRAMES_PER_TURN, self.cfg.dmel_bins, dtype=torch.long, device=self.device),
             own_text=[NO_BYTE] * self.cfg.text_tokens,
+            writer=PhraseWriter(self.phrases) if self.phrases is not None else None,
+            talk=self.talker.open() if self.talker is not None else None,
         )
 
     def close(self, state: NativeSession) -> None:
         if not state.closed:
             self.pool.release(state.slot)
+            if self.talker is not None and state.talk is not None:
+                self.talker.close(state.talk)
             state.closed = True
+
+    def pending_work(self, state: NativeSession) -> list[Future[Any]]:
+        """The talker's synthesis the session's next micro-turn plays (`OffThreadWork`, models/base.py)."""
+        if self.talker is None or state.talk is None:
+            return []
+        return list(self.talker.pending_work(state.talk))
+
+    def shutdown(self) -> None:
+        """The talker's synthesis thread (`Shutdown`, models/base.py)."""
+        if self.talker is not None:
+            self.talker.shutdown()
 
     # -- the micro-turn -----------------------------------------------------------------------
 
@@ -205,6 +238,8 @@ class NativeModel:
                 _enqueue(st.typed, text.encode() + b"\n", "typed", st.session_id)
             for chunk in tick.background:
                 _enqueue(st.background, _background_bytes(chunk), "background", st.session_id)
+                if st.writer is not None:
+                    st.writer.hear_background(_background_bytes(chunk))  # what an answer may quote
         p = cfg.video_grid**2
         video = [
             frame_patches(t.video, cfg.video_grid, dev)
@@ -274,13 +309,19 @@ class NativeModel:
         voice = (control[:, len(ACTIONS)] > 0).tolist()
         text_ids = heads.text.argmax(-1).tolist()
         transcript_ids = heads.transcript.argmax(-1).tolist()
-        audio, mag, phase = self._synthesize(heads.audio_cond, states)  # [B, 4800]
+        if self.talker is None:
+            audio, mag, phase = self._synthesize(heads.audio_cond, states)  # [B, 4800]
         # 3. per session: gate, events, feedback
         outs, spoken = [], []
         for i, (st, tick) in enumerate(batch):
-            st.voc_mag, st.voc_phase = mag[i], phase[i]
+            if st.writer is not None:
+                text_ids[i] = self._write(st.writer, tick, actions[i], heads.text[i])
             gate, text, user_text, events = self._decide(st, tick, actions[i], voice[i], text_ids[i], transcript_ids[i])
-            spoken.append(audio[i] * gate)
+            if st.talk is not None:
+                spoken.append(self._talk(st, tick, text_ids[i]))
+            else:
+                st.voc_mag, st.voc_phase = mag[i], phase[i]
+                spoken.append(audio[i] * gate)
             outs.append(TickOutput(spoken[-1].float().cpu().numpy(), text=text, user_text=user_text, events=events))
             if observe is not None:
                 observe(st, feats.row(i), HeadOutputs(*(x[i : i + 1] for x in vars(heads).values())))
@@ -292,6 +333,29 @@ class NativeModel:
             st.self_dmel = self_dmel[i]
             st.tick += 1
         return outs
+
+    @staticmethod
+    def _write(writer: PhraseWriter, tick: TickInput, action: int, logits: Tensor) -> list[int]:
+        """The micro-turn's text bytes, decoded within the phrase set; an utterance ends when the model
+        stops speaking (or is cancelled)."""
+        if action != SPEAK or tick.cancel:
+            writer.reset()
+            return [NO_BYTE] * logits.shape[0]
+        return writer.write(logits)
+
+    def _talk(self, st: NativeSession, tick: TickInput, text: list[int]) -> Tensor:
+        """What the talker plays this micro-turn for `st` (after `_decide` set its floor state) [4800]."""
+        assert self.talker is not None and st.talk is not None
+        speak = st.last_action == SPEAK
+        out = self.talker.turn(
+            st.talk,
+            speak=speak,
+            stop=st.last_action == YIELD or tick.cancel,
+            backchannel=st.last_action == BACKCHANNEL,
+            new=written_text(text) if speak else b"",
+            committed=st.writer.committed() if st.writer is not None and speak else None,
+        )
+        return torch.from_numpy(out).to(self.device)
 
     def _decide(
         self,

@@ -20,7 +20,7 @@ from typing import Any
 
 import uvicorn
 
-from models.registry import DEFAULT_MODEL, GRAPH_MODES, MATMUL_MODES, NativeOptions, available
+from models.registry import DEFAULT_MODEL, GRAPH_MODES, MATMUL_MODES, VOICE_MODES, NativeOptions, available
 from server.config import ServerConfig
 from server.limits import DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
@@ -232,12 +232,16 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
     native.add_argument("--kv-budget-mb", type=float, default=env.kv_budget_mb, metavar="MB",
                         help="KV pool size (sessions = budget / KV bytes per session); default: 512 on a CPU, "
                         "85%% of free GPU memory [$DUPLEX_KV_BUDGET_MB]")
+    native.add_argument("--voice", choices=VOICE_MODES, default=env.voice,
+                        help="what the native model speaks with: flow = its own flow head; piper = its text "
+                        "spoken by Piper joe (the talker); auto = flow only where the checkpoint's metadata "
+                        "records a phrase word error <= 0.15, else piper [$DUPLEX_NATIVE_VOICE]")
 
 
 def native_options(args: argparse.Namespace) -> NativeOptions:
     return NativeOptions(deterministic=args.native_deterministic, threads=args.torch_threads,
                          matmul=args.native_matmul, graphs=None if args.native_graphs == "auto" else args.native_graphs,
-                         graph_max_batch=args.graph_max_batch, kv_budget_mb=args.kv_budget_mb)
+                         graph_max_batch=args.graph_max_batch, kv_budget_mb=args.kv_budget_mb, voice=args.voice)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

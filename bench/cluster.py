@@ -1,7 +1,8 @@
 """Cluster figures on one machine: the proxy's cost, and a replica killed with -9.
 
     python -m bench.cluster [--rounds 300]             # echo round-trip through HAProxy vs straight
-    python -m bench.cluster --failover [--sessions 6]  # kill -9 of a replica: resumed, time, intact
+    python -m bench.cluster --failover [--sessions 6] [--reserve 1]  # kill -9 of a replica: resumed, time, intact
+    python -m bench.cluster --rolling [--sessions 6]   # SIGTERM each replica in turn: conversations kept, gaps
 
 Each starts `duplex cluster` (deploy/cluster.py: Redis, echo replicas, HAProxy) on loopback as a
 command (bench imports no deploy code).
@@ -14,7 +15,16 @@ drift (CPU frequency, other load) between the two paths.
 (each with its own instructions), then `kill -9` of the replica holding the first; every session it
 held resumes through the proxy (retrying while the dead replica's lease lapses) and sends audio.
 Reported: sessions resumed of those on it, the time from the kill to each one's first audio delta
-(p50, p99), and how many came back with their own instructions.
+(p50, p99), and how many came back with their own instructions. `--reserve N` is each replica's
+`--restore-reserve` (places above capacity for a dead replica's sessions).
+
+`--rolling`: three echo replicas (`duplex cluster --restart-replicas --drain-grace 10`), `--sessions`
+real-time clients in conversation through the proxy (200 ms of audio every 200 ms, each with its own
+instructions); each replica in turn gets SIGTERM (its agent says down, its clients get
+`duplex.session.draining` with their token), every client reconnects with the token and goes on, the
+replica exits and is started again, then the next. Reported: conversations kept (same session, own
+instructions, audio flowing at the end) and lost, and the gap each moved client heard (from the last
+audio delta before the move to the first one after it; p50, p99, max).
 """
 
 from __future__ import annotations
@@ -79,8 +89,10 @@ async def measure(proxy_url: str, direct_url: str, rounds: int) -> dict[str, lis
     return out
 
 
-async def _resume(url: str, token: str, killed: float, budget: float = 10.0) -> tuple[float, str] | None:
-    """Resume until served: (seconds from the kill to the first audio delta, its instructions), or None."""
+async def _resume(url: str, token: str, killed: float,
+                  budget: float = 10.0) -> tuple[float, str, ClientConnection] | None:
+    """Resume until served: (seconds from the kill to the first audio delta, its instructions, the
+    connection, left open so that the session keeps its place while the others resume), or None."""
     deadline = time.monotonic() + budget
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):  # refused while the lease lapses: try again
@@ -91,15 +103,13 @@ async def _resume(url: str, token: str, killed: float, budget: float = 10.0) -> 
                 await ws.send(bytes(2 * TICK))
                 while json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] != "response.output_audio.delta":
                     pass
-                elapsed = time.monotonic() - killed
-                await ws.close()
-                return elapsed, instructions
+                return time.monotonic() - killed, instructions, ws
             await ws.close()
         await asyncio.sleep(0.05)
     return None
 
 
-async def failover(state: dict[str, Any], sessions: int) -> None:
+async def failover(state: dict[str, Any], sessions: int, reserve: int) -> None:
     url = str(state["url"])
     held = [(*await _session(url, f"session {i}"), f"session {i}") for i in range(sessions)]
     await asyncio.sleep(1.0)  # the replicas' store syncs (every 0.4 s) have written every session
@@ -112,12 +122,170 @@ async def failover(state: dict[str, Any], sessions: int) -> None:
     done = [r for r in results if r is not None]
     intact = sum(1 for r, (_, _, text) in zip(results, on_it, strict=True) if r is not None and r[1] == text)
     times = np.array([r[0] for r in done]) if done else np.array([float("nan")])
-    print(f"kill -9 of {victim}: {len(done)}/{len(on_it)} sessions resumed, {intact}/{len(on_it)} with their "
+    print(f"kill -9 of {victim} ({sessions} sessions on 3 x 4 places, restore reserve {reserve}): "
+          f"{len(done)}/{len(on_it)} sessions resumed, {intact}/{len(on_it)} with their "
           f"instructions; kill to first audio delta p50 {np.percentile(times, 50):.2f} s, "
           f"p99 {np.percentile(times, 99):.2f} s (floor: all, p99 <= 2 s)")
-    for ws, *_ in held:
+    for ws in [ws for ws, *_ in held] + [r[2] for r in done]:
         with contextlib.suppress(Exception):
             await ws.close()
+
+
+class Talker:
+    """One client in conversation: real-time audio up, its echo down; moves when told to."""
+
+    def __init__(self, url: str, n: int) -> None:
+        self.url, self.n = url, n
+        self.instructions = f"talker {n}"
+        self.session_id = ""
+        self.token = ""
+        self.moves = 0
+        self.gaps: list[float] = []  # s without audio across each move
+        self.lost = ""  # why the conversation was lost; "" while kept
+        self.last_audio = 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        ws, self.token = await _session_rt(self.url, self.instructions)
+        self.session_id = await _current_id(ws)
+        while not stop.is_set():
+            moved = await self._talk(ws, stop)
+            if not moved:
+                break
+            again = await self._move()
+            if again is None:
+                return
+            ws = again
+        with contextlib.suppress(Exception):
+            await ws.close()
+
+    async def _talk(self, ws: ClientConnection, stop: asyncio.Event) -> bool:
+        """Until `stop` (False) or a drain notice (True): send a micro-turn every 200 ms, read its echo."""
+        sender = asyncio.create_task(_send_paced(ws, self.n))
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    ev = json.loads(await asyncio.wait_for(ws.recv(), 0.5))
+                    if ev["type"] == "response.output_audio.delta":
+                        self.last_audio = time.monotonic()
+                    elif ev["type"] == "duplex.session.draining":
+                        self.token = ev["resume_token"]
+                        ws.transport.abort()  # act on it: reconnect through the proxy with the token
+                        return True
+                    elif ev["type"] == "duplex.session.resume":
+                        self.token = ev["resume_token"]
+            return False
+        finally:
+            sender.cancel()
+            with contextlib.suppress(BaseException):
+                await sender
+
+    async def _move(self) -> ClientConnection | None:
+        before = self.last_audio
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                ws = await connect(self.url, additional_headers={"X-Duplex-Resume-Token": self.token},
+                                   max_size=16 << 20)
+                first = json.loads(await ws.recv())
+                if first["type"] == "session.created":
+                    got = first["session"]
+                    if got["id"] != self.session_id or got["instructions"] != self.instructions:
+                        self.lost = "came back as another session"
+                        return None
+                    resumed = json.loads(await ws.recv())
+                    self.token = resumed["resume_token"]
+                    sender = asyncio.create_task(_send_paced(ws, self.n))
+                    try:
+                        while json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] != "response.output_audio.delta":
+                            pass
+                    finally:
+                        sender.cancel()
+                    self.last_audio = time.monotonic()
+                    self.gaps.append(self.last_audio - before)
+                    self.moves += 1
+                    return ws
+                await ws.close()
+            await asyncio.sleep(0.05)
+        self.lost = "not resumed within 15 s"
+        return None
+
+
+async def _session_rt(url: str, instructions: str) -> tuple[ClientConnection, str]:
+    ws = await connect(url, max_size=16 << 20)
+    token = ""
+    while not token:
+        ev = json.loads(await ws.recv())
+        token = ev.get("resume_token", "") if ev["type"] == "duplex.session.resume" else ""
+    await ws.send(json.dumps({"type": "session.update", "session": {"instructions": instructions}}))
+    while json.loads(await ws.recv())["type"] != "session.updated":
+        pass
+    return ws, token
+
+
+async def _current_id(ws: ClientConnection) -> str:
+    await ws.send(json.dumps({"type": "session.update", "session": {}}))
+    while True:
+        ev = json.loads(await ws.recv())
+        if ev["type"] == "session.updated":
+            return str(ev["session"]["id"])
+
+
+async def _send_paced(ws: ClientConnection, seed: int) -> None:
+    """200 ms of audio every 200 ms, on absolute deadlines (a real-time client)."""
+    pcm = np.random.default_rng(seed).integers(-8000, 8000, TICK, dtype=np.int16).tobytes()
+    start = time.monotonic()
+    n = 0
+    while True:
+        await ws.send(pcm)
+        n += 1
+        await asyncio.sleep(max(0.0, start + n * 0.2 - time.monotonic()))
+
+
+async def rolling(state_path: Path, sessions: int, settle: float) -> dict[str, Any]:
+    state = json.loads(state_path.read_text())
+    url = str(state["url"])
+    stop = asyncio.Event()
+    talkers = [Talker(url, i) for i in range(sessions)]
+    tasks = [asyncio.create_task(t.run(stop)) for t in talkers]
+    await asyncio.sleep(2.0)
+    for rid in [r["id"] for r in state["replicas"]]:
+        rep = next(r for r in json.loads(state_path.read_text())["replicas"] if r["id"] == rid)
+        print(f"SIGTERM to replica {rid} (pid {rep['pid']}) ...", flush=True)
+        os.kill(rep["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while True:  # until it exited, was started again and answers its health check
+            now = next(r for r in json.loads(state_path.read_text())["replicas"] if r["id"] == rid)
+            if now["pid"] != rep["pid"] and await _healthy(now["port"]):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"replica {rid} did not come back within 60 s; logs in {state['workdir']}")
+            await asyncio.sleep(0.2)
+        print(f"  {rid} is back (pid {now['pid']})", flush=True)
+        await asyncio.sleep(settle)  # the proxy has its agent's figures again
+    await asyncio.sleep(2.0)
+    flowing = [t for t in talkers if time.monotonic() - t.last_audio < 1.0]
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    kept = [t for t in talkers if not t.lost and t in flowing]
+    gaps = np.array([g for t in talkers for g in t.gaps]) if any(t.gaps for t in talkers) else np.array([np.nan])
+    result = {"sessions": sessions, "kept": len(kept), "lost": sessions - len(kept),
+              "moves": sum(t.moves for t in talkers), "gap_p50_s": float(np.percentile(gaps, 50)),
+              "gap_p99_s": float(np.percentile(gaps, 99)), "gap_max_s": float(np.max(gaps)),
+              "why_lost": [t.lost or "audio stopped" for t in talkers if t not in kept]}
+    print(f"rolling restart of {len(state['replicas'])} replicas under {sessions} conversations: "
+          f"{result['kept']} kept, {result['lost']} lost (floor 0); {result['moves']} moves; gap heard p50 "
+          f"{result['gap_p50_s']:.2f} s, p99 {result['gap_p99_s']:.2f} s, max {result['gap_max_s']:.2f} s")
+    return result
+
+
+async def _healthy(port: int) -> bool:
+    with contextlib.suppress(Exception):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
+        line = await asyncio.wait_for(reader.readline(), 2)
+        writer.close()
+        return b" 200 " in line
+    return False
 
 
 def _free_port() -> int:
@@ -127,13 +295,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _cluster(replicas: int, max_sessions: int) -> Iterator[dict[str, Any]]:
+def _cluster(replicas: int, max_sessions: int, *extra: str) -> Iterator[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         state_path = Path(tmp) / "state.json"
+        print(f"starting duplex cluster ({replicas} echo replicas x {max_sessions} sessions) ...", flush=True)
         cluster = subprocess.Popen(
             [sys.executable, "-m", "duplex.cli", "cluster", "--replicas", str(replicas), "--port", str(_free_port()),
              "--model", "echo:0", "--state", str(state_path), "--workdir", tmp, "--max-sessions", str(max_sessions),
-             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--log-level", "warning", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 120
             while not state_path.exists():
@@ -141,7 +310,7 @@ def _cluster(replicas: int, max_sessions: int) -> Iterator[dict[str, Any]]:
                     raise SystemExit(f"duplex cluster did not start; logs in {tmp}")
                 time.sleep(0.2)
             time.sleep(2.5)  # the proxy has the agents' first answers
-            yield json.loads(state_path.read_text())
+            yield {**json.loads(state_path.read_text()), "state_path": str(state_path)}
         finally:
             cluster.send_signal(signal.SIGTERM)
             cluster.wait(60)
@@ -151,11 +320,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--failover", action="store_true", help="measure a kill -9 fail-over instead")
-    parser.add_argument("--sessions", type=int, default=6, help="--failover: sessions over the 3 replicas")
+    parser.add_argument("--rolling", action="store_true", help="measure a rolling restart under load instead")
+    parser.add_argument("--sessions", type=int, default=6, help="--failover/--rolling: sessions over the 3 replicas")
+    parser.add_argument("--reserve", type=int, default=1, help="each replica's --restore-reserve")
+    parser.add_argument("--json", action="store_true", help="--rolling: print the figures as JSON too")
     args = parser.parse_args()
+    reserve = ["--restore-reserve", str(args.reserve)]
     if args.failover:
-        with _cluster(3, 4) as state:
-            asyncio.run(failover(state, args.sessions))
+        with _cluster(3, 4, *reserve) as state:
+            asyncio.run(failover(state, args.sessions, args.reserve))
+        return
+    if args.rolling:
+        with _cluster(3, 4, "--restart-replicas", "--drain-grace", "10", "--check-interval", "0.5", *reserve) as state:
+            result = asyncio.run(rolling(Path(state["state_path"]), args.sessions, settle=2.0))
+        if args.json:
+            print(json.dumps(result))
         return
     with _cluster(1, 4) as state:
         direct = f"ws://127.0.0.1:{state['replicas'][0]['port']}/v1/realtime"

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "replica's id, pid and port), again whenever it changes")
     parser.add_argument("--check-interval", type=float, default=1.0, metavar="S",
                         help="seconds between the proxy's health and agent checks of each replica")
+    parser.add_argument("--restart-replicas", action="store_true",
+                        help="start a replica again (same id and ports) when it exits, as a rolling restart "
+                        "needs; without it a dead replica stays dead, as a fail-over test needs")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="logs and haproxy.cfg (default: a new directory under $TMPDIR or /tmp)")
     return parser
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster = LocalCluster(ClusterSpec(replicas=args.replicas, port=args.port, host=args.host, model=args.model,
                                            serve_args=serve_args, workdir=args.workdir, state_file=args.state,
-                                           check_interval=args.check_interval))
+                                           check_interval=args.check_interval,
+                                           restart_replicas=args.restart_replicas))
         cluster.start()
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"duplex cluster: {exc}", file=sys.stderr)

@@ -99,6 +99,7 @@ class ClusterSpec:
     workdir: Path | None = None  # logs and haproxy.cfg; None: a new temporary directory
     state_file: Path | None = None
     check_interval: float = 1.0  # seconds between the proxy's checks of each replica
+    restart_replicas: bool = False  # a replica that exits is started again (same id and ports): a rolling restart
 
 
 class LocalCluster:
@@ -120,6 +121,7 @@ class LocalCluster:
         self.config_path = self.workdir / "haproxy.cfg"
         self.proxy_restarts = 0
         self.store_restarts = 0
+        self.replica_restarts = 0  # --restart-replicas
 
     # -- start --------------------------------------------------------------------------------------
 
@@ -212,6 +214,7 @@ class LocalCluster:
                       "restarts": self.store_restarts},
             "replicas": [{"id": r.id, "pid": c.pid, "port": r.port, "agent_port": r.agent_port,
                           "capacity": r.capacity} for c, r in self.replicas],
+            "replica_restarts": self.replica_restarts,
             "workdir": str(self.workdir),
         }
 
@@ -243,6 +246,14 @@ class LocalCluster:
                 log.warning("%s exited with %s; its sessions can resume on the others", child.name,
                             child.proc.returncode)
                 child.exit_reported = True
+                if self.spec.restart_replicas:
+                    # Started at once; the proxy's health check admits it again once it answers /healthz.
+                    child.stop()  # closes its log
+                    child.start()
+                    child.exit_reported = False
+                    self.replica_restarts += 1
+                    log.info("%s started again (pid %d)", child.name, child.pid)
+                    self.write_state()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(POLL):

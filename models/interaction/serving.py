@@ -33,6 +33,7 @@ from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFe
 from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
+    from models.interaction.replay import TickLog
     from models.interaction.talker import PiperTalker, TalkerSession
 from models.interaction.video import PATCH, frame_patches
 from models.registry import GRAPH_MODES
@@ -72,6 +73,7 @@ class NativeSession:
     closed: bool = False
     writer: PhraseWriter | None = None  # text decoded within the checkpoint's phrase set (None: free)
     talk: "TalkerSession | None" = None  # the Piper talker's queue (None: the flow head speaks)
+    log: "TickLog | None" = None  # its micro-turns, when it may be rebuilt elsewhere (replay.py); None: not kept
 
 
 # Told, for each session of a step, what the model saw and what its heads said: (state, features row,
@@ -323,6 +325,8 @@ class NativeModel:
                 st.voc_mag, st.voc_phase = mag[i], phase[i]
                 spoken.append(audio[i] * gate)
             outs.append(TickOutput(spoken[-1].float().cpu().numpy(), text=text, user_text=user_text, events=events))
+            if st.log is not None:
+                st.log.add(tick, outs[-1])
             if observe is not None:
                 observe(st, feats.row(i), HeadOutputs(*(x[i : i + 1] for x in vars(heads).values())))
         # 4. the model hears itself: dMel of what it actually said becomes next micro-turn's self audio

@@ -1,0 +1,137 @@
+"""A native session's micro-turn log, and rebuilding the session's state by replaying it.
+
+The native model is deterministic per session: decisions are greedy, the flow noise is seeded by the
+session id and the micro-turn (flow.turn_noise), and in batch-invariant mode a row's result does not
+depend on who shares its batch. So everything a session holds (its KV-pool row and conv state, the
+feedback tails, the text queues, the floor state) is a function of the inputs it was given. The log
+keeps each micro-turn's input compactly, with a digest of the output it produced; `replay` steps a
+freshly opened session with the same id through the inputs, and checks every output against its digest,
+so a replay that went another way (another checkpoint, fast mode) is an error instead of a silent
+divergence. Replay runs the model alone, micro-turn by micro-turn: it costs what serving the session
+cost, at the speed of one session stepped back to back (bench/native_replay.py measures it).
+
+Audio is kept as PCM16 when that is exact (a 24 kHz client's audio always is: it arrived as PCM16),
+float32 otherwise; each record is zlib-compressed (silence costs almost nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from models.base import BackgroundChunk, TickInput, TickOutput
+from streaming.types import TICK_SAMPLES
+
+if TYPE_CHECKING:
+    from models.interaction.serving import NativeModel, NativeSession
+
+MAX_LOG_TICKS = 3000  # 10 minutes: a longer session stops logging (it can no longer be rebuilt elsewhere)
+_HEAD = struct.Struct("<I")  # length of a record's JSON header
+
+
+class ReplayDiverged(RuntimeError):
+    """A replayed micro-turn produced another output than the logged one."""
+
+
+class TickLog:
+    """One session's micro-turns: compact inputs and 8-byte output digests, in order."""
+
+    def __init__(self, max_ticks: int = MAX_LOG_TICKS) -> None:
+        self.max_ticks = max_ticks
+        self.records: list[bytes] = []  # encode_input(tick input), one per micro-turn
+        self.digests: list[bytes] = []  # output_digest(its output)
+        self.full = False  # past max_ticks: logging stopped, the log no longer rebuilds the session
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(r) for r in self.records) + 8 * len(self.digests)
+
+    def add(self, tick: TickInput, out: TickOutput) -> None:
+        if self.full or len(self.records) >= self.max_ticks:
+            self.full = True
+            return
+        self.records.append(encode_input(tick))
+        self.digests.append(output_digest(out))
+
+    def to_bytes(self) -> bytes:
+        """The whole log as one blob (length-prefixed records, each followed by its digest)."""
+        return b"".join(_HEAD.pack(len(r)) + r + d for r, d in zip(self.records, self.digests, strict=True))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TickLog:
+        log, at = cls(), 0
+        while at < len(data):
+            (n,) = _HEAD.unpack_from(data, at)
+            at += _HEAD.size
+            if at + n + 8 > len(data):
+                raise ValueError("the micro-turn log is truncated")
+            log.records.append(data[at : at + n])
+            log.digests.append(data[at + n : at + n + 8])
+            at += n + 8
+        return log
+
+
+def encode_input(tick: TickInput) -> bytes:
+    audio = tick.audio
+    pcm = np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2")
+    exact = np.array_equal(pcm.astype(np.float32) / np.float32(32768.0), audio)
+    body = pcm.tobytes() if exact else audio.astype("<f4").tobytes()
+    video = b"" if tick.video is None else np.ascontiguousarray(tick.video, np.uint8).tobytes()
+    head = {"n": tick.received, "pcm": exact, "t": tick.text, "c": tick.cancel,
+            "b": [[c.request_id, c.epoch, c.text, c.done, c.error] for c in tick.background],
+            "v": None if tick.video is None else list(tick.video.shape)}
+    h = json.dumps(head, separators=(",", ":")).encode()
+    return zlib.compress(_HEAD.pack(len(h)) + h + body + video, 6)
+
+
+def decode_input(record: bytes) -> TickInput:
+    data = zlib.decompress(record)
+    (n,) = _HEAD.unpack_from(data)
+    head = json.loads(data[_HEAD.size : _HEAD.size + n])
+    at = _HEAD.size + n
+    if head["pcm"]:
+        audio = np.frombuffer(data, "<i2", TICK_SAMPLES, at).astype(np.float32) / np.float32(32768.0)
+        at += 2 * TICK_SAMPLES
+    else:
+        audio = np.frombuffer(data, "<f4", TICK_SAMPLES, at).astype(np.float32)
+        at += 4 * TICK_SAMPLES
+    video = None
+    if head["v"] is not None:
+        shape = tuple(int(x) for x in head["v"])
+        video = np.frombuffer(data, np.uint8, int(np.prod(shape)), at).reshape(shape).copy()
+    background = [BackgroundChunk(str(r), int(e), str(t), bool(d), err) for r, e, t, d, err in head["b"]]
+    return TickInput(audio, int(head["n"]), video=video, text=[str(t) for t in head["t"]], background=background,
+                     cancel=bool(head["c"]))
+
+
+def output_digest(out: TickOutput) -> bytes:
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.ascontiguousarray(out.audio, "<f4").tobytes())
+    h.update(json.dumps([out.text, out.user_text, [(e.type, e.data) for e in out.events]], default=str).encode())
+    return h.digest()
+
+
+def replay(model: NativeModel, state: NativeSession, log: TickLog,
+           progress: Callable[[int, int], None] | None = None) -> None:
+    """Step `state`, freshly opened with the logged session's id, through every logged micro-turn; raises
+    ReplayDiverged at the first output that differs from the log's. `progress(done, total)` every 50."""
+    if state.tick != 0:
+        raise ValueError("replay rebuilds a freshly opened session; open a new one with the same id")
+    if log.full:
+        raise ValueError(f"the log stopped at {log.max_ticks} micro-turns: it cannot rebuild this session")
+    for i, (record, digest) in enumerate(zip(log.records, log.digests, strict=True)):
+        out = model.step([(state, decode_input(record))])[0]
+        if output_digest(out) != digest:
+            raise ReplayDiverged(f"micro-turn {i} of {len(log)} came out differently when replayed (another "
+                                 "checkpoint, or not in batch-invariant mode); the session cannot be rebuilt")
+        if progress is not None and (i + 1) % 50 == 0:
+            progress(i + 1, len(log))

@@ -338,6 +338,8 @@ class CascadeModel:
             return words
         if level is not None:  # the user's own level, for telling bystander speech apart
             s.user.learn(level)
+        if o.vision:  # a question: with the camera on, it waits for a reading of the picture as it is now
+            self.sight.ask(s.sight, s.tick)
         if self.ears is None:
             self._delegate(s, text, ev)
             return text
@@ -380,8 +382,8 @@ class CascadeModel:
     def _see(self, s: CascadeState, t: TickInput, ev: list[Event]) -> None:
         """Step 1 of `_tick`: offer the frame, take what was seen, act on cues that began."""
         a, sg = s.answers, s.sight
-        # A spoken turn asks for a reading when it starts (done by the time the turn ends); typed text,
-        # which is delegated this micro-turn, asks and waits for it.
+        # A spoken turn asks for a reading when it starts (often done by the time it ends) and again when
+        # it ends (`_end_of_turn`: its question waits for that one); typed text asks and waits for it.
         if s.turn.turn and not sg.turn_read:
             sg.want_text = sg.turn_read = True
         sg.turn_read = sg.turn_read and bool(s.turn.turn)

@@ -79,8 +79,7 @@ class Sight:
         if s.frame is None:
             return  # no camera: nothing to read, questions do not wait
         if question:
-            s.want_text = True
-            s.asked = tick if s.asked is None else s.asked
+            self.ask(s, tick)
         if s.want_text is False and frame is not None and s.read_thumb is not None:
             s.want_text = float(np.abs(thumbnail(frame) - s.read_thumb).mean()) > SCENE_CHANGE
         if frame is None and not s.want_text:
@@ -93,6 +92,17 @@ class Sight:
             s.want_text = False
         elif self.worker.dead:
             s.asked = None  # blind: questions go on without a reading
+
+    def ask(self, s: SightState, tick: int) -> bool:
+        """A question (typed, or a spoken turn the cascade is about to delegate): read the newest frame
+        and hold questions until that reading is back (at most `READ_WAIT_TICKS`); False without a camera
+        or with a dead worker, when there is nothing to wait for. The frame goes to the worker at the next
+        `look` (this micro-turn's frame is usually still being looked at)."""
+        if s.frame is None or (self.worker is not None and self.worker.dead):
+            return False
+        s.want_text = True
+        s.asked = tick if s.asked is None else s.asked
+        return True
 
     def see(self, sid: str, s: SightState, tick: int, speaking: bool) -> tuple[list[str], bool]:
         """What the worker saw since the last micro-turn: (cues that began, stop speaking now)."""
@@ -141,11 +151,13 @@ def react(s: SightState, observations: list[Observation], readings: list[tuple[f
     cues: list[str] = []
     for obs in observations:
         cues += s.tracker.update(obs)
-    read = bool(readings)
+    # A reading answers a question only when it was asked for at or after the question: one asked when
+    # a spoken turn began may be of a frame from before the sign was held up.
+    answered = s.asked is not None and any(t >= s.asked * TICK_SECONDS - 1e-6 for t, _ in readings)
     for _, lines in readings:
         if s.tracker.read(lines) and s.tracker.state.texts:
             cues.append("text")
-    if read or (s.asked is not None and tick - s.asked >= READ_WAIT_TICKS):
+    if answered or (s.asked is not None and tick - s.asked >= READ_WAIT_TICKS):
         s.asked = None
     if "left" in cues and speaking:
         s.away = True

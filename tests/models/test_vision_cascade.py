@@ -1,0 +1,72 @@
+"""The default voice with a camera, in process (media pace), with the real vision worker: a spoken question
+waits for the reading of the picture, and an answer held while the user was away is offered, not
+resumed mid-sentence, when they come back after a long absence.
+
+Speech is synthesised at test time; the background reasoner is the test's (`Conversation`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.vision import text_card
+from models.base import TickInput, TickOutput
+from models.cascade import CascadeModel
+from streaming.types import TICK_SAMPLES
+from tests.models.test_cascade import Conversation, silence, speech
+
+GREY = np.full((480, 640, 3), 90, np.uint8)  # a wall: no face, no text
+
+
+class SeeingConversation(Conversation):
+    """A `Conversation` whose client sends `frame` with every micro-turn (5 a second, the camera's rate)."""
+
+    def __init__(self, model: CascadeModel, frame: np.ndarray | None = None) -> None:
+        super().__init__(model)
+        self.frame = frame
+
+    def step(self, audio: np.ndarray, text: tuple[str, ...] = (), cancel: bool = False) -> TickOutput:
+        tick = np.zeros(TICK_SAMPLES, dtype=np.float32)
+        tick[: len(audio)] = audio[:TICK_SAMPLES]
+        self.m.wait_work([self.s])  # off-thread work, the vision worker's included, as media pace waits for it
+        bg = self.pending.pop(self.n, [])
+        out = self.m.step([(self.s, TickInput(tick, TICK_SAMPLES, video=self.frame, text=list(text),
+                                              background=bg, cancel=cancel))])[0]
+        if any(e.type == "delegate" for e in out.events):
+            self._answer_from(self.n + self.answer_after)
+        self.outs.append(out)
+        return out
+
+
+@pytest.fixture()
+def model(default_cascade: CascadeModel) -> CascadeModel:
+    return default_cascade
+
+
+def test_a_spoken_question_waits_for_the_reading_of_the_sign_held_up_as_it_ends(model: CascadeModel) -> None:
+    """The sign comes into view in the micro-turn the question ends: the reading asked when the turn
+    began saw a wall, so the question must wait for a new one (the typed path's rule, on the spoken path)."""
+    mic = np.concatenate([silence(0.4), speech("What does this sign say?"), silence(2.0)])
+    ticks = [mic[i : i + TICK_SAMPLES] for i in range(0, len(mic), TICK_SAMPLES)]
+    blind = Conversation(model)  # where the turn ends, without a camera (the policy does not look)
+    for x in ticks:
+        if blind.step(x).events and blind.events("speech_stopped"):
+            break
+    end = blind.events("speech_stopped")[0][0]
+
+    c = SeeingConversation(model, GREY)
+    for i, x in enumerate(ticks):
+        if i == end:
+            c.frame = text_card("EXIT")
+        c.step(x)
+        if c.events("delegate"):
+            break
+    assert c.events("speech_stopped")[0][0] == end, "the camera changed when the turn ended"
+    delegates = c.events("delegate")
+    assert len(delegates) == 1 and "sign" in delegates[0][1]["query"], delegates
+    facts = [(i, d["facts"]) for i, d in c.events("vision") if "facts" in d]
+    assert facts and facts[-1][0] == delegates[0][0], (facts, delegates)
+    assert 'text in view: "EXIT"' in facts[-1][1], f"the question went on before the reading: {facts}"
+    assert delegates[0][0] - end <= 8, "waited longer than READ_WAIT_TICKS"
+    model.close(c.s)
+    model.close(blind.s)

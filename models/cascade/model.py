@@ -39,7 +39,7 @@ from models.cascade.options import CascadeOptions
 from models.cascade.overlaps import OverlapJudge, OverlapState, log_overlap
 from models.cascade.pauses import PauseJudge, PauseState
 from models.cascade.policy import Decision, TurnPolicy, TurnState
-from models.cascade.sight import Sight, SightState
+from models.cascade.sight import OFFER_WAIT_TICKS, Sight, SightState, offer_to_go_on, reply_to_offer
 from models.cascade.speaker import Speaker, Synthesizer
 from models.cascade.text import only_backchannel
 from models.cascade.work import StepClock, Workers
@@ -58,7 +58,7 @@ from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
 from models.speech.text_turn import TextTurn, TextTurnError
 from models.speech.vad import VADStream, shared_vad
 from streaming.resample import StreamResampler
-from streaming.types import SAMPLE_RATE, Audio
+from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class CascadeModel:
         self.synth = Synthesizer(o.voice, o.fallback_voice, o.tts_workers)
         self.sight = Sight()  # its worker process starts with the first camera frame
         # Pre-rendered so that replies and backchannels start without waiting for synthesis.
-        self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase))
+        self.synth.prerender((*o.ack_phrases, *o.backchannel_phrases, o.error_phrase, o.resume_offer_phrase))
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -256,7 +256,8 @@ class CascadeModel:
             ev.append(Event("user_partial", {"text": partial}))
         user_text = self._take_final(s, ev) or user_text
         # 3. This micro-turn's speech: does a user turn open? The open turn's audio goes to the recogniser.
-        busy = a.speaker.busy
+        # An answer held on an offer to go on does not make the reply an overlap: the reply is a turn.
+        busy = a.speaker.busy and s.sight.offered is None
         d = self.policy.observe(s.turn, probs, busy)
         self._listen(s, d, x, probs)
         # 4. The evidence: the pause's end-of-turn cues; whose voice the turn is; what an overlap says.
@@ -292,7 +293,8 @@ class CascadeModel:
         # television that starts between our acknowledgment and the answer) holds nothing: the answer
         # would otherwise wait for the next pause in it.
         hold = s.turn.turn and (not s.turn.overlap or s.turn.paused) and not bystander
-        hold = hold or s.sight.away  # the user left the picture mid-answer: it waits for them
+        # The user left the picture mid-answer, or was offered to go on: it waits for them.
+        hold = hold or s.sight.away or s.sight.offered is not None
         speech = a.speak(hold, s.turn.now_ms, self.clock)
         s.aec.played(s.ref.process(speech.audio))
         return TickOutput(audio=speech.audio, text=speech.text, user_text=user_text, events=ev)
@@ -332,6 +334,9 @@ class CascadeModel:
         # Whisper heard the whole turn at this pause: its words are the turn's; else pocketsphinx's.
         whole_text = pause_text.text if self.ears is not None and pause_text is not None and whole else None
         words = text if whole_text is None else whole_text
+        if s.sight.offered is not None and (whole_text is not None or self.ears is None):
+            self._offer_answered(s, words, ev)  # "yes", "no", or a new question
+            return words
         # A lone "mm-hm" while we wait, or no words at all (unless Whisper is still to hear the whole
         # turn): not a turn to answer; held answers go on.
         if only_backchannel(words) and (words or whole_text is not None or self.ears is None):
@@ -350,8 +355,10 @@ class CascadeModel:
             self._delegate(s, words, ev)  # Whisper already heard this pause: ask now
             return words
         # Take the floor now (the acknowledgment starts this micro-turn); the question goes to the
-        # reasoner when Whisper's transcript is due, at most `whisper_ticks` micro-turns later.
-        s.answers.take_floor(o)
+        # reasoner when Whisper's transcript is due, at most `whisper_ticks` micro-turns later. A reply
+        # to an offer to go on takes it only once its words say it is a new question.
+        if s.sight.offered is None:
+            s.answers.take_floor(o)
         if text_job is None:
             text_job = self.workers.submit("asr", s.tick + o.whisper_ticks, self.ears.hear, h.turn_audio(), False)
         h.final_job, h.final_fallback = text_job, text
@@ -368,6 +375,9 @@ class CascadeModel:
             return ""
         h.final_job = None
         text = heard.transcript.text if heard is not None and heard.transcript.text else h.final_fallback
+        if s.sight.offered is not None:
+            self._offer_answered(s, text, ev)
+            return text
         if only_backchannel(text):
             return text  # Whisper heard only "mm-hm": nothing to ask
         self._ask(s, text, ev)
@@ -389,13 +399,35 @@ class CascadeModel:
         sg.turn_read = sg.turn_read and bool(s.turn.turn)
         self.sight.look(s.session_id, sg, t.video, s.tick, question=bool(t.text))
         speaking = a.speaker.busy and not a.speaker.playing_backchannel
-        cues, stop = self.sight.see(s.session_id, sg, s.tick, speaking)
+        offer_after = round(self.opts.resume_offer_s / TICK_SECONDS) if self.opts.resume_offer_s > 0 else None
+        cues, stop = self.sight.see(s.session_id, sg, s.tick, speaking, offer_after)
         if stop:
             a.stop("visual_stop", ev)  # a hand held up: stop, as a spoken interruption would
+        if sg.offer:  # back after a long absence: ask before going on with the held answer
+            offer = offer_to_go_on(sg, a.speaker, self.opts.resume_offer_phrase, s.tick)
+            ev += [offer] if offer is not None else []
+        elif sg.offered is not None and not s.turn.turn and s.tick - sg.offered > OFFER_WAIT_TICKS:
+            sg.offered = None  # no reply: the held answer is not forced on them
+            a.stop("offer_unanswered", ev)
         # A nod while it speaks is a backchannel: it goes on (the cue is only reported).
         vision = self.sight.event(sg, cues, facts=False)
         if vision is not None:
             ev.append(vision)
+
+    def _offer_answered(self, s: CascadeState, words: str, ev: list[Event]) -> None:
+        """The user replied to "shall I go on?": yes lifts the hold (the answer goes on from the start
+        of its sentence), no drops the answer, anything else is a new question."""
+        if not words.strip():
+            return  # no words (noise): the offer still waits for a reply
+        reply = reply_to_offer(words)
+        s.sight.offered = None
+        ev.append(Event("resume_reply", {"reply": reply, "text": words}))
+        if reply == "no":
+            s.answers.stop("declined", ev)
+        elif reply == "other":
+            if self.opts.vision:
+                self.sight.ask(s.sight, s.tick)
+            self._delegate(s, words, ev)
 
     def _ask(self, s: CascadeState, query: str, ev: list[Event]) -> None:
         """Delegate `query`, or hold it for the reading of the picture it may be about."""
@@ -426,5 +458,8 @@ class CascadeModel:
         if self.opts.typed_text == "say":
             s.answers.speaker.say(text, "say")
             return ""
+        if s.sight.offered is not None:
+            self._offer_answered(s, text, ev)
+            return text
         self._delegate(s, text, ev)
         return text

@@ -173,6 +173,11 @@ class CascadeOptions:
     # bench.load --video (3 sessions, 5 frames a second each, 2 cores): 0 missed deadlines, the worker
     # ~0.3 of a core and ~380 MB. False: frames are ignored and no worker is started.
     vision: bool = True
+    # An answer held while the user was out of the picture this long (s) is not resumed mid-sentence when
+    # they are back: it asks first; "yes" goes on from the start of the sentence, "no" drops the answer,
+    # anything else is a new question. 0: always go on.
+    resume_offer_s: float = 10.0
+    resume_offer_phrase: str = "Welcome back. Shall I go on?"
     # --- backchannels while the user holds a long turn
     backchannel: bool = True
     backchannel_after_ms: int = 3000  # user speech in the turn before the first backchannel

@@ -20,6 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from models.base import Event
+from models.cascade.speaker import Speaker
+from models.cascade.text import words_of
 from models.vision.tracker import Tracker
 from models.vision.types import Observation
 from models.vision.worker import VisionWorker
@@ -31,6 +33,14 @@ READ_WAIT_TICKS = 8  # a question waits at most 1.6 s for the reading it asked f
 SCENE_CHANGE = 24.0  # mean absolute difference of 16x16 grey thumbnails (0-255) that counts as a new scene
 CAMERA_GONE_TICKS = 10  # no frame for 2 s: the camera is off, and an answer held for the user's return goes on
 STOP_CUES = ("open_palm", "raised_hand")  # while the assistant speaks: stop, like a spoken interruption
+OFFER_WAIT_TICKS = 40  # an offer to go on that gets no reply in 8 s lapses: the held answer is dropped
+# Replies to "shall I go on?": only these words says yes; a no ("no", "not now, thanks") says no; anything
+# else is a new question, which supersedes the held answer as any question does.
+GO_ON_WORDS = frozenset(["yes", "yeah", "yep", "yup", "sure", "ok", "okay", "please", "go", "on", "ahead", "continue",
+                         "carry", "keep", "going", "right", "alright", "do", "it", "of", "course", "mm", "hmm", "mhm",
+                         "uh", "huh"])
+NO_WORDS = frozenset(["no", "nope", "nah", "stop", "don't", "never", "not", "mind", "now", "later", "thanks", "thank",
+                      "you", "that's", "fine", "okay", "ok", "it", "please"])
 
 
 def thumbnail(frame: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
@@ -59,6 +69,9 @@ class SightState:
     held: list[str] = field(default_factory=list)  # questions waiting for that reading
     turn_read: bool = False  # the open user turn already asked for a reading
     away: bool = False  # the user left while the assistant spoke: its speech is held until they are back
+    away_since: int = 0  # the micro-turn they left
+    offer: bool = False  # they came back after a long absence: offer to go on (the cascade says it)
+    offered: int | None = None  # the micro-turn it offered; the held answer waits for the user's reply
     reported: tuple[Any, ...] = (False, False, None, None, (), None)  # the state last sent to the client
 
 
@@ -104,12 +117,13 @@ class Sight:
         s.asked = tick if s.asked is None else s.asked
         return True
 
-    def see(self, sid: str, s: SightState, tick: int, speaking: bool) -> tuple[list[str], bool]:
+    def see(self, sid: str, s: SightState, tick: int, speaking: bool, offer_after: int | None = None
+            ) -> tuple[list[str], bool]:
         """What the worker saw since the last micro-turn: (cues that began, stop speaking now)."""
         if self.worker is None:
             return [], False
         observations, readings = self.worker.take(sid)
-        return react(s, observations, readings, tick, speaking)
+        return react(s, observations, readings, tick, speaking, offer_after)
 
 
     def event(self, s: SightState, cues: list[str], facts: bool) -> Event | None:
@@ -143,11 +157,37 @@ class Sight:
             self.worker.shutdown()
 
 
+def reply_to_offer(words: str) -> str:
+    """What the user's reply to "shall I go on?" says: "yes", "no", or "other" (a new question)."""
+    ws = words_of(words)
+    if ws and all(w in GO_ON_WORDS for w in ws):
+        return "yes"
+    said_no = any(w in ("no", "nope", "nah", "stop", "don't", "not", "never") for w in ws)
+    return "no" if said_no and all(w in NO_WORDS for w in ws) else "other"
+
+
+def offer_to_go_on(s: SightState, speaker: Speaker, phrase: str, tick: int) -> Event | None:
+    """The user is back after a long absence with an answer held for them: ask before going on.
+
+    The held answer stays queued and held (`s.offered`) and goes back to the start of the sentence it
+    was cut in, so a "yes" hears it whole, not from mid-sentence; the offer is queued ahead of it as a
+    backchannel is (it plays under the hold, and the user speaking cuts it)."""
+    s.offer = False
+    if not speaker.busy:
+        return None  # nothing left to go on with
+    if speaker.queue[0].kind != "backchannel":
+        speaker.queue[0].pos = 0
+    speaker.say(phrase, "backchannel")
+    s.offered = tick
+    return Event("resume_offer", {"away_s": round((tick - s.away_since) * TICK_SECONDS, 1), "text": phrase})
+
+
 def react(s: SightState, observations: list[Observation], readings: list[tuple[float, list[str]]], tick: int,
-          speaking: bool) -> tuple[list[str], bool]:
+          speaking: bool, offer_after: int | None = None) -> tuple[list[str], bool]:
     """The rules, on what the worker reported: (cues that began, stop speaking now). `speaking`: the
     assistant is saying an answer (not a backchannel). An open palm or a raised hand stops it; a nod is
-    only a cue (it keeps talking); leaving mid-answer holds it (`s.away`) until the person is back."""
+    only a cue (it keeps talking); leaving mid-answer holds it (`s.away`) until the person is back; back
+    after `offer_after` micro-turns or more, it is to offer to go on (`s.offer`) rather than go on."""
     cues: list[str] = []
     for obs in observations:
         cues += s.tracker.update(obs)
@@ -160,7 +200,9 @@ def react(s: SightState, observations: list[Observation], readings: list[tuple[f
     if answered or (s.asked is not None and tick - s.asked >= READ_WAIT_TICKS):
         s.asked = None
     if "left" in cues and speaking:
+        s.away_since = tick if not s.away else s.away_since
         s.away = True
-    if s.tracker.state.present:
+    if s.tracker.state.present and s.away:
         s.away = False
+        s.offer = offer_after is not None and tick - s.away_since >= offer_after
     return cues, speaking and any(c in STOP_CUES for c in cues)

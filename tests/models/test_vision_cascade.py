@@ -13,7 +13,8 @@ from bench.vision import text_card
 from models.base import TickInput, TickOutput
 from models.cascade import CascadeModel
 from streaming.types import TICK_SAMPLES
-from tests.models.test_cascade import Conversation, silence, speech
+from tests.models.test_cascade import ANSWER, TICK, Conversation, silence, speech
+from tests.models.test_vision_models import astronaut
 
 GREY = np.full((480, 640, 3), 90, np.uint8)  # a wall: no face, no text
 
@@ -70,3 +71,41 @@ def test_a_spoken_question_waits_for_the_reading_of_the_sign_held_up_as_it_ends(
     assert delegates[0][0] - end <= 8, "waited longer than READ_WAIT_TICKS"
     model.close(c.s)
     model.close(blind.s)
+
+
+def test_back_after_a_long_absence_it_offers_to_go_on_and_yes_goes_on_from_the_sentence_start(
+        model: CascadeModel) -> None:
+    """The astronaut (a real photo, the real detectors) asks, listens, leaves for longer than the bound
+    (2 s here), and comes back: the answer is not resumed mid-sentence; it asks, and "yes, please" hears
+    the sentence it was cut in from its start."""
+    face = astronaut()
+    bound, model.opts.resume_offer_s = model.opts.resume_offer_s, 2.0  # the shared model's: put back below
+    c = SeeingConversation(model, face)
+    try:
+        c.feed(np.concatenate([silence(0.4), speech("Tell me about Paris."), silence(0.6)]))
+        while sum(c.loud(i) for i in range(c.n)) < 14:  # the acknowledgment, then some of the answer
+            c.step(silence(TICK))
+            assert c.n < 80, "the assistant never spoke the answer"
+        c.frame = GREY
+        away = c.n
+        c.feed(silence(2.6))
+        assert c.events("vision") and "left" in [cue for _, d in c.events("vision") for cue in d["cues"]]
+        assert not any(c.loud(i) for i in range(away + 3, c.n)), "held while she is away"
+        held = next(i for i in range(away, c.n) if not c.loud(i))
+        cut_in = [o.text for o in c.outs[:held] if o.text][-1].strip()  # the sentence it was saying
+        assert cut_in in ANSWER, cut_in
+        c.frame = face
+        back = c.n
+        c.feed(silence(3.0))
+        offers = c.events("resume_offer")
+        assert offers and offers[0][0] <= back + 3, offers
+        after_offer = "".join(o.text for o in c.outs[back:])
+        assert "Shall I go on?" in after_offer and cut_in not in after_offer, after_offer
+        reply = c.n
+        c.feed(np.concatenate([speech("Yes, please."), silence(2.4)]))
+        assert [d["reply"] for _, d in c.events("resume_reply")] == ["yes"], c.events("resume_reply")
+        assert not c.events("yielded") and len(c.events("delegate")) == 1, "a yes is not a new question"
+        assert cut_in in "".join(o.text for o in c.outs[reply:]), "the sentence it was cut in, from its start"
+    finally:
+        model.opts.resume_offer_s = bound
+        model.close(c.s)

@@ -92,10 +92,18 @@ def _cascade(spec: ModelSpec, arg: str) -> InteractionModel:
     return load_cascade(arg)
 
 
+def _moshi(spec: ModelSpec, arg: str) -> InteractionModel:
+    from models.moshi import load_moshi
+
+    model: InteractionModel = load_moshi(arg, checkpoint=spec.checkpoint, device=spec.device)
+    return model
+
+
 _FACTORIES: dict[str, Callable[[ModelSpec, str], InteractionModel]] = {
     "echo": _echo,
     "native": _native,
     "cascade": _cascade,
+    "moshi": _moshi,
 }
 
 DEFAULT_MODEL = "cascade"

@@ -15,21 +15,27 @@ Per micro-turn, after the model's decision (`turn`):
   backchannel  a pre-rendered "Mm-hm." when nothing else is playing (the text stream has none for it)
 
 Synthesis never runs on the inference thread: the closed phrase set is rendered once, on a thread of
-its own started at load (~0.1-0.6 s a phrase on 2 shared cores: 22 phrases took 13 s at nice 19, too
-long to hold start-up for); a phrase not rendered yet, and anything else, goes to the cascade's
-`Synthesizer` pool and is due a fixed number of micro-turns later
+its own started at load (~0.1-0.6 s a phrase on 2 shared cores: 22 phrases took 13-21 s at nice 19, too
+long to hold start-up for, and competing with the first sessions' steps), and kept on disk
+(`phrase_cache_dir`), so later starts load it in milliseconds; a phrase not rendered yet, and
+anything else, goes to the cascade's `Synthesizer` pool and is due a fixed number of micro-turns later
 (`Speaker.budget_ticks`), so a media-pace session (which waits for `pending_work`) and a real-time
 one play it at the same micro-turn unless the machine is overloaded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
 
 from models.cascade.speaker import Speaker, Synthesizer
 from models.interaction.phrases import PhraseSet
@@ -63,7 +69,7 @@ class PiperTalker:
 
     def __init__(self, phrases: PhraseSet | None, voice: str = VOICE, fallback: str = FALLBACK_VOICE,
                  workers: int = 1) -> None:
-        self.synth = Synthesizer(voice, fallback, workers)
+        self.synth = _PhraseCache(voice, fallback, workers)
         fixed = (BACKCHANNEL, *phrases.replies, phrases.answer_lead) if phrases is not None else (BACKCHANNEL,)
         # Daemon: a server stopping mid-render must not wait for it (the cache is only a speed-up).
         self.prerendered = threading.Thread(target=self._prerender, args=(fixed,), name="talker-prerender",
@@ -126,6 +132,35 @@ class PiperTalker:
     def _end(ts: TalkerSession) -> None:
         ts.written.clear()
         ts.handed, ts.committed = 0, False
+
+
+def phrase_cache_dir() -> Path:
+    """Rendered phrases kept across starts, like llama-server's build ($XDG_CACHE_HOME or ~/.cache)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "duplex" / "talker"
+
+
+class _PhraseCache(Synthesizer):
+    """The cascade's synthesizer whose pre-rendered phrases are also kept on disk, per voice, text and
+    noise setting (DUPLEX_TTS_DETERMINISTIC renders without Piper's sampling noise)."""
+
+    def prerender(self, phrases: tuple[str, ...]) -> None:
+        for text in phrases:
+            quiet = os.environ.get("DUPLEX_TTS_DETERMINISTIC") == "1"
+            key = hashlib.sha256(f"{self.voice.name}\0{quiet}\0{text}".encode()).hexdigest()[:24]
+            path = phrase_cache_dir() / f"{key}.npy"
+            try:
+                audio = np.load(path)
+            except (OSError, ValueError):  # not there yet, or a torn file: render it (again)
+                audio = self.render(text)
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
+                    np.save(tmp, audio)
+                    tmp.replace(path)  # atomic: another server starting at once reads a whole file or none
+                except OSError as e:  # a read-only home only costs the next start its rendering
+                    log.warning("cannot keep rendered phrases in %s: %s", path.parent, e)
+            self._cache[text] = audio
 
 
 def _ready(pending: bytes) -> bytes:

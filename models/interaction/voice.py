@@ -4,7 +4,9 @@ The flow head is the model's own voice; it is used only where the checkpoint ear
 word error (ASR on the flow head's audio of held-out phrases, `train/evaluate.py`, recorded at export
 under `PHRASE_WER_KEY`) at most `FLOW_MAX_WER`, the floor issue 38 sets on what the model says. A
 checkpoint without the field (the first shipped `native:tiny`, measured at 1.0 by pocketsphinx) has
-not shown it can be understood, so `auto` gives it Piper.
+not shown it can be understood, so `auto` gives it Piper. Weights no trainer made (random, or set by
+hand in tests: no `trainer` in the metadata) have no text worth speaking; `auto` leaves them the flow
+head, whose audio is what such checkpoints exist to exercise.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ def choose_voice(requested: str, meta: dict[str, str]) -> tuple[str, str]:
     if requested != "auto":
         return requested, f"--voice {requested}"
     raw = meta.get(PHRASE_WER_KEY)
+    if raw is None and "trainer" not in meta:
+        return "flow", "auto: untrained weights (no trainer in the checkpoint's metadata) have no text to speak"
     if raw is None:
         return "piper", (f"auto: the checkpoint records no measured phrase word error ({PHRASE_WER_KEY}), "
                          "so its flow head has not earned the voice")

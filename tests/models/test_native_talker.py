@@ -33,7 +33,9 @@ def test_the_trained_phrase_set_is_the_training_text_bank() -> None:
 
 
 def test_voice_auto_picks_per_the_checkpoint_metadata(tmp_path: Path) -> None:
-    assert choose_voice("auto", {})[0] == "piper", "no measured word error: the flow head has not earned it"
+    trained = {"trainer": "train.cli"}
+    assert choose_voice("auto", trained)[0] == "piper", "no measured word error: the flow head has not earned it"
+    assert choose_voice("auto", {})[0] == "flow", "untrained weights: no text to speak"
     assert choose_voice("auto", {"phrase_word_error": "1.0"})[0] == "piper"
     assert choose_voice("auto", {"phrase_word_error": str(FLOW_MAX_WER)})[0] == "flow"
     assert choose_voice("flow", {})[0] == "flow" and choose_voice("piper", {"phrase_word_error": "0"})[0] == "piper"

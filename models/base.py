@@ -188,6 +188,26 @@ class Ageing(Protocol):
 
 
 @runtime_checkable
+class Rebuilding(Protocol):
+    """Optional: a model whose per-session state another replica can rebuild from a log of the session's
+    micro-turns (the native model: models/interaction/replay.py). The server keeps the log in its session
+    store and, when the session moves, replays it into a fresh state opened under the same session id."""
+
+    def keep_log(self, state: SessionState) -> None:
+        """Log this session's micro-turns from now on (a fresh session, before its first step)."""
+        ...
+
+    def take_log(self, state: SessionState) -> list[bytes]:
+        """The micro-turns logged since the last call, one self-contained record each (then forgotten)."""
+        ...
+
+    def rebuild(self, state: SessionState, records: list[bytes]) -> None:
+        """Step `state` through `records` (the next ones of its log, in order); raises ValueError when a
+        replayed output differs from the logged one. Called on the inference thread."""
+        ...
+
+
+@runtime_checkable
 class Preloading(Protocol):
     """Optional, on a background reasoner (models/background): load its weights now, on its own thread,
     so that the first answer does not wait for them. A failure is raised again by the first request."""

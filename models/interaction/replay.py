@@ -35,18 +35,20 @@ MAX_LOG_TICKS = 3000  # 10 minutes: a longer session stops logging (it can no lo
 _HEAD = struct.Struct("<I")  # length of a record's JSON header
 
 
-class ReplayDiverged(RuntimeError):
+class ReplayDiverged(ValueError):
     """A replayed micro-turn produced another output than the logged one."""
 
 
 class TickLog:
     """One session's micro-turns: compact inputs and 8-byte output digests, in order."""
 
-    def __init__(self, max_ticks: int = MAX_LOG_TICKS) -> None:
+    def __init__(self, max_ticks: int = MAX_LOG_TICKS, base: int = 0) -> None:
         self.max_ticks = max_ticks
+        self.base = base  # micro-turn of records[0]: those before were taken (written to the store)
         self.records: list[bytes] = []  # encode_input(tick input), one per micro-turn
         self.digests: list[bytes] = []  # output_digest(its output)
         self.full = False  # past max_ticks: logging stopped, the log no longer rebuilds the session
+        self._told_full = False  # take() has handed out the end marker
 
     def __len__(self) -> int:
         return len(self.records)
@@ -56,24 +58,42 @@ class TickLog:
         return sum(len(r) for r in self.records) + 8 * len(self.digests)
 
     def add(self, tick: TickInput, out: TickOutput) -> None:
-        if self.full or len(self.records) >= self.max_ticks:
+        if self.full or self.base + len(self.records) >= self.max_ticks:
             self.full = True
             return
         self.records.append(encode_input(tick))
         self.digests.append(output_digest(out))
 
+    def framed(self) -> list[bytes]:
+        """Each held micro-turn as one self-contained blob (length-prefixed record, then its digest)."""
+        return [_HEAD.pack(len(r)) + r + d for r, d in zip(self.records, self.digests, strict=True)]
+
+    def take(self) -> list[bytes]:
+        """The micro-turns logged since the last take, framed; they leave memory (the store has them).
+        Once the log is full, the last take ends with an end marker: a replay stops there, refused."""
+        out = self.framed()
+        self.base += len(self.records)
+        self.records, self.digests = [], []
+        if self.full and not self._told_full:
+            self._told_full = True
+            out.append(_HEAD.pack(0) + bytes(8))  # an empty record: "the log stopped here"
+        return out
+
     def to_bytes(self) -> bytes:
-        """The whole log as one blob (length-prefixed records, each followed by its digest)."""
-        return b"".join(_HEAD.pack(len(r)) + r + d for r, d in zip(self.records, self.digests, strict=True))
+        """The whole held log as one blob."""
+        return b"".join(self.framed())
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> TickLog:
-        log, at = cls(), 0
+    def from_bytes(cls, data: bytes, base: int = 0) -> TickLog:
+        log, at = cls(base=base), 0
         while at < len(data):
             (n,) = _HEAD.unpack_from(data, at)
             at += _HEAD.size
             if at + n + 8 > len(data):
                 raise ValueError("the micro-turn log is truncated")
+            if n == 0:  # the end marker: logging stopped at this micro-turn
+                log.full = True
+                break
             log.records.append(data[at : at + n])
             log.digests.append(data[at + n : at + n + 8])
             at += n + 8
@@ -122,16 +142,19 @@ def output_digest(out: TickOutput) -> bytes:
 
 def replay(model: NativeModel, state: NativeSession, log: TickLog,
            progress: Callable[[int, int], None] | None = None) -> None:
-    """Step `state`, freshly opened with the logged session's id, through every logged micro-turn; raises
-    ReplayDiverged at the first output that differs from the log's. `progress(done, total)` every 50."""
-    if state.tick != 0:
-        raise ValueError("replay rebuilds a freshly opened session; open a new one with the same id")
+    """Step `state` (opened with the logged session's id, `log.base` micro-turns old: 0 for a fresh one)
+    through every logged micro-turn; raises ReplayDiverged at the first output that differs from the
+    log's, ValueError for a log that stopped (too long). `progress(done, total)` every 50."""
+    if state.tick != log.base:
+        raise ValueError(f"the log continues micro-turn {log.base}, the session is at {state.tick}; replay "
+                         "rebuilds a session opened with the same id, from its first micro-turn on")
     if log.full:
-        raise ValueError(f"the log stopped at {log.max_ticks} micro-turns: it cannot rebuild this session")
-    for i, (record, digest) in enumerate(zip(log.records, log.digests, strict=True)):
+        raise ValueError(f"the log stopped at {log.base + len(log)} micro-turns (its bound is {log.max_ticks}): "
+                         "it cannot rebuild this session")
+    for i, (record, digest) in enumerate(zip(log.records, log.digests, strict=True), log.base):
         out = model.step([(state, decode_input(record))])[0]
         if output_digest(out) != digest:
-            raise ReplayDiverged(f"micro-turn {i} of {len(log)} came out differently when replayed (another "
+            raise ReplayDiverged(f"micro-turn {i} of {log.base + len(log)} came out differently when replayed (another "
                                  "checkpoint, or not in batch-invariant mode); the session cannot be rebuilt")
         if progress is not None and (i + 1) % 50 == 0:
-            progress(i + 1, len(log))
+            progress(i + 1, log.base + len(log))

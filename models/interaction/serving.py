@@ -31,9 +31,9 @@ from models.interaction.kv import KVPool
 from models.interaction.layers import Lin
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
 from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
+from models.interaction.replay import TickLog, replay
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
-    from models.interaction.replay import TickLog
     from models.interaction.talker import PiperTalker, TalkerSession
 from models.interaction.video import PATCH, frame_patches
 from models.registry import GRAPH_MODES
@@ -73,7 +73,7 @@ class NativeSession:
     closed: bool = False
     writer: PhraseWriter | None = None  # text decoded within the checkpoint's phrase set (None: free)
     talk: "TalkerSession | None" = None  # the Piper talker's queue (None: the flow head speaks)
-    log: "TickLog | None" = None  # its micro-turns, when it may be rebuilt elsewhere (replay.py); None: not kept
+    log: TickLog | None = None  # its micro-turns, when it may be rebuilt elsewhere (replay.py); None: not kept
 
 
 # Told, for each session of a step, what the model saw and what its heads said: (state, features row,
@@ -392,6 +392,23 @@ class NativeModel:
         st.transcript = (st.transcript + user_text)[-500:]
         gate = 1.0 if action in (SPEAK, BACKCHANNEL) else 0.0
         return gate, st.text_dec.decode(bytes(written)), user_text, events
+
+    # -- moving to another replica (`Rebuilding`, models/base.py; the log and replay: replay.py) -------
+
+    def keep_log(self, state: NativeSession) -> None:
+        state.log = TickLog()
+
+    def take_log(self, state: NativeSession) -> list[bytes]:
+        return state.log.take() if state.log is not None else []
+
+    def rebuild(self, state: NativeSession, records: list[bytes]) -> None:
+        kept, state.log = state.log, None  # the store has these micro-turns already: not logged again
+        try:
+            replay(self, state, TickLog.from_bytes(b"".join(records), base=state.tick))
+        finally:
+            state.log = kept
+            if kept is not None:
+                kept.base = state.tick
 
     # -- ageing (`Ageing`, models/base.py: admission calibrates at `steady_age`) -------------------
 

@@ -29,6 +29,7 @@ def import_moshi(device: str | None = None) -> ModuleType:
         import moshi
         import moshi.models.lm
         import moshi.models.loaders
+        import moshi.utils.compile
     except ImportError as e:
         raise ImportError(f"--model moshi needs the `moshi` package ({e}); {INSTALL_HINT}") from e
     return moshi

@@ -23,6 +23,7 @@ so N should be what the machine serves at once (`slots=`, models/moshi/options.p
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ import torch
 
 from models.base import TickInput, TickOutput
 from models.moshi.lmgen import SlotLMGen
+from models.moshi.runtime import import_moshi
 from models.moshi.sampling import Sampling
 from streaming.types import TICK_SAMPLES, Audio
 
@@ -88,6 +90,11 @@ class MoshiModel:
             # Per-session generators cannot be captured in moshi's CUDA graph of the depth step.
             self.gen._streaming_state.graphed_depth.disable = True
         self.skip_text = {lm.text_padding_token_id, lm.end_of_text_padding_id}
+        # On a CPU torch.compile costs 14.5 s cold and buys nothing: off even if moshi was imported
+        # before models.moshi could set NO_TORCH_COMPILE (runtime.py). A GPU keeps moshi's choice.
+        compile_mod = import_moshi().utils.compile
+        self._compile: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            compile_mod.no_compile if self.device.type == "cpu" else contextlib.nullcontext)
         self._free = list(range(n_slots - 1, -1, -1))  # a stack: the lowest slot is handed out first
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -124,6 +131,11 @@ class MoshiModel:
         """One micro-turn for every session of `batch`; `observe` (tests) sees each frame's tokens."""
         if not batch:
             return []
+        with self._compile():
+            return self._step(batch, observe)
+
+    def _step(self, batch: Sequence[tuple[MoshiSession, TickInput]],
+              observe: FrameObserver | None) -> list[TickOutput]:
         states = [s for s, _ in batch]
         for s in states:
             if s.closed:

@@ -22,12 +22,13 @@ LLAMA_CMAKE ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_
 APT_RUN  := espeak-ng libsndfile1 cmake g++
 APT_TEST := chromium chromium-driver sox haproxy redis-server
 
-.PHONY: serve test setup setup-test lint typecheck check bench-latency bench-reasoner llama-server clean help
+.PHONY: serve test setup setup-test setup-moshi lint typecheck check bench-latency bench-reasoner llama-server clean help
 
 help:
 	@echo "make serve   - set up and run the server with the embedded defaults (http://$(HOST):$(PORT))"
 	@echo "make test    - set up and run the whole test suite"
 	@echo "make lint    - ruff + mypy"
+	@echo "make setup-moshi - add the moshi package for --model moshi (make test does it too)"
 	@echo "make clean   - remove the virtual environment and caches"
 
 serve: setup
@@ -38,7 +39,8 @@ test: setup-test
 
 setup: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps $(BIN)/llama-server.stamp
 
-setup-test: setup $(VENV)/.stamp-apt-test
+# The tests serve a tiny random Moshi (tests/models/test_moshi*.py), so they need the moshi package too.
+setup-test: setup $(VENV)/.stamp-apt-test $(VENV)/.stamp-moshi
 
 lint: setup
 	$(BIN)/ruff check .
@@ -84,6 +86,19 @@ $(BIN)/llama-server.stamp: $(VENV)/.stamp-deps
 	@touch $@
 
 llama-server: $(BIN)/llama-server.stamp
+
+# Moshi-family weights (--model moshi, models/moshi/). moshi 0.2.13's metadata pins torch<2.10, numpy<2.3 and
+# safetensors<0.8 and pulls sounddevice, bitsandbytes, aiohttp and sphn (its client, quantisation and TTS),
+# none of which serving uses; it runs beside torch 2.13 and numpy 2.4 (the tests check it bit for bit against
+# its own LMGen). So the package goes in --no-deps, after what it really imports (pyproject's `moshi` extra).
+MOSHI ?= moshi==0.2.13
+setup-moshi: $(VENV)/.stamp-moshi
+
+$(VENV)/.stamp-moshi: $(VENV)/.stamp-deps
+	@echo ">> installing $(MOSHI) (--no-deps) and what it imports: einops, sentencepiece"
+	$(BIN)/python -m pip install --progress-bar on -e ".[moshi]"
+	$(BIN)/python -m pip install --progress-bar on --no-deps "$(MOSHI)"
+	@touch $@
 
 bench-latency: setup
 	$(BIN)/python -m bench.latency --sessions 1,32 --seconds 20

@@ -4,6 +4,8 @@
     python -m bench.engine_scaling --model native:tiny --sessions 1,8,16 --deterministic both --peak
     python -m bench.engine_scaling --model native:tiny --device cuda --sessions 1,16,64,256 --no-baseline
     python -m bench.engine_scaling --model cascade --sessions 1,4,8 --json
+    python -m bench.engine_scaling --model "moshi:slots={n},threads=2" --checkpoint DIR --sessions 1,2,4,8
+    python -m bench.engine_scaling --model "moshi:slots={n}" --checkpoint DIR --device cuda --sessions 1,8,16,32
 
 Generic over any model `models.registry.load_model` knows. It calls the model directly on this thread
 (no server, no sockets): what it measures is compute per micro-turn against the 200 ms budget.
@@ -200,9 +202,17 @@ def measure_baseline(model: InteractionModel, age: int, repeats: int) -> Baselin
     return Baseline(age, round(statistics.median(times), 1), repeats)
 
 
+def _load(args: argparse.Namespace, sessions: int) -> InteractionModel:
+    """`--model` may hold `{n}` (moshi:slots={n}): then a model is built for each point, with n its
+    number of sessions. A model with fixed slots computes every slot each step, whoever is live."""
+    name = args.model.replace("{n}", str(sessions))
+    progress(f"loading {name} ...")
+    return load_model(name, checkpoint=args.checkpoint, device=args.device)
+
+
 def run(args: argparse.Namespace) -> Report:
-    progress(f"loading {args.model} ...")
-    model = load_model(args.model, checkpoint=args.checkpoint, device=args.device)
+    per_point = "{n}" in args.model
+    model = _load(args, args.sessions[0])
     can_age, can_baseline = isinstance(model, Ageing), hasattr(model, "baseline_step")
     report = Report(
         args.model, str(getattr(model, "device", "cpu")), getattr(model, "session_bytes", None), model.max_sessions
@@ -221,8 +231,12 @@ def run(args: argparse.Namespace) -> Report:
     modes = ["default"]
     if hasattr(model, "set_deterministic"):
         modes = {"on": ["deterministic"], "off": ["fast"], "both": ["deterministic", "fast"]}[args.deterministic]
+    if per_point:
+        report.notes.append(f"model rebuilt for each point: {args.model} with n = its sessions x ages")
     for n in args.sessions:
         need = n * len(ages)
+        if per_point and model.max_sessions != need:
+            model = _load(args, need)
         if model.max_sessions is not None and need > model.max_sessions:
             report.notes.append(
                 f"{n} sessions x {len(ages)} ages exceed the model's {model.max_sessions} slots: skipped"

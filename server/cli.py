@@ -110,8 +110,11 @@ def add_serve_command(sub: Any) -> None:
     serve.add_argument("--port", type=int, default=8000, help="TCP port")
     serve.add_argument("--model", default=DEFAULT_MODEL,
                        help=f"foreground interaction model: one of {', '.join(available())}, with an option after "
-                       "a colon (echo:2 = echo delayed 2 micro-turns, native:tiny, native:base)")
-    serve.add_argument("--checkpoint", default=None, help="weights file for the model (native: safetensors)")
+                       "a colon (echo:2 = echo delayed 2 micro-turns, native:tiny, native:base, "
+                       "moshi:slots=4,greedy=true: models/moshi/options.py)")
+    serve.add_argument("--checkpoint", default=None,
+                       help="weights for the model (native: a safetensors file; moshi: a released folder or a Hugging "
+                       "Face repo id already in the local cache, read offline)")
     serve.add_argument("--device", default=None, help="torch device for the model (cpu, cuda, cuda:1)")
     _add_native_options(serve)
     # No default here: the help shows defaults, and it must never print the key's value.

@@ -4,24 +4,76 @@ A claim is an owner lease with a fencing epoch (server/store.py). While a sessio
 snapshot (server/_continuity.py) is written whenever it changed and its lease is renewed, so that
 another replica can continue it if this one dies; its resume tokens name it in the store. The
 `Runtime` decides *when* (attach, resume, detach, drain, close); this module knows *how*.
+
+For a model that rebuilds a session's state from a log of its micro-turns (`Rebuilding`, models/base.py:
+the native model), the log is appended to the store with each sync, so that another replica can replay
+it; what the last sync before a kill -9 had not written (under STORE_SYNC) is the state's lag there.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from models.base import InteractionModel, Rebuilding
 from server._continuity import fingerprint, snapshot
 from server.sessions import Session
 from server.store import Claim, SessionStore
 
 log = logging.getLogger(__name__)
 
+# Micro-turns replayed per trip to the inference thread: one, so that a long replay delays the live
+# sessions' next step by one step's time at most.
+REBUILD_CHUNK = 1
+
 
 class Claims:
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: SessionStore, model: InteractionModel | None = None) -> None:
         self.store = store
+        self.logs = model if isinstance(model, Rebuilding) else None  # keeps micro-turn logs to store
         self._claims: dict[str, Claim] = {}  # session id -> this replica's claim on it
         self._saved: dict[str, str] = {}  # session id -> fingerprint of the snapshot last written
+        self._log_restart: set[str] = set()  # sessions whose stored log begins again with the next append
+        self._unlogged: set[str] = set()  # sessions whose stored log has a hole: no longer appended
+
+    def keep_log(self, session: Session, restart: bool = False) -> None:
+        """Log the session's micro-turns (before its first step); `restart`: its stored log (a replay that
+        failed) is replaced by this one."""
+        if self.logs is not None:
+            self.logs.keep_log(session.state)
+            if restart:
+                self._log_restart.add(session.id)
+
+    async def rebuild(self, session: Session, run: Callable[..., Awaitable[Any]]) -> tuple[int, str | None]:
+        """Replay the session's stored micro-turn log into its freshly opened model state, one micro-turn per
+        call of `run` (Engine.call: the inference thread), so that live sessions' steps go in between
+        instead of waiting for the whole replay. Returns the micro-turns replayed and, when it failed,
+        why (the state is then to be opened afresh)."""
+        if self.logs is None:
+            return 0, None
+        records = await self.store.load_log(session.id)
+        try:
+            for i in range(0, len(records), REBUILD_CHUNK):
+                await run(self.logs.rebuild, session.state, records[i : i + REBUILD_CHUNK])
+        except ValueError as exc:
+            return i, str(exc)
+        return len(records), None
+
+    async def write_log(self, session: Session, claim: Claim) -> None:
+        """Append what the session logged since the last write."""
+        if self.logs is None or session.state is None:
+            return
+        records = self.logs.take_log(session.state)
+        restart = session.id in self._log_restart
+        if (not records and not restart) or session.id in self._unlogged:
+            return
+        if await self.store.append_log(claim, records, restart=restart) is None:
+            # Those records are gone from memory: a log with a hole rebuilds nothing, so stop writing it.
+            log.warning("session %s: its micro-turn log could not be written; it cannot be rebuilt elsewhere",
+                        session.id)
+            self._unlogged.add(session.id)
+        self._log_restart.discard(session.id)
 
     def holds(self, session: Session) -> bool:
         return session.id in self._claims
@@ -71,14 +123,21 @@ class Claims:
             return
         self._saved.pop(session.id, None)
         if await self.store.save(claim, snapshot(session)):
+            await self.write_log(session, claim)
             await self.store.hand_off(claim)
+        self._forget(session)
 
     async def release(self, session: Session) -> None:
         """The session ended here: its lease and snapshot go."""
         claim = self._claims.pop(session.id, None)
         self._saved.pop(session.id, None)
+        self._forget(session)
         if claim is not None:
             await self.store.release(claim)
+
+    def _forget(self, session: Session) -> None:
+        self._log_restart.discard(session.id)
+        self._unlogged.discard(session.id)
 
     async def sync(self, sessions: list[Session]) -> list[Session]:
         """Renew the leases of `sessions` and write changed snapshots; returns those another replica took
@@ -92,9 +151,12 @@ class Claims:
             if renewed == 2:  # the store restarted empty: write everything again
                 log.info("session store lost session %s; writing it again", session.id)
                 self._saved.pop(session.id, None)
+                self._unlogged.add(session.id)  # its log's start is gone with the store's memory
                 await self.bind_token(session)
             if renewed == 0 or (renewed is not None and await self.save(session, claim) is False):
                 log.warning("session %s was taken over by another replica; closing it here", session.id)
                 self._claims.pop(session.id, None)
                 lost.append(session)
+            elif renewed is not None:
+                await self.write_log(session, claim)
         return lost

@@ -138,7 +138,7 @@ class Runtime:
         runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
         if cfg.session_store:
             store = SessionStore.from_url(cfg.session_store, cfg.replica_id, cfg.resume_grace, LEASE_S)
-            runtime.claims = Claims(store)
+            runtime.claims = Claims(store, model)
             metrics.store_errors.set_function(lambda: store.errors)
         await engine.start()
         if runtime.agent is not None:
@@ -204,6 +204,8 @@ class Runtime:
         session.background = self.background_factory(session)
         self.registry.reattach(session, sink)
         sink.bind(session, resumed=False)
+        if self.claims is not None:
+            self.claims.keep_log(session)  # before its first step
         self.engine.add(session)
         if self.claims is not None:
             await self.claims.own(session)
@@ -259,19 +261,30 @@ class Runtime:
                           f"for {self.config.resume_grace:g} s after your disconnect: retry with the same token",
                           503, 1013, {"Retry-After": "2"}) from None
         restore(session, restored)
+        self.claims.keep_log(session)
+        await self.claims.adopt(session, claim, previous_token=token)  # its lease is renewed during a rebuild
+        replayed, failed = await self.claims.rebuild(session, self.engine.call)  # the model's state, if it can
+        if failed:
+            log.warning("session %s: the model's state could not be rebuilt (%s); it starts afresh", sid, failed)
+            await self.engine.call(self.model.close, session.state)
+            session.state = await self.engine.open_state(sid)
+            self.claims.keep_log(session, restart=True)
         session.background = self.background_factory(session)
         self.registry.reattach(session, sink)
         sink.bind(session, resumed=True)
         self.engine.add(session)
+        if failed:
+            sink.emit(p.error_event("model_state_lost", f"the model's memory of this conversation could not be "
+                                    f"rebuilt on this server ({failed}); it starts afresh", kind="server_error"))
         lost = continue_work(session, sink, restored)  # what its client missed; background asked again
         if lost:
             self.metrics.dropped_events.labels("backlog_full").inc(lost)
             sink.emit(p.error_event("backlog_overflow", f"{lost} outputs/events produced while you were "
                                     "disconnected were not carried to this server and are lost", kind="server_error"))
-        await self.claims.adopt(session, claim, previous_token=token)
         self.metrics.sessions_restored.inc()
         self.metrics.restore_seconds.observe(time.monotonic() - started)
-        log.info("session %s restored from the store (%d conversation entries)", sid, len(session.log.entries))
+        log.info("session %s restored from the store (%d conversation entries, %d micro-turns replayed)", sid,
+                 len(session.log.entries), replayed)
         return session
 
     async def sync_store(self) -> None:

@@ -9,6 +9,9 @@ on another replica is the next step). Keys, all under `duplex:`:
   renewed by the owner every second.
 - `t:{sha256(token)}` (string): the session a resume token names (tokens are credentials: stored
   hashed); expires after the resume grace.
+- `log:{session}` (list): the model's micro-turn log, for a model that rebuilds a session's state by
+  replaying it (`Rebuilding`, models/base.py: the native model); appended under the same fencing epoch,
+  expiring with the session.
 
 A replica that attaches a session **claims** it: the lease is taken with `SET NX` (or kept, if it is
 already its own), and the session's epoch is incremented; the new epoch is the fencing token every later
@@ -61,15 +64,17 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 """
 
-# KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = '{replica}:{epoch}', ARGV[2] = lease ms, ARGV[3] = ttl s,
-# ARGV[4] = epoch, ARGV[5] = replica id. Returns 1 when renewed, 0 when another replica took the session
-# (the lease is someone else's, or the epoch moved on), 2 when the store had lost both (it restarted
-# empty): the lease and epoch are written again and the caller writes its snapshot and token again.
+# KEYS[1] = lease key, KEYS[2] = session hash, KEYS[3] = log key; ARGV[1] = '{replica}:{epoch}', ARGV[2] =
+# lease ms, ARGV[3] = ttl s, ARGV[4] = epoch, ARGV[5] = replica id. Returns 1 when renewed, 0 when another
+# replica took the session (the lease is someone else's, or the epoch moved on), 2 when the store had lost
+# both (it restarted empty): the lease and epoch are written again and the caller writes its snapshot and
+# token again.
 _RENEW = """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('EXPIRE', KEYS[2], ARGV[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[3])
   return 1
 end
 if holder or redis.call('EXISTS', KEYS[2]) == 1 then
@@ -81,13 +86,34 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 2
 """
 
-# KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = '{replica}:{epoch}'. Deletes both when ours.
+# KEYS[1] = lease key, KEYS[2] = session hash, KEYS[3] = log key; ARGV[1] = '{replica}:{epoch}'.
+# Deletes all three when ours.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 return 1
+"""
+
+# KEYS[1] = session hash, KEYS[2] = log key; ARGV[1] = epoch, ARGV[2] = ttl s, ARGV[3] = '1' to start the
+# log again, ARGV[4..] = records. Returns the log's length, or -1 when the epoch is stale.
+_APPEND_LOG = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
+  return -1
+end
+if ARGV[3] == '1' then
+  redis.call('DEL', KEYS[2])
+end
+local n = 0
+for i = 4, #ARGV do
+  n = redis.call('RPUSH', KEYS[2], ARGV[i])
+end
+if n == 0 then
+  n = redis.call('LLEN', KEYS[2])
+end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return n
 """
 
 # KEYS[1] = lease key; ARGV[1] = '{replica}:{epoch}'. Deletes the lease (not the snapshot) when ours.
@@ -125,6 +151,7 @@ class SessionStore:
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._hand_off = client.register_script(_HAND_OFF)
+        self._append_log = client.register_script(_APPEND_LOG)
 
     @classmethod
     def from_url(cls, url: str, replica_id: str, ttl_s: float, lease_s: float = 3.0) -> SessionStore:
@@ -167,7 +194,8 @@ class SessionStore:
         the same epoch (write the snapshot and token again), None the store could not be asked."""
         try:
             result = int(await self._renew(
-                keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}"],
+                keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}",
+                      f"{PREFIX}log:{claim.session_id}"],
                 args=[f"{self.replica_id}:{claim.epoch}", self.lease_ms, self.ttl_s, claim.epoch, self.replica_id]))
         except RedisError as exc:
             self._failed("renew", exc)
@@ -178,7 +206,8 @@ class SessionStore:
     async def release(self, claim: Claim) -> bool:
         """The session closed for good: forget it (only if still ours)."""
         try:
-            ok = await self._release(keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}"],
+            ok = await self._release(keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}",
+                                           f"{PREFIX}log:{claim.session_id}"],
                                      args=[f"{self.replica_id}:{claim.epoch}"])
         except RedisError as exc:
             self._failed("release", exc)
@@ -211,6 +240,26 @@ class SessionStore:
             self.errors += 1  # the store answered (still reachable); what it holds is unusable
             log.warning("session store: session %s holds an unreadable snapshot: %s", session_id, exc)
             return None
+
+    async def append_log(self, claim: Claim, records: list[bytes], restart: bool = False) -> int | None:
+        """Append to the session's micro-turn log (`restart`: it begins again, from these); returns its
+        length, or None when the claim is stale or the store fails."""
+        try:
+            n = int(await self._append_log(keys=[f"{PREFIX}s:{claim.session_id}", f"{PREFIX}log:{claim.session_id}"],
+                                           args=[str(claim.epoch), self.ttl_s, "1" if restart else "0", *records]))
+        except RedisError as exc:
+            self._failed("append_log", exc)
+            return None
+        return n if n >= 0 else None
+
+    async def load_log(self, session_id: str) -> list[bytes]:
+        """The session's micro-turn log, oldest first; empty when there is none or the store fails."""
+        try:
+            records = await self._r.lrange(f"{PREFIX}log:{session_id}", 0, -1)
+        except RedisError as exc:
+            self._failed("load_log", exc)
+            return []
+        return [r.encode() if isinstance(r, str) else r for r in records]
 
     async def bind_token(self, token: str, session_id: str, previous: str | None = None) -> bool:
         """`token` now names `session_id` (a rotation: `previous` stops naming it)."""

@@ -19,20 +19,24 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import threading
 import zlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from models.base import BackgroundChunk, TickInput, TickOutput
 from streaming.types import TICK_SAMPLES
 
-if TYPE_CHECKING:
-    from models.interaction.serving import NativeModel, NativeSession
-
 MAX_LOG_TICKS = 3000  # 10 minutes: a longer session stops logging (it can no longer be rebuilt elsewhere)
 _HEAD = struct.Struct("<I")  # length of a record's JSON header
+
+
+class Stepping(Protocol):
+    """What a replay steps (the native model, serving.py; not imported here: it imports this module)."""
+
+    def step(self, batch: Sequence[tuple[Any, TickInput]]) -> list[TickOutput]: ...
 
 
 class ReplayDiverged(ValueError):
@@ -49,6 +53,8 @@ class TickLog:
         self.digests: list[bytes] = []  # output_digest(its output)
         self.full = False  # past max_ticks: logging stopped, the log no longer rebuilds the session
         self._told_full = False  # take() has handed out the end marker
+        # add() runs on the inference thread, take() on the server's event loop: one at a time.
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.records)
@@ -58,11 +64,15 @@ class TickLog:
         return sum(len(r) for r in self.records) + 8 * len(self.digests)
 
     def add(self, tick: TickInput, out: TickOutput) -> None:
-        if self.full or self.base + len(self.records) >= self.max_ticks:
-            self.full = True
+        if self.full:
             return
-        self.records.append(encode_input(tick))
-        self.digests.append(output_digest(out))
+        record, digest = encode_input(tick), output_digest(out)
+        with self._lock:
+            if self.full or self.base + len(self.records) >= self.max_ticks:
+                self.full = True
+                return
+            self.records.append(record)
+            self.digests.append(digest)
 
     def framed(self) -> list[bytes]:
         """Each held micro-turn as one self-contained blob (length-prefixed record, then its digest)."""
@@ -71,12 +81,13 @@ class TickLog:
     def take(self) -> list[bytes]:
         """The micro-turns logged since the last take, framed; they leave memory (the store has them).
         Once the log is full, the last take ends with an end marker: a replay stops there, refused."""
-        out = self.framed()
-        self.base += len(self.records)
-        self.records, self.digests = [], []
-        if self.full and not self._told_full:
-            self._told_full = True
-            out.append(_HEAD.pack(0) + bytes(8))  # an empty record: "the log stopped here"
+        with self._lock:
+            out = self.framed()
+            self.base += len(self.records)
+            self.records, self.digests = [], []
+            if self.full and not self._told_full:
+                self._told_full = True
+                out.append(_HEAD.pack(0) + bytes(8))  # an empty record: "the log stopped here"
         return out
 
     def to_bytes(self) -> bytes:
@@ -140,7 +151,7 @@ def output_digest(out: TickOutput) -> bytes:
     return h.digest()
 
 
-def replay(model: NativeModel, state: NativeSession, log: TickLog,
+def replay(model: Stepping, state: Any, log: TickLog,
            progress: Callable[[int, int], None] | None = None) -> None:
     """Step `state` (opened with the logged session's id, `log.base` micro-turns old: 0 for a fresh one)
     through every logged micro-turn; raises ReplayDiverged at the first output that differs from the

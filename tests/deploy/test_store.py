@@ -94,3 +94,20 @@ def test_a_snapshot_that_cannot_be_read_is_refused_with_what_is_wrong() -> None:
     for snap in cases:
         with pytest.raises(ValueError, match="session snapshot is not readable"):
             parse(snap)
+
+
+async def test_the_micro_turn_log_is_fenced_restartable_and_released(stores: tuple[SessionStore, SessionStore]) -> None:
+    """A model's micro-turn log (server/claims.py) is appended under the claim's epoch, like a snapshot."""
+    a, b = stores
+    sid = "sess_r1_log"
+    first = await a.claim(sid)
+    assert first is not None
+    assert await a.append_log(first, [b"t0", b"t1"]) == 2 and await a.append_log(first, [b"t2"]) == 3
+    assert await b.load_log(sid) == [b"t0", b"t1", b"t2"]
+    await asyncio.sleep(LEASE_S + 0.1)
+    second = await b.claim(sid)
+    assert second is not None
+    assert await a.append_log(first, [b"stale"]) is None  # the old owner's write is refused
+    assert await b.append_log(second, [b"again"], restart=True) == 1  # a failed rebuild starts it over
+    assert await b.load_log(sid) == [b"again"]
+    assert await b.release(second) and await a.load_log(sid) == []

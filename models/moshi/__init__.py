@@ -29,15 +29,16 @@ def _state_tensors(state: Any) -> list[Any]:
     return found
 
 
-def slot_bytes(lm: Any, mimi: Any) -> int:
+def slot_bytes(lm: Any, mimi: Any, conditions: Any = None) -> int:
     """Bytes of streaming state one slot holds: measured by entering streaming for one slot (the LM's
     KV ring buffers and token cache, its depth transformer's, Mimi's encoder and decoder), not guessed.
-    The modules must not be streaming already. On the meta device nothing is allocated."""
+    The modules must not be streaming already. On the meta device nothing is allocated. `conditions`:
+    a conditioned LM's condition tensors for one slot."""
     from models.moshi.lmgen import SlotLMGen
     from models.moshi.sampling import Sampling
 
     total, seen = 0, set()
-    gen = SlotLMGen(lm, Sampling(greedy=True), 1)
+    gen = SlotLMGen(lm, Sampling(greedy=True), 1, conditions)
     for module in (gen, mimi, lm.depformer):
         if module is None:
             continue
@@ -88,7 +89,7 @@ def load_moshi(arg: str = "", checkpoint: str | None = None, device: str | None 
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}.get(
         opts.dtype, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     loaded = load(checkpoint or opts.checkpoint or None, dev, dtype)
-    per_slot = slot_bytes(loaded.lm, loaded.mimi)
+    per_slot = slot_bytes(loaded.lm, loaded.mimi, loaded.conditions(1))
     if opts.budget_mb:
         budget = int(opts.budget_mb * 2**20)
     else:
@@ -102,10 +103,14 @@ def load_moshi(arg: str = "", checkpoint: str | None = None, device: str | None 
     sampling = Sampling(greedy=opts.greedy, temp=pick(opts.temp, "temp", 0.8),
                         temp_text=pick(opts.temp_text, "temp_text", 0.7), top_k=pick(opts.top_k, "top_k", 250),
                         top_k_text=pick(opts.top_k_text, "top_k_text", 25))
-    model = MoshiModel(loaded.lm, loaded.mimi, loaded.tokenizer, n, sampling, name="moshi", slot_bytes=per_slot)
+    if gen_cfg.get("cfg_coef", 1.0) != 1.0:
+        log.info("moshi: the checkpoint's cfg_coef %s (classifier-free guidance) is not served: 1.0",
+                 gen_cfg["cfg_coef"])
+    model = MoshiModel(loaded.lm, loaded.mimi, loaded.tokenizer, n, sampling, name="moshi", slot_bytes=per_slot,
+                       conditions=loaded.conditions(n))
     params = sum(p.numel() for p in loaded.lm.parameters())
-    log.info("moshi %s: %.1f M LM parameters (%s) on %s, %d slots of %.1f MiB, %s", loaded.label, params / 1e6,
-             str(dtype).removeprefix("torch."), dev, n, per_slot / 2**20,
+    log.info("%s %s: %.1f M LM parameters (%s) on %s, %d slots of %.1f MiB, %s", loaded.model_type, loaded.label,
+             params / 1e6, str(dtype).removeprefix("torch."), dev, n, per_slot / 2**20,
              "greedy" if sampling.greedy else f"sampled per session (temp {sampling.temp}/{sampling.temp_text}, "
              f"top-k {sampling.top_k}/{sampling.top_k_text})")
     return model

@@ -55,6 +55,20 @@ class Loaded:
     tokenizer: Any  # sentencepiece.SentencePieceProcessor
     lm_gen_config: dict[str, Any]  # the checkpoint's own sampling defaults (may be empty)
     label: str  # what to call it in logs
+    model_type: str  # "moshi" or "hibiki"
+
+    def conditions(self, n_slots: int) -> Any:
+        """What a conditioned LM (Hibiki) is told, one row per slot; None for an unconditioned one.
+
+        Hibiki sums a looked-up quality description into every step; moshi's own inference asks it for
+        "very_good" and, with classifier-free guidance, contrasts "very_bad". Guidance doubles the batch
+        and is not served here (cfg_coef 1): every slot gets "very_good"."""
+        provider = self.lm.condition_provider
+        if provider is None or not provider.conditioners:
+            return None
+        attributes = import_moshi().conditioners.ConditionAttributes
+        return provider.prepare_and_provide(
+            [attributes(text={"description": "very_good"}, tensor={}) for _ in range(n_slots)])
 
 
 def resolve(checkpoint: str | None) -> Path:
@@ -160,7 +174,12 @@ def load(checkpoint: str | None, device: torch.device, dtype: torch.dtype) -> Lo
     except Exception as e:
         raise CheckpointError(f"{files.tokenizer}: not a sentencepiece model ({_short(e)})") from None
     _check_fit(files, lm, mimi, tokenizer)
-    return Loaded(lm, mimi, tokenizer, dict(info.lm_gen_config), files.folder.name or str(files.folder))
+    conditioned = lm.condition_provider is not None and bool(lm.condition_provider.conditioners)
+    if conditioned and (info.model_type != "hibiki" or set(lm.condition_provider.conditioners) != {"description"}):
+        raise CheckpointError(f"{files.config}: an LM conditioned on {sorted(lm.condition_provider.conditioners)} "
+                              f"({info.model_type}); only Hibiki's description conditioning is served")
+    return Loaded(lm, mimi, tokenizer, dict(info.lm_gen_config), files.folder.name or str(files.folder),
+                  info.model_type)
 
 
 def _check_fit(files: MoshiFiles, lm: Any, mimi: Any, tokenizer: Any) -> None:

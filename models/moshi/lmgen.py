@@ -33,10 +33,12 @@ class SlotLMGen(LMGen):  # LMGen is Any here: moshi's types are not checked
     model sets it when a session opens and clears it at close.
     """
 
-    def __init__(self, lm_model: Any, sampling: Sampling, n_slots: int) -> None:
+    def __init__(self, lm_model: Any, sampling: Sampling, n_slots: int, conditions: Any = None) -> None:
+        """`conditions`: a conditioned LM's condition tensors, one row per slot (`Loaded.conditions`)."""
         # use_sampling=False: moshi's own sample_token becomes an argmax, which the hook below steers.
         super().__init__(lm_model, use_sampling=False, temp=sampling.temp, temp_text=sampling.temp_text,
-                         top_k=sampling.top_k, top_k_text=sampling.top_k_text, support_out_of_sync=True)
+                         top_k=sampling.top_k, top_k_text=sampling.top_k_text, support_out_of_sync=True,
+                         condition_tensors=conditions)
         self.sampling = sampling
         self.generators: list[torch.Generator | None] = [None] * n_slots
         if not sampling.greedy:

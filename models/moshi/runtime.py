@@ -27,6 +27,7 @@ def import_moshi(device: str | None = None) -> ModuleType:
             os.environ.setdefault("NO_TORCH_COMPILE", "1")
     try:
         import moshi
+        import moshi.conditioners
         import moshi.models.lm
         import moshi.models.loaders
         import moshi.utils.compile

@@ -68,7 +68,8 @@ class MoshiModel:
     delegates = False  # Moshi speaks for itself: it never asks the background reasoner
 
     def __init__(self, lm: Any, mimi: Any, tokenizer: Any, n_slots: int, sampling: Sampling, name: str = "moshi",
-                 slot_bytes: int = 0) -> None:
+                 slot_bytes: int = 0, conditions: Any = None) -> None:
+        """`conditions`: a conditioned LM's (Hibiki's) condition tensors for `n_slots` rows, else None."""
         if n_slots < 1:
             raise ValueError(f"moshi needs at least one slot, got {n_slots}")
         self.name = name
@@ -83,7 +84,7 @@ class MoshiModel:
         # samples by at most one frame less the remainder (960 at 24 kHz); with that much silence first,
         # a session's micro-turn never waits for a frame that the next micro-turn brings.
         self.lead = (self.frame - TICK_SAMPLES % self.frame) % self.frame
-        self.gen = SlotLMGen(lm, sampling, n_slots)
+        self.gen = SlotLMGen(lm, sampling, n_slots, conditions)
         self.gen.streaming_forever(n_slots)
         self.mimi.streaming_forever(n_slots)
         if self.device.type == "cuda" and not sampling.greedy:

@@ -96,7 +96,8 @@ def train_tokenizer(vocab: int = TEXT_VOCAB) -> bytes:
 def write(out: str | Path, seed: int = 0, preset: str = "tiny", device: str = "cpu") -> Path:
     """Write a random checkpoint folder `out` (created if needed) and return it.
 
-    `preset`: "tiny" (the shrunk configs, ~2 MB) or "7b" (moshi's own 7B LM and Mimi configurations
+    `preset`: "tiny" (the shrunk configs, ~2 MB), "tiny-hibiki" (the same LM conditioned as Hibiki is)
+    or "7b" (moshi's own 7B LM and Mimi configurations
     unchanged, the LM in bf16: ~15 GB on disk, for speed and memory measurements on a GPU; build it on
     `device` "cuda" to be quick)."""
     moshi = import_moshi(device)
@@ -109,15 +110,17 @@ def write(out: str | Path, seed: int = 0, preset: str = "tiny", device: str = "c
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     lm_cfg, mimi_cfg = PRESETS[preset]()
-    dtype = torch.float32 if preset == "tiny" else torch.bfloat16
-    lm = moshi.models.loaders.get_moshi_lm(None, lm_kwargs=lm_cfg, device=device, dtype=dtype)
+    dtype = torch.bfloat16 if preset == "7b" else torch.float32
+    model_type = "hibiki" if preset == "tiny-hibiki" else "moshi"
+    # moshi's conditioner factory writes into the dicts it is given: build from a copy, save the original.
+    lm = moshi.models.loaders.get_moshi_lm(None, lm_kwargs=copy.deepcopy(lm_cfg), device=device, dtype=dtype)
     mimi = moshi.models.loaders.get_mimi(None, mimi_cfg, device=device)
     save_file({k: v.contiguous().cpu() for k, v in lm.state_dict().items()}, str(folder / LM_NAME))
     del lm
     save_file({k: v.contiguous().cpu() for k, v in mimi.state_dict().items()}, str(folder / MIMI_NAME))
     (folder / TOKENIZER_NAME).write_bytes(train_tokenizer(lm_cfg["text_card"]))
     (folder / MIMI_CONFIG_NAME).write_text(json.dumps(mimi_cfg, indent=1))
-    config = {**lm_cfg, "model_type": "moshi", "moshi_name": LM_NAME, "mimi_name": MIMI_NAME,
+    config = {**lm_cfg, "model_type": model_type, "moshi_name": LM_NAME, "mimi_name": MIMI_NAME,
               "tokenizer_name": TOKENIZER_NAME, "mimi_config_name": MIMI_CONFIG_NAME}
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=1))
     return folder
@@ -129,8 +132,17 @@ def full_configs() -> tuple[dict[str, Any], dict[str, Any]]:
     return copy.deepcopy(loaders._lm_kwargs), copy.deepcopy(loaders._mimi_config)
 
 
+def hibiki_config() -> dict[str, Any]:
+    """The tiny LM conditioned as Hibiki is: a looked-up "description" embedding summed into each step."""
+    return {**lm_config(), "conditioners": {"description": {"type": "lut", "lut": {
+        "n_bins": 5, "dim": 16, "tokenizer": "noop",
+        "possible_values": ["very_bad", "bad", "neutral", "good", "very_good"]}}},
+        "fuser": {"sum": ["description"]}}
+
+
 PRESETS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any]]]] = {
     "tiny": lambda: (lm_config(), mimi_config()),
+    "tiny-hibiki": lambda: (hibiki_config(), mimi_config()),
     "7b": full_configs,
 }
 
@@ -139,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m models.moshi.tiny", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder to write (created; files in it are overwritten)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    ap.add_argument("--preset", choices=("tiny", "7b"), default="tiny",
+    ap.add_argument("--preset", choices=tuple(PRESETS), default="tiny",
                     help="7b: moshi's full-size configuration (~15 GB, for GPU measurements)")
     ap.add_argument("--device", default="cpu", help="where to build the random weights (cuda: much faster for 7b)")
     args = ap.parse_args(argv)

@@ -52,17 +52,18 @@ def reference(tiny_dir: Path) -> tuple[Any, Any]:
 
 def served(tiny_dir: Path, sampling: Sampling, slots: int) -> MoshiModel:
     parts = checkpoint.load(str(tiny_dir), torch.device("cpu"), torch.float32)
-    return MoshiModel(parts.lm, parts.mimi, parts.tokenizer, slots, sampling)
+    return MoshiModel(parts.lm, parts.mimi, parts.tokenizer, slots, sampling, conditions=parts.conditions(slots))
 
 
 def alone(reference: tuple[Any, Any], ticks: list[np.ndarray], sampling: Sampling,
-          seed: int) -> tuple[list[list[int] | None], np.ndarray]:
+          seed: int, conditions: Any = None) -> tuple[list[list[int] | None], np.ndarray]:
     """moshi's LMGen at batch 1 over a session's input: tokens per frame and the audio stream
     (960 samples of lead, then each frame's decoded audio or silence while ungenerated)."""
     lm_model, mimi = reference
     moshi = import_moshi()
     gen = moshi.models.lm.LMGen(lm_model, use_sampling=not sampling.greedy, temp=sampling.temp,
-                                temp_text=sampling.temp_text, top_k=sampling.top_k, top_k_text=sampling.top_k_text)
+                                temp_text=sampling.temp_text, top_k=sampling.top_k, top_k_text=sampling.top_k_text,
+                                condition_tensors=conditions)
     audio = np.concatenate(ticks)
     frame = mimi.frame_size
     tokens: list[list[int] | None] = []
@@ -117,6 +118,7 @@ def run_schedule(model: MoshiModel) -> dict[str, Run]:
             runs[name].inputs.append(next(inputs[name]))
             batch.append((runs[name].state, TickInput(runs[name].inputs[-1], TICK_SAMPLES)))
         outs = model.step(batch, observe=lambda st, tok: by_state[id(st)].tokens.append(tok))
+        torch.rand(t + 1)  # draws from torch's global generator change nothing: sessions use their own
         for name, out in zip(names, outs, strict=True):
             assert out.audio.shape == (TICK_SAMPLES,) and out.audio.dtype == np.float32
             runs[name].audio.append(out.audio)
@@ -175,3 +177,21 @@ def test_slots_are_held_until_close(tiny_dir: Path) -> None:
     with pytest.raises(ValueError, match="was closed"):
         model.step([(a, TickInput(noise(0, 1)[0], TICK_SAMPLES))])
     assert model.open("c").slot == a.slot
+
+
+def test_hibiki_conditioning_served_per_slot(tmp_path: Path) -> None:
+    """A checkpoint conditioned as Hibiki is (model_type hibiki, a looked-up description summed into every
+    step): each slot is told "very_good", as moshi's own inference does, and a session beside another
+    equals LMGen alone with that condition."""
+    ckpt = tiny.write(tmp_path / "tiny-hibiki", preset="tiny-hibiki")
+    model = served(ckpt, Sampling(greedy=True), slots=2)
+    a, b = model.open("a"), model.open("b")
+    ticks = noise(5, 2)
+    got: list[Any] = []
+    for k, audio in enumerate(ticks):
+        batch = [(a, TickInput(audio, TICK_SAMPLES)), (b, TickInput(noise(9 + k, 1)[0], TICK_SAMPLES))]
+        model.step(batch, observe=lambda st, tok: got.append(tok) if st is a else None)
+    ref = checkpoint.load(str(ckpt), torch.device("cpu"), torch.float32)
+    assert ref.model_type == "hibiki" and ref.conditions(1) is not None
+    want, _ = alone((ref.lm, ref.mimi), ticks, Sampling(greedy=True), 0, ref.conditions(1))
+    assert got == want and any(t is not None for t in got)

@@ -167,9 +167,14 @@ def test_text_tokens_become_the_transcript(compared: Any) -> None:
     assert any(run.text for run in runs.values())
 
 
-def test_slots_are_held_until_close(tiny_dir: Path) -> None:
+def test_slots_are_held_until_close_and_cancel_silences(tiny_dir: Path) -> None:
     model = served(tiny_dir, Sampling(greedy=True), slots=2)
     a, b = model.open("a"), model.open("b")
+    audio = noise(3, 3)
+    assert np.any(model.step([(a, TickInput(audio[0], TICK_SAMPLES))])[0].audio)
+    assert np.any(model.step([(a, TickInput(audio[1], TICK_SAMPLES))])[0].audio)
+    cancelled = model.step([(a, TickInput(audio[2], TICK_SAMPLES, cancel=True))])[0]
+    assert not np.any(cancelled.audio), "a cancel drops what was made and not yet sent"
     assert {a.slot, b.slot} == {0, 1} and model.max_sessions == 2
     with pytest.raises(RuntimeError, match="all 2 moshi slots are held"):
         model.open("c")

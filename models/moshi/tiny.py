@@ -15,8 +15,9 @@ released Mimi has none: the package's built-in one applies):
     mimi_config.json                                the shrunk Mimi (named by config.json's mimi_config_name)
     tokenizer_spm_32k_3.model                       a sentencepiece model trained here on a few sentences
 
-About 2 MB in all; nothing is downloaded. The weights mean nothing: the model babbles, but it does
-exactly the work a real Moshi does per frame, so batching and streaming are tested for real.
+About 2 MB in all; nothing is downloaded. The weights mean nothing: the model babbles, but it takes
+the same steps per frame as a real Moshi (at a fraction of the size), so batching and streaming are
+tested for real.
 """
 
 from __future__ import annotations

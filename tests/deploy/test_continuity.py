@@ -1,21 +1,21 @@
-"""What a session takes along when its replica dies: two real replicas (`duplex serve`, echo model, an
-OpenAI-compatible reasoner on loopback) sharing a real Redis, no proxy (a resume is sent to the
-surviving replica directly, as the proxy would once the dead one is marked down).
+"""What a session takes along when it moves: two real replicas (the real app on loopback ports, in
+threads of this process) sharing a real Redis, no proxy (a resume is sent to the other replica
+directly, as the proxy does once the first one is down). The first replica stops as on SIGTERM (a
+drain hands its sessions on); a replica killed with -9 is tests/deploy/test_failover.py's case.
 
-Checked in one run, because each step needs the state the previous one left: conversation items are
-retrieved on the replica that made them and after the move; a background request in flight when the
-replica died is asked again on the new one, and its client is told what the old answer had said; the
-events a detached client missed are carried and handed over; a full replica takes the refugee into its
-restore reserve; with no room left the resume gets `no_room` and the session waits in the store.
+Echo replicas with an OpenAI-compatible reasoner on loopback, checked in one run because each step needs
+the state the previous one left: conversation items are retrieved on the replica that made them and
+after the move; a background request in flight is asked again on the new replica, and its client is
+told what the old answer had said; the events a detached client missed are carried and handed over; a
+full replica takes the refugee into its restore reserve; with no room left the resume gets `no_room`
+and the session waits in the store. Then the native model's state, rebuilt from its log (T4).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,15 +25,26 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from models.base import TickInput
+from models.echo import EchoModel
 from models.interaction import NativeModel
 from streaming.pcm import float32_to_pcm16, pcm16_to_float32
-from tests.conftest import ServerProc, start_server
 from tests.models.test_interaction_runtime import speaking_net
 from tests.server._background_stub import ScriptedOpenAI
-from tests.server._inproc import serve_in_thread
-from tests.wsclient import TICK, collect_audio, open_ws, pcm16, random_pcm, recv_event, recv_until, send, start_session
+from tests.server._inproc import InProcessServer, serve_in_thread
+from tests.wsclient import (
+    TICK,
+    Event,
+    collect_audio,
+    open_ws,
+    pcm16,
+    random_pcm,
+    recv_event,
+    recv_until,
+    send,
+    start_session,
+)
 
-STORE_WRITTEN = 1.0  # s: a few of the replicas' store syncs (0.4 s apart)
+HELD_WORD = 0.6  # s: the held answer's first word has reached the detached session's backlog
 NATIVE_TICKS = 6  # micro-turns the native session lives before it moves
 
 
@@ -48,13 +59,6 @@ class HeldAnswer(ScriptedOpenAI):
         await asyncio.sleep(0.3)  # its client has dropped by then: the word waits in the backlog
         await self._chunk(w, {"content": "partly"})
         await self._closing.wait()
-
-
-def _replica(rid: str, capacity: int, redis_url: str, stub: ScriptedOpenAI, tmp: Path) -> ServerProc:
-    return start_server("--model", "echo:1", "--replica-id", rid, "--cluster-secret", "test-secret",
-                        "--session-store", redis_url, "--resume-grace", "20", "--max-sessions", str(capacity),
-                        "--restore-reserve", "1", "--background", "openai", "--background-url", stub.base_url,
-                        "--background-model", "scripted", "--log-level", "warning", tmp_path=tmp)
 
 
 async def _resume(url: str, token: str, budget: float = 8.0) -> tuple[ClientConnection | None, dict[str, Any]]:
@@ -73,42 +77,27 @@ async def _resume(url: str, token: str, budget: float = 8.0) -> tuple[ClientConn
         await asyncio.sleep(0.1)
 
 
-async def test_a_session_moves_with_its_items_backlog_and_background_requests(redis_url: str,
-                                                                             tmp_path: Path) -> None:
+async def test_a_session_moves_with_its_items_backlog_and_background_requests(redis_url: str) -> None:
     stub = HeldAnswer().start()
-    r1 = _replica("r1", 2, redis_url, stub, tmp_path)
-    r2 = _replica("r2", 1, redis_url, stub, tmp_path)
+    cfg: dict[str, Any] = {"session_store": redis_url, "cluster_secret": "test-secret", "resume_grace": 20,
+                           "phase_groups": 1, "restore_reserve": 1, "background": "openai",
+                           "background_url": stub.base_url, "background_model": "scripted"}
     try:
-        await _move(r1, r2, redis_url)
+        with contextlib.ExitStack() as stack:
+            r2 = stack.enter_context(serve_in_thread(EchoModel(1), replica_id="r2", max_sessions=1, **cfg))
+            await _move(serve_in_thread(EchoModel(1), replica_id="r1", max_sessions=2, **cfg), r2, redis_url)
     finally:
-        r2.stop()
-        r1.stop(signal.SIGKILL)
         stub.stop()
 
 
-async def _move(r1: ServerProc, r2: ServerProc, redis_url: str) -> None:
-    # 1. On r1: a typed item, retrievable there; an unknown id is an error naming it.
-    ws, first = await start_session(r1.ws_url)
-    await send(ws, {"type": "conversation.item.create", "item": {
-        "id": "item_keep", "type": "message", "role": "user",
-        "content": [{"type": "input_text", "text": "remember me"}]}})
-    await recv_until(ws, "conversation.item.added")
-    await send(ws, {"type": "conversation.item.retrieve", "item_id": "item_keep"})
-    got, _ = await recv_until(ws, "conversation.item.retrieved")
-    assert got["item"]["content"][-1]["text"] == "remember me"
-    await send(ws, {"type": "conversation.item.retrieve", "event_id": "e1", "item_id": "item_nope"})
-    err, _ = await recv_until(ws, "error")
-    assert err["error"]["code"] == "item_not_found" and "item_nope" in err["error"]["message"]
-    assert err["error"]["event_id"] == "e1"
-    # 2. A background request starts; the client drops before its first word, which waits in r1's backlog.
-    await send(ws, {"type": "duplex.background.request", "query": "what is up"})
-    started, _ = await recv_until(ws, "duplex.background.started")
-    ws.transport.abort()
-    other, second = await start_session(r1.ws_url)  # r1's second place; it dies with r1 too
-    full, _ = await start_session(r2.ws_url)  # r2's only place is taken
-    await asyncio.sleep(STORE_WRITTEN)
-    # 3. r1 dies; the first session resumes on r2 (over its capacity: the restore reserve).
-    r1.stop(signal.SIGKILL)
+async def _move(serving_r1: contextlib.AbstractContextManager[InProcessServer], r2: InProcessServer,
+                redis_url: str) -> None:
+    r1 = serving_r1.__enter__()
+    try:
+        first, second, started, other, full = await _live_on_r1(r1, r2)
+    finally:
+        serving_r1.__exit__(None, None, None)  # SIGTERM's drain: r1 hands both its sessions on, and stops
+    # 3. The first session resumes on r2 (over its capacity: the restore reserve).
     moved, created = await _resume(r2.ws_url, first["resume_token"])
     assert moved is not None, created
     assert created["session"]["id"] == first["session_id"]
@@ -152,6 +141,31 @@ async def _move(r1: ServerProc, r2: ServerProc, redis_url: str) -> None:
             await conn.close()
 
 
+async def _live_on_r1(r1: InProcessServer, r2: InProcessServer) -> tuple[Event, Event, Event, ClientConnection,
+                                                                         ClientConnection]:
+    # 1. On r1: a typed item, retrievable there; an unknown id is an error naming it.
+    ws, first = await start_session(r1.ws_url)
+    await send(ws, {"type": "conversation.item.create", "item": {
+        "id": "item_keep", "type": "message", "role": "user",
+        "content": [{"type": "input_text", "text": "remember me"}]}})
+    await recv_until(ws, "conversation.item.added")
+    await send(ws, {"type": "conversation.item.retrieve", "item_id": "item_keep"})
+    got, _ = await recv_until(ws, "conversation.item.retrieved")
+    assert got["item"]["content"][-1]["text"] == "remember me"
+    await send(ws, {"type": "conversation.item.retrieve", "event_id": "e1", "item_id": "item_nope"})
+    err, _ = await recv_until(ws, "error")
+    assert err["error"]["code"] == "item_not_found" and "item_nope" in err["error"]["message"]
+    assert err["error"]["event_id"] == "e1"
+    # 2. A background request starts; the client drops before its first word, which waits in r1's backlog.
+    await send(ws, {"type": "duplex.background.request", "query": "what is up"})
+    started, _ = await recv_until(ws, "duplex.background.started")
+    ws.transport.abort()
+    other, second = await start_session(r1.ws_url)  # r1's second place; it moves too
+    full, _ = await start_session(r2.ws_url)  # r2's only place is taken
+    await asyncio.sleep(HELD_WORD)
+    return first, second, started, other, full
+
+
 async def test_a_native_session_moves_with_its_model_state(redis_url: str) -> None:
     """T4 through the servers: a small native model on two in-process replicas sharing Redis. Its micro-
     turn log goes to the store; the session is handed on (the first replica stops) and resumed on the
@@ -161,18 +175,20 @@ async def test_a_native_session_moves_with_its_model_state(redis_url: str) -> No
     cfg: dict[str, Any] = {"session_store": redis_url, "cluster_secret": "test-secret", "resume_grace": 20,
                            "max_sessions": 2, "phase_groups": 1}
     chunks = [pcm16(random_pcm(TICK, seed=40 + i)) for i in range(NATIVE_TICKS + 1)]
-    model_a = _native(net)  # each replica its own model and KV pool (building one costs ~2-4 s here)
+    # One model object serves both replicas, one at a time (building one costs 2-4 s here, most of it the
+    # vocoder's set-up): r2 has no session while r1 lives, and the KV slot it gives the restored session
+    # is zeroed (KVPool.alloc), so what the session knows there comes only from the store's log.
+    model = _native(net)
     with contextlib.ExitStack() as stack:
-        b = stack.enter_context(serve_in_thread(_native(net), replica_id="r2", **cfg))
-        first = serve_in_thread(model_a, replica_id="r1", **cfg)
+        b = stack.enter_context(serve_in_thread(model, replica_id="r2", **cfg))
+        first = serve_in_thread(model, replica_id="r1", **cfg)
         a = first.__enter__()
         try:
             ws, resume = await start_session(a.ws_url)
             for chunk in chunks[:NATIVE_TICKS]:
                 await ws.send(chunk)
             lived = await collect_audio(ws, NATIVE_TICKS)
-            await asyncio.sleep(STORE_WRITTEN)
-            ws.transport.abort()
+            ws.transport.abort()  # the drain below writes what the syncs had not (Claims.hand_off)
         finally:
             first.__exit__(None, None, None)  # a drain: the session is handed on, its log written
         moved, created = await _resume(b.ws_url, resume["resume_token"])
@@ -181,8 +197,8 @@ async def test_a_native_session_moves_with_its_model_state(redis_url: str) -> No
         await moved.send(chunks[NATIVE_TICKS])
         after = await collect_audio(moved, 1)
         await moved.close()
-    # What the session says, never moved: the same net stepped in this process (replica r1's model, idle now).
-    ref = model_a
+    # What the session says, never moved: the same net stepped in this process (the replicas have stopped).
+    ref = model
     state = ref.open(resume["session_id"])
     said = [ref.step([(state, TickInput(pcm16_to_float32(c), TICK))])[0] for c in chunks]
     assert [lived[t] for t in sorted(lived)] == [float32_to_pcm16(o.audio) for o in said[:NATIVE_TICKS]]

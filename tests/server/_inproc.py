@@ -54,7 +54,7 @@ class InProcessServer:
 @contextmanager
 def serve_in_thread(model: InteractionModel, **config: Any) -> Iterator[InProcessServer]:
     port = free_port()
-    cfg = ServerConfig(port=port, model=model.name, background="none", **config)
+    cfg = ServerConfig(**{"port": port, "model": model.name, "background": "none", **config})  # config may name one
     # The CLI's server class: on shutdown it drains (tells every session why) before uvicorn closes sockets.
     server = DrainingServer(uvicorn.Config(create_app(cfg, model), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="duplex-inproc", daemon=True)

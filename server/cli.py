@@ -201,7 +201,8 @@ def _add_cluster_options(serve: argparse.ArgumentParser) -> None:
                          "(room for sessions, drain), from the same figures as /healthz (0 = off)")
     cluster.add_argument("--session-store", default=None, metavar="redis://HOST:PORT/DB",
                          help="Redis (or Valkey) holding what a session needs to continue on another replica "
-                         "(its settings and conversation; not its model state yet); none: sessions live here only")
+                         "(its settings, conversation, missed events, background requests, and the native "
+                         "model's micro-turn log, replayed there); none: sessions live here only")
     cluster.add_argument("--drain-grace", type=float, default=0.0, metavar="S",
                          help="on SIGTERM, stop taking sessions (the agent says drain), tell each client "
                          "(duplex.session.draining) and let live sessions go on for up to S seconds before "

@@ -26,7 +26,7 @@ def _words(text: str) -> list[str]:
 async def test_native_tiny_with_piper_answers_a_question_with_speech(duplex_server: Callable[..., ServerProc]) -> None:
     os.environ.setdefault("DUPLEX_TTS_DETERMINISTIC", "1")
     question = Speaker().say("Could you tell me what time the bakery opens tomorrow?", "espeak:en-us")
-    audio = np.concatenate([np.zeros(RATE // 2, np.float32), question, np.zeros(4 * RATE, np.float32)])
+    audio = np.concatenate([np.zeros(RATE // 2, np.float32), question, np.zeros(3 * RATE, np.float32)])
     n = -(-len(audio) // TURN)
     audio = np.pad(audio, (0, n * TURN - len(audio)))
     # --max-sessions and --phase-groups given: no start-up calibration (~6 s on the shared test box).

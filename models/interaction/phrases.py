@@ -86,6 +86,8 @@ class PhraseWriter:
     prefix: bytearray = field(default_factory=bytearray)  # bytes of the current utterance written so far
     answers: list[bytes] = field(default_factory=list)  # background results received (complete lines)
     _line: bytearray = field(default_factory=bytearray)  # a background line still arriving
+    utterances: int = 0  # utterances begun so far
+    began_another: bool = False  # the last `write` began an utterance after an earlier one
 
     def hear_background(self, data: bytes) -> None:
         """Background bytes as they reach the session (the stream the model reads)."""
@@ -106,6 +108,7 @@ class PhraseWriter:
     def reset(self) -> None:
         """A new utterance starts (the model took the floor again, or stopped)."""
         self.prefix.clear()
+        self.began_another = False
 
     @property
     def complete(self) -> bool:
@@ -127,6 +130,7 @@ class PhraseWriter:
         complete (or nothing continues it: then nothing more is written)."""
         out: list[int] = []
         scores = logits.float()
+        fresh = not self.prefix
         for j in range(scores.shape[0]):
             left = self._continuing()
             nxt = sorted({u[len(self.prefix)] for u in left if len(u) > len(self.prefix)})
@@ -138,6 +142,9 @@ class PhraseWriter:
                 break
             out.append(best)
             self.prefix.append(best)
+        began = fresh and bool(out)
+        self.began_another = began and self.utterances > 0
+        self.utterances += began
         return out + [NO_BYTE] * (scores.shape[0] - len(out))
 
 

@@ -319,6 +319,8 @@ class NativeModel:
             if st.writer is not None:
                 text_ids[i] = self._write(st.writer, tick, actions[i], heads.text[i])
             gate, text, user_text, events = self._decide(st, tick, actions[i], voice[i], text_ids[i], transcript_ids[i])
+            if st.writer is not None and st.writer.began_another and actions[i] == SPEAK:
+                text = " " + text  # utterances stay apart in the transcript (the model's own bytes are fed back)
             if st.talk is not None:
                 spoken.append(self._talk(st, tick, text_ids[i]))
             else:

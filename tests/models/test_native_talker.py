@@ -58,9 +58,10 @@ def test_the_writer_keeps_the_model_within_its_phrases() -> None:
     written = b""
     for _ in range(8):
         written += bytes(b for b in w.write(space) if b != NO_BYTE)
-    assert written == b"No problem at all." and w.complete
+    assert written == b"No problem at all." and w.complete and not w.began_another
     w.reset()
     assert w.committed() is None and w.write(space)[0] == ord("N"), "no answer heard yet: only the replies"
+    assert w.began_another, "a second utterance: the transcript puts a space before it"
     w.reset()
     w.hear_background(ANSWER.encode()[:9])
     w.hear_background(ANSWER.encode()[9:] + b"\n")

@@ -72,7 +72,7 @@ class SightState:
     away_since: int = 0  # the micro-turn they left
     offer: bool = False  # they came back after a long absence: offer to go on (the cascade says it)
     offered: int | None = None  # the micro-turn it offered; the held answer waits for the user's reply
-    reported: tuple[Any, ...] = (False, False, None, None, (), None)  # the state last sent to the client
+    reported: tuple[Any, ...] = (False, False, None, None, (), None, 0)  # the state last sent to the client
 
 
 class Sight:
@@ -132,11 +132,12 @@ class Sight:
         st = s.tracker.state
         # the face box coarsely (a twentieth of the frame), so a client's overlay follows a moving face
         box = tuple(round(v * 20) for v in st.face_box) if st.face_box else None
-        snapshot = (st.present, st.facing, st.gesture, st.fingers, st.texts, box)
+        snapshot = (st.present, st.facing, st.gesture, st.fingers, st.texts, box, st.people)
         if not cues and snapshot == s.reported and not facts:
             return None
         s.reported = snapshot
-        data: dict[str, Any] = {"cues": cues, "present": st.present, "facing": st.facing, "gesture": st.gesture,
+        data: dict[str, Any] = {"cues": cues, "present": st.present, "people": st.people, "facing": st.facing,
+                                "gesture": st.gesture,
                                 "fingers": st.fingers, "texts": list(st.texts),
                                 "face_box": [round(v, 3) for v in st.face_box] if st.face_box else None}
         if facts and st.frames:

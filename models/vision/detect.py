@@ -19,6 +19,7 @@ from models.vision.gestures import classify
 from models.vision.head import head_pose
 from models.vision.types import FaceObs, HandObs, Observation
 
+MAX_FACES = 4  # faces the mesh looks for (the count reaches the reasoner; the largest is the user)
 OCR_SIDE = 480  # the text detector's longest side: ~200 ms a frame on one core
 OCR_MIN_SCORE = 0.8  # below this a reading is dropped ...
 OCR_MIN_SCORE_SHORT = 0.95  # ... and a reading of under 3 characters needs this (a lone "8" in a photo)
@@ -45,7 +46,10 @@ class SessionDetectors:
 
     def __init__(self) -> None:
         mp = import_mediapipe()
-        self.face = mp.solutions.face_mesh.FaceMesh(static_image_mode=False, max_num_faces=1,
+        # Up to MAX_FACES, so "how many people are there?" has an answer; the pose is the largest face's
+        # (the nearest: the user). Tracking one face while allowing more runs the face detector on every
+        # frame (~2 ms at 640x480), which is part of the per-frame figures bench.vision reports.
+        self.face = mp.solutions.face_mesh.FaceMesh(static_image_mode=False, max_num_faces=MAX_FACES,
                                                     min_detection_confidence=0.5, min_tracking_confidence=0.5)
         self.hands = mp.solutions.hands.Hands(static_image_mode=False, max_num_hands=2, model_complexity=0,
                                               min_detection_confidence=0.5, min_tracking_confidence=0.5)
@@ -55,8 +59,10 @@ class SessionDetectors:
         assert rgb.ndim == 3 and rgb.shape[2] == 3 and rgb.dtype == np.uint8, f"expected RGB uint8, got {rgb.shape}"
         face = None
         res = self.face.process(rgb)
-        if res.multi_face_landmarks:
-            lm = np.array([(p.x, p.y, p.z) for p in res.multi_face_landmarks[0].landmark], np.float32)  # [468, 3]
+        found = res.multi_face_landmarks or []
+        if found:
+            meshes = [np.array([(p.x, p.y, p.z) for p in f.landmark], np.float32) for f in found]  # [468, 3] each
+            lm = max(meshes, key=lambda m: float(np.ptp(m[:, 0]) * np.ptp(m[:, 1])))  # the largest: the user
             yaw, pitch = head_pose(lm)
             box = (float(lm[:, 0].min()), float(lm[:, 1].min()), float(lm[:, 0].max()), float(lm[:, 1].max()))
             face = FaceObs(box=box, yaw=yaw, pitch=pitch)
@@ -66,7 +72,7 @@ class SessionDetectors:
             lm = np.array([(p.x, p.y, p.z) for p in hand.landmark], np.float32)  # [21, 3]
             gesture, fingers = classify(lm, face.box[3] if face else None)
             hands.append(HandObs(landmarks=lm, gesture=gesture, fingers=fingers))
-        return Observation(t=t, face=face, hands=hands)
+        return Observation(t=t, face=face, hands=hands, people=len(found))
 
     def close(self) -> None:
         self.face.close()

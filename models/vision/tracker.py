@@ -38,7 +38,7 @@ class Tracker:
         if obs.face is not None:
             if not s.present and s.frames > 1 and "left" in self.active:
                 now.add("returned")
-            self.last_face_t, s.present, s.face_box = t, True, obs.face.box
+            self.last_face_t, s.present, s.face_box, s.people = t, True, obs.face.box, obs.people
             s.facing = head.facing(obs.face.yaw, obs.face.pitch)
             self.yaw.append((t, obs.face.yaw))
             self.pitch.append((t, obs.face.pitch))
@@ -50,7 +50,7 @@ class Tracker:
             if s.present or "left" in self.active:
                 now.add("left")
             s.present = s.facing = False
-            s.face_box = None
+            s.face_box, s.people = None, 0
             self.yaw.clear()
             self.pitch.clear()
         gestures = {h.gesture for h in obs.hands if h.gesture}

@@ -40,6 +40,7 @@ class Observation:
     face: FaceObs | None
     hands: list[HandObs] = field(default_factory=list)
     texts: list[str] | None = None
+    people: int = 0  # faces found (`face` is the largest)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class VisualState:
     """A session's picture now, for the policy and the reasoner."""
 
     present: bool = False  # a person (a face) is in view
+    people: int = 0  # how many faces are in view (0 or 1 also when not counted)
     facing: bool = False  # ... and looking at the camera
     gesture: str | None = None  # the most salient hand gesture in view
     fingers: int | None = None  # fingers held up (the hand with most), None without a hand
@@ -59,8 +61,11 @@ class VisualState:
         if self.frames == 0:
             return ""
         parts = []
-        if self.present:
-            parts.append("a person is in view, " + ("looking at the camera" if self.facing else "looking away"))
+        looking = "looking at the camera" if self.facing else "looking away"
+        if self.present and self.people > 1:
+            parts.append(f"{self.people} people are in view, the nearest {looking}")
+        elif self.present:
+            parts.append("a person is in view, " + looking)
         else:
             parts.append("nobody is in view")
         if self.gesture:

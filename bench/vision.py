@@ -12,6 +12,13 @@ default background reasoner): N sessions each send a drawn sign as an `input_ima
 sign say?" and step in media pace until the reasoner's answer is done; then N/4 ask "Is anyone looking
 at the camera?" of the astronaut or of an empty grey frame. Reported: how often the right facts reached
 the reasoner (the vision event's facts) and how often its answer is right.
+
+`--motion N [--seed S]`: N clips each of a head nodding, shaking, holding still and glancing aside once,
+made from a real photo turned in 3-D (bench/vision_clips.py: amplitude, rate, phase, length, scale,
+position and background drawn from the seed), through the real detectors and the cascade's rules while
+it speaks. Reported per kind: how often the right cue (or none) was seen, and on nods how often it kept
+talking (no stop, no hold). The rules' thresholds were set before seed 0's clips were first run; report
+on another seed.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import base64
 import io
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -92,8 +100,10 @@ def _words(text: str) -> str:
     return " ".join("".join(ch if ch.isalnum() else " " for ch in text.lower()).split())
 
 
-async def _ask(ws_url: str, picture: np.ndarray, question: str) -> tuple[str, str | None, float]:
-    """(the facts line the reasoner got, its answer, seconds) for one picture and question."""
+async def _ask(ws_url: str, picture: np.ndarray, question: str, answer_too: bool = True
+               ) -> tuple[str, str | None, float]:
+    """(the facts line the reasoner got, its answer, seconds) for one picture and question; without
+    `answer_too`, once the facts are out (the answer is then None)."""
     from websockets.asyncio.client import connect
 
     buf = io.BytesIO()
@@ -115,7 +125,7 @@ async def _ask(ws_url: str, picture: np.ndarray, question: str) -> tuple[str, st
                     answer = ev.get("text", "")
                 if ev["type"] == "response.output_audio.delta":
                     break
-            if answer is not None:
+            if answer is not None or (facts and not answer_too):
                 break
     return facts, answer, round(time.monotonic() - t0, 2)
 
@@ -150,14 +160,71 @@ def answers(n: int) -> dict[str, Any]:
             "person_answer_right": sum(r["said"] for r in people) / len(people), "results": results + people}
 
 
+def questions() -> dict[str, Any]:
+    """The held-out scenes (bench/vision_scenes.py) through a real server: each picture with its question,
+    judged on the facts line the reasoner is given."""
+    from bench._server import local_server
+    from bench.vision_scenes import right, scenes
+
+    todo = scenes()
+    results: list[dict[str, Any]] = []
+    with local_server("--model", "cascade:classic") as base:
+        ws_url = base.replace("http", "ws", 1) + "/v1/realtime"
+        for k, scene in enumerate(todo):
+            facts, _, seconds = asyncio.run(_ask(ws_url, scene.picture, scene.question, answer_too=False))
+            verdicts = right(scene, facts)
+            results.append({"scene": scene.name, "question": scene.question, "facts": facts, "seconds": seconds,
+                            "right": verdicts})
+            print(f"[{k + 1}/{len(todo)}] {scene.name}: {verdicts} {facts!r}", file=sys.stderr, flush=True)
+    asked = ("present", "facing", "people", "texts")  # what the questions ask; no_text_made_up is extra
+    out: dict[str, Any] = {"questions": len(results),
+                           "answered_right": sum(all(v for k, v in r["right"].items() if k in asked) for r in results)}
+    for kind in (*asked, "no_text_made_up"):
+        judged = [r["right"][kind] for r in results if kind in r["right"]]
+        out[f"{kind}_right"] = f"{sum(judged)}/{len(judged)}"
+    out["wrong"] = [r for r in results if not all(r["right"].values())]  # made-up text included
+    return out
+
+
+def motion(n: int, seed: int) -> dict[str, Any]:
+    from bench.vision_clips import KINDS, Head, backgrounds, clips, photo, watch
+
+    head, rooms = Head.of(photo()), backgrounds()
+    t0, seen = time.monotonic(), []
+    todo = clips(n, seed)
+    for k, clip in enumerate(todo):
+        seen.append(watch(head, clip, rooms))
+        print(f"[{k + 1}/{len(todo)}] {clip.kind}: {seen[-1].verdict}, {time.monotonic() - t0:.0f} s", file=sys.stderr,
+              flush=True)
+    out: dict[str, Any] = {"clips_per_kind": n, "seed": seed}
+    for kind in KINDS:
+        mine = [s for s in seen if s.clip.kind == kind]
+        out[f"{kind}_right"] = round(sum(s.right for s in mine) / len(mine), 3)
+        out[f"{kind}_seen_as"] = {v: sum(s.verdict == v for s in mine) for v in ("nod", "shake", "both", "none")}
+    nods = [s for s in seen if s.clip.kind == "nod"]
+    out["nod_kept_talking"] = round(sum(s.kept_talking for s in nods) / len(nods), 3)
+    out["frames_with_face"] = round(sum(s.faces for s in seen) / sum(len(s.clip.poses()) for s in seen), 3)
+    out["wrong"] = [{"kind": s.clip.kind, "seen": s.verdict, "amplitude": round(s.clip.amplitude, 1),
+                     "rate": round(s.clip.rate, 2), "scale": round(s.clip.scale, 2)} for s in seen if not s.right]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=30)
     ap.add_argument("--image", type=Path, default=ASTRONAUT)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--answers", type=int, default=0, help="N visual questions through a real server instead")
+    ap.add_argument("--motion", type=int, default=0, help="N head-motion clips of each kind instead")
+    ap.add_argument("--seed", type=int, default=1, help="--motion's clips (0 is the set the rules were checked on)")
+    ap.add_argument("--questions", action="store_true", help="the held-out scenes' questions through a real server")
     args = ap.parse_args()
-    res = answers(args.answers) if args.answers else run(args.frames, args.image)
+    if args.questions:
+        res = questions()
+    elif args.motion:
+        res = motion(args.motion, args.seed)
+    else:
+        res = answers(args.answers) if args.answers else run(args.frames, args.image)
     if args.json:
         print(json.dumps(res))
         return

@@ -89,3 +89,34 @@ def test_a_crashed_worker_leaves_sessions_blind_not_broken(caplog) -> None:
         assert "sessions go on without seeing" in caplog.text
     finally:
         w.shutdown()
+
+
+def test_nod_shake_and_a_glance_on_a_real_face_turned_in_3d() -> None:
+    """A real photo's face turned in 3-D (bench/vision_clips.py) through the real face mesh and the rules:
+    a nod is a nod and it keeps talking, a shake is a shake, one look aside and back is neither."""
+    from bench.vision_clips import Clip, Head, backgrounds, photo, watch
+
+    head, rooms = Head.of(photo()), backgrounds()
+    seen = {kind: watch(head, Clip(kind, amplitude, 1.0, 0.0, 2.0, 0.8, (0.5, 0.4), room), rooms)
+            for kind, amplitude, room in (("nod", 12.0, 4), ("shake", 20.0, 2), ("glance", 25.0, 0))}
+    assert all(s.faces == len(s.clip.poses()) for s in seen.values()), "the face is found in every frame"
+    assert seen["nod"].verdict == "nod" and seen["nod"].kept_talking, seen["nod"]
+    assert seen["shake"].verdict == "shake", seen["shake"]
+    assert seen["glance"].verdict == "none", seen["glance"]
+
+
+def test_held_out_scenes_give_the_reasoner_the_right_facts(worker: VisionWorker) -> None:
+    """Three of bench/vision_scenes.py's held-out scenes through the worker to the facts line: two people
+    counted, a cat's face not taken for a person, a phrase in a font the other tests never use read exactly."""
+    from bench.vision_scenes import right, scenes
+
+    chosen = {s.name: s for s in scenes() if s.name in ("two people", "cat", "mono phrase")}
+    for i, (name, scene) in enumerate(chosen.items()):
+        tr = Tracker()
+        assert worker.submit(f"scene{i}", scene.picture, 0.0, read_text=True)
+        obs, read = _wait(worker, f"scene{i}", texts=True)
+        for o in obs:
+            tr.update(o)
+        tr.read(read[-1][1])
+        facts = tr.state.describe()
+        assert all(right(scene, facts).values()), (name, facts)

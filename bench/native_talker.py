@@ -3,6 +3,7 @@
     python -m bench.native_talker                    # 10 held-out questions through the real server
     python -m bench.native_talker --voice flow       # the same with the model's own flow head
     python -m bench.native_talker --cost-only        # only the per-micro-turn cost, in process
+    python -m bench.native_talker --pace realtime --words-only   # the questions streamed in real time
 
 1. Words: `duplex serve --model native:tiny --voice piper` (one torch thread, media pace) hears each of
    the held-out FD-bench-style questions (bench/fdbench/_texts.py TURN_QUESTIONS, disjoint from the
@@ -46,10 +47,10 @@ def _clip(text: str, voice: str) -> tuple[np.ndarray, int]:
     return np.pad(audio, (0, n * TURN - len(audio))), (RATE // 2 + len(q)) // TURN
 
 
-def _ask(url: str, audio: np.ndarray) -> tuple[np.ndarray, str]:
-    """Stream `audio` at media pace (bench.fdbench's client); the model's audio per input micro-turn
-    (24 kHz) and the text it wrote."""
-    res = asyncio.run(stream(url, audio, pace="media"))
+def _ask(url: str, audio: np.ndarray, pace: str) -> tuple[np.ndarray, str]:
+    """Stream `audio` (bench.fdbench's client); the model's audio per input micro-turn (24 kHz) and the
+    text it wrote."""
+    res = asyncio.run(stream(url, audio, pace=pace))
     if res.errors:
         raise RuntimeError(f"the server answered with errors: {res.errors}")
     ours = res.ours()
@@ -71,7 +72,7 @@ def _expand(text: str) -> str:
     return " ".join(_CONTRACTIONS.get(w.lower().strip(".,?!"), w) for w in text.split())
 
 
-def words(voice: str) -> dict[str, Any]:
+def words(voice: str, pace: str = "media") -> dict[str, Any]:
     from models.speech.asr import transcribe
     from train.evaluate import word_errors
 
@@ -82,7 +83,7 @@ def words(voice: str) -> dict[str, Any]:
                          "--background", "none", env=ENV) as server:
         for i, q in enumerate(TURN_QUESTIONS):
             audio, end = _clip(q, USER_VOICES[i % len(USER_VOICES)])
-            said, wrote = _ask(server.ws_url, audio)
+            said, wrote = _ask(server.ws_url, audio, pace)
             loud = np.flatnonzero(np.abs(said.reshape(-1, TURN)).max(axis=1) > 1e-3)
             after = loud[loud > end]
             heard = transcribe(said[(end + 1) * TURN :], RATE) if len(after) else ""
@@ -98,7 +99,7 @@ def words(voice: str) -> dict[str, Any]:
             rows.append(row)
             print(f"[{i + 1}/{len(TURN_QUESTIONS)}] {q!r} -> wrote {row['wrote']!r}, Whisper heard {heard!r}",
                   flush=True)
-    return {"voice": voice, "questions": len(rows), "replied": len(latencies),
+    return {"voice": voice, "pace": pace, "questions": len(rows), "replied": len(latencies),
             "word_error": round(errs / refs, 3) if refs else None, "words": refs,
             "word_error_contractions_expanded": round(errs_norm / refs, 3) if refs else None,
             "median_reply_latency_s": statistics.median(latencies) if latencies else None,
@@ -163,6 +164,7 @@ def cost(repeats: int = 3) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--voice", choices=["piper", "flow"], default="piper")
+    ap.add_argument("--pace", choices=["media", "realtime"], default="media", help="how the questions are streamed")
     ap.add_argument("--cost-only", action="store_true", help="skip the server run")
     ap.add_argument("--words-only", action="store_true", help="skip the in-process cost")
     ap.add_argument("--json", help="also write the result to this file")
@@ -170,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DUPLEX_TTS_DETERMINISTIC", "1")
     out: dict[str, Any] = {}
     if not a.cost_only:
-        out["words"] = words(a.voice)
+        out["words"] = words(a.voice, a.pace)
         w = out["words"]
-        print(f"{w['voice']}: replied to {w['replied']}/{w['questions']}; word error of what it says (Whisper tiny.en "
+        print(f"{w['voice']} ({w['pace']} pace): replied to {w['replied']}/{w['questions']}; word error of what "
+              f"it says (Whisper tiny.en "
               f"on its audio vs the text it wrote) {w['word_error']} over {w['words']} words "
               f"({w['word_error_contractions_expanded']} with I'm read as I am...); median reply "
               f"latency {w['median_reply_latency_s']} s", flush=True)

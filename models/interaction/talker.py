@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 VOICE = "piper:joe"  # the cascade's voice, and the one the training episodes give the assistant
 FALLBACK_VOICE = "espeak:en-us"
 BACKCHANNEL = "Mm-hm."
-# Synthesis budget of a phrase (Speaker.budget_ticks): measured Piper joe on the 2 shared cores,
-# ~40-90 ms for a short clause; a phrase plays no earlier than this after its text is known.
+# Synthesis budget of a phrase (Speaker.budget_ticks): the cascade's defaults (CascadeOptions.tts_budget_ms,
+# tts_ms_per_char), for the same voice on the same machines; a phrase plays no earlier than this after
+# its text is known (pre-rendered phrases play at once).
 BUDGET_MS = 60.0
 MS_PER_CHAR = 6.0
 FREE_WORDS = 3  # free text (no phrase set) is spoken every this many whole words, or at a clause mark

@@ -49,7 +49,14 @@ class Head:
 
     image: RGB
     points: npt.NDArray[np.float64]  # [468, 3]
-    width: float  # the face's width in pixels (the eyes' corners apart, times ~1.9)
+    width: float  # the face's width in pixels (the landmarks' extent)
+    _triangles: npt.NDArray[np.int32] | None = None  # see `triangles`
+
+    def triangles(self, points: npt.NDArray[np.float64]) -> npt.NDArray[np.int32]:
+        """The Delaunay triangles [T, 3] of the still points (with the ring and corners), made once."""
+        if self._triangles is None:
+            self._triangles = Delaunay(points).simplices.astype(np.int32)
+        return self._triangles
 
     @classmethod
     def of(cls, image: RGB) -> Head:
@@ -93,17 +100,24 @@ class Head:
         # Piecewise-linear through the turned points' triangles: each pixel's barycentric coordinates
         # in its triangle, applied to the same triangle's still points. Which triangle a pixel is in comes
         # from drawing them (scipy's find_simplex walk took up to 0.3 s a frame on some poses).
-        tri = Delaunay(dst)
+        # The still points' triangles, drawn where the turned points put them (one topology for every
+        # pose: a fresh Delaunay a frame cost ~0.3-0.6 s on this machine, and small turns fold nothing).
+        simplices = self.triangles(src)  # [T, 3]
         label = np.full(gx.shape, -1, np.int32)  # [h', w'] triangle index of each pixel
-        corners16 = np.round((dst[tri.simplices] - [x0, y0]) * 16).astype(np.int32)  # [T, 3, 2], 4 bits of subpixel
+        corners16 = np.round((dst[simplices] - [x0, y0]) * 16).astype(np.int32)  # [T, 3, 2], 4 bits of subpixel
         for i, poly in enumerate(corners16):
             cv2.fillConvexPoly(label, poly, i, lineType=cv2.LINE_8, shift=4)
-        simplex = label.ravel()  # [P], -1 outside the hull
+        simplex = label.ravel()  # [P], -1 outside every triangle
         ok = simplex >= 0
-        affine = tri.transform[simplex[ok]]  # [P', 3, 2]
-        b = np.einsum("nij,nj->ni", affine[:, :2], pixels[ok] - affine[:, 2])  # [P', 2]
-        weights = np.concatenate([b, 1 - b.sum(axis=1, keepdims=True)], axis=1)  # [P', 3]
-        back = np.einsum("ni,nij->nj", weights, src[tri.simplices[simplex[ok]]])  # [P', 2] source x, y
+        tri = simplices[simplex[ok]]  # [P', 3] point indices of each pixel's triangle
+        a, e1, e2 = dst[tri[:, 0]], dst[tri[:, 1]] - dst[tri[:, 0]], dst[tri[:, 2]] - dst[tri[:, 0]]  # [P', 2]
+        d = pixels[ok] - a
+        det = e1[:, 0] * e2[:, 1] - e1[:, 1] * e2[:, 0]
+        det = np.where(np.abs(det) < 1e-9, 1e-9, det)  # a triangle turned edge-on
+        u = (d[:, 0] * e2[:, 1] - d[:, 1] * e2[:, 0]) / det
+        v = (e1[:, 0] * d[:, 1] - e1[:, 1] * d[:, 0]) / det
+        weights = np.stack([1 - u - v, u, v], axis=1)  # [P', 3] barycentric
+        back = np.einsum("ni,nij->nj", weights, src[tri])  # [P', 2] source x, y
         map_x = np.tile(np.arange(w, dtype=np.float32), (h, 1))
         map_y = np.tile(np.arange(h, dtype=np.float32)[:, None], (1, w))
         px, py = pixels[ok, 0].astype(int), pixels[ok, 1].astype(int)

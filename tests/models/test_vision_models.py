@@ -97,7 +97,7 @@ def test_nod_shake_and_a_glance_on_a_real_face_turned_in_3d() -> None:
     from bench.vision_clips import Clip, Head, backgrounds, photo, watch
 
     head, rooms = Head.of(photo()), backgrounds()
-    seen = {kind: watch(head, Clip(kind, amplitude, 1.0, 0.0, 2.0, 0.8, (0.5, 0.4), room), rooms)
+    seen = {kind: watch(head, Clip(kind, amplitude, 1.0, 0.0, 1.6, 0.8, (0.5, 0.4), room), rooms)
             for kind, amplitude, room in (("nod", 12.0, 4), ("shake", 20.0, 2), ("glance", 25.0, 0))}
     assert all(s.faces == len(s.clip.poses()) for s in seen.values()), "the face is found in every frame"
     assert seen["nod"].verdict == "nod" and seen["nod"].kept_talking, seen["nod"]

@@ -7,6 +7,9 @@ anchor the phase so consecutive micro-turns join up. Frame f owns the samples ar
 sound better; this one needs nothing but the mel.
 """
 
+import functools
+
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,6 +41,15 @@ def unit_phasors(spec: Tensor) -> Tensor:
     return x / norm[..., None]
 
 
+@functools.lru_cache(maxsize=4)
+def _mel_inverse(n_mels: int) -> Tensor:
+    """The filterbank's pseudo-inverse, transposed [mels, BINS], once per process. numpy's, not torch's:
+    torch's SVD on its default intra-op threads took 2.2 s on a loaded 2-core machine (5 ms on one
+    thread), paid by every model and trainer built."""
+    fb = mel_filterbank(n_mels, N_FFT, RATE, RATE / 2).double().numpy()  # [mels, BINS]
+    return torch.from_numpy(np.linalg.pinv(fb)).float().T.contiguous()
+
+
 class GriffinLim:
     """Streaming Griffin-Lim. Phases are carried as unit phasors (re, im), not angles: an iteration
     then needs no atan2/cos/sin, and the overlap-add is four shifted adds (N_FFT = 4 * HOP) instead of
@@ -48,8 +60,7 @@ class GriffinLim:
         assert N_FFT % HOP == 0, "the overlap-add below cuts frames into whole hops"
         self.iters = iters
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)  # [N_FFT]
-        fb = mel_filterbank(n_mels, N_FFT, RATE, RATE / 2)  # [mels, BINS]
-        self.inv_t = torch.linalg.pinv(fb.double()).float().T.contiguous().to(device)  # [mels, BINS]
+        self.inv_t = _mel_inverse(n_mels).to(device)  # [mels, BINS]
         self.frames = CONTEXT + FRAMES_PER_TURN
         self.length = (self.frames - 1) * HOP + N_FFT
         ones = self.window.pow(2)[None, None].expand(1, self.frames, N_FFT)

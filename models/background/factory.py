@@ -15,10 +15,9 @@ KINDS = ("auto", "none", "llama-server", "llamacpp", "openai", "sglang")
 
 # Whether `auto` runs llama-server when set-up built it (else the in-process llamacpp backend). It keeps
 # every session's conversation evaluated and answers sessions together (bench/reasoner_concurrency.py:
-# first speakable sentence p90 2.8 s against 8.5 s with 6 sessions asking at once, 2 cores). Off until
-# the server's admission default (models/cascade/options.py max_sessions), its --background choices
-# and the tests that name the auto choice move with it.
-AUTO_LLAMA_SERVER = False
+# first speakable sentence p90 3.5 s against 12.2 s in process with 8 sessions asking at once, 2 cores;
+# held-out FD-bench in real time: README, "The default voice").
+AUTO_LLAMA_SERVER = True
 
 
 @dataclass

@@ -56,15 +56,15 @@ class CascadeOptions:
     # budget leaves ~2.5x for a loaded machine; a phrase later than that plays a micro-turn later.
     tts_budget_ms: float = 60.0
     tts_ms_per_char: float = 6.0
-    # Sessions admitted at once: as many as hold a good conversation with the embedded reasoner, not
-    # as many as keep the deadlines. Start-up calibration steps silence, which costs the recogniser
-    # almost nothing, so it overestimates (it said 94-130 here); bench.load with every session talking
-    # nonstop keeps every deadline up to 16 sessions on 2 cores, but the embedded llama.cpp reasoner
-    # answers every session on one thread. Held-out fdbench (seed 2222, real time, N sessions at once,
-    # 2026-12-03, 2 cores): N = 3 turn-taking TOR 0.95 / 0.53 s, interruption TOR 1.0; N = 4 0.95 /
-    # 0.64 s, 0.55; N = 5 0.80 / 0.75 s, 0.20 (answers no longer start within the clip). With a
-    # reasoner elsewhere, raise it. 0 = no cap.
-    max_sessions: int = 3
+    # Sessions admitted at once: as many as hold a good conversation, not as many as keep the deadlines.
+    # Start-up calibration steps silence, which costs the recogniser almost nothing, so it overestimates
+    # (it said 62-130 here); bench.load with every session talking nonstop keeps every deadline up to 16
+    # sessions on 2 cores. What limits a conversation is the reasoner: llama-server (the default
+    # `--background auto` when set-up built it) answers sessions together from per-session prompt
+    # caches; the in-process llamacpp reasoner answers one at a time and lowers this to 3 itself
+    # (server/admission.py `admitted`). Held-out FD-bench in real time: README, "The default voice".
+    # 0 = no cap.
+    max_sessions: int = 6
     # --- voice activity (Silero probabilities per 32 ms window)
     vad_on: float = 0.5  # a window at or above this is speech
     vad_off: float = 0.35  # below this is silence; between the two keeps the previous state

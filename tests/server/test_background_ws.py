@@ -26,9 +26,9 @@ def deltas(events: list[dict[str, Any]], request_id: str) -> str:
                    and e["request_id"] == request_id)
 
 
-async def test_embedded_llamacpp_answers_a_question(duplex_server) -> None:
+async def test_the_embedded_reasoner_answers_a_question(duplex_server) -> None:
     pytest.importorskip("llama_cpp", reason="the embedded background model needs llama-cpp-python")
-    server = duplex_server("--model", "echo")  # --background auto: llama.cpp when it is installed
+    server = duplex_server("--model", "echo")  # --background auto: llama-server, built by the set-up
     ws, _ = await start_session(server.ws_url, pace="media")
     await send(ws, {"type": "duplex.background.request", "event_id": "q1",
                     "query": "How many legs does a spider have?"})
@@ -41,8 +41,8 @@ async def test_embedded_llamacpp_answers_a_question(duplex_server) -> None:
     assert len([e for e in seen if e["type"] == "duplex.background.delta"]) >= 2, "answer was not streamed"
     # A 135M model is no oracle, but this one it answers (temperature 0.2, fixed seed).
     assert streamed == done["text"] and ("8" in streamed or "eight" in streamed.lower()), streamed
-    assert "background reasoner: llamacpp (auto" in server.log()
-    assert "background reasoner llamacpp:SmolLM2-135M-Instruct" in server.log()
+    assert "background reasoner: llama-server (auto" in server.log()
+    assert "background reasoner llama-server:SmolLM2-135M-Instruct" in server.log()
     # Operators see how long answers take to start and how requests end.
     metrics = dict(line.rsplit(" ", 1) for line in httpx.get(server.url + "/metrics", timeout=5).text.splitlines()
                    if line.startswith("duplex_background_"))

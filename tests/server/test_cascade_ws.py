@@ -77,7 +77,7 @@ class LockstepClient:
 
 async def test_spoken_question_gets_a_prompt_spoken_reply_and_a_background_answer(duplex_server) -> None:
     pytest.importorskip("llama_cpp", reason="the default background is the embedded llama.cpp model")
-    server = duplex_server("--model", "cascade")  # --background defaults to auto: embedded llama.cpp
+    server = duplex_server("--model", "cascade")  # --background defaults to auto: llama-server, built by set-up
     question = speech("What is the capital of France?")
     mic = np.concatenate([silence(0.4), question, silence(2.0)])
     end_of_speech = speech_segments(mic, SAMPLE_RATE)[-1][1]
@@ -128,4 +128,6 @@ async def test_spoken_question_gets_a_prompt_spoken_reply_and_a_background_answe
     answer_words = set(done["text"].lower().split())
     later = " ".join(spoken[1:]).lower().split()
     assert later and sum(w in answer_words for w in later) >= 0.8 * len(later), (spoken, done["text"])
-    assert "background reasoner llamacpp:" in server.log()
+    assert "background reasoner llama-server:" in server.log()
+    # Start-up says how many sessions it admits and why (the cascade's own cap with llama-server).
+    assert "admitting up to 6 sessions (the model's own cap: cascade" in server.log()

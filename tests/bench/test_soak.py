@@ -50,12 +50,12 @@ def test_rss_slopes_are_fitted_to_the_dense_series_and_its_per_minute_floor() ->
 
 def test_short_soak_of_echo() -> None:
     with ServerUnderTest("--model", "echo", "--background", "none", "--log-level", "warning") as server:
-        # 27 s: the suite's budget is 10 minutes; samples every second keep the checks' counts.
-        r = soak.soak(server, "echo", sessions=4, minutes=0.45, seed=3, churn=3.0, every=1.0, warmup=8.0,
+        # 18 s: the suite's budget is 10 minutes; samples every second keep the checks' counts.
+        r = soak.soak(server, "echo", sessions=4, minutes=0.3, seed=3, churn=3.0, every=1.0, warmup=5.0,
                       max_rss_slope=float("inf"))
     summary = soak.summary(r)
     assert r.leaves > 0 and r.drops > 0 and r.resumes_ok > 0, f"the churn did not happen: {summary}"
-    assert r.chunks_sent > 4 * 100 and r.echoes_returned > 0, summary
+    assert r.chunks_sent > 200 and r.echoes_returned > 0, summary  # of 4 x 18 s x 5 a second, less the churn
     assert r.missed_deadlines == 0, summary
     assert r.echoes_missed == 0 and r.echoes_late == 0, summary
     assert r.resumes_failed == 0 and r.untold_closes == 0, summary
@@ -63,12 +63,12 @@ def test_short_soak_of_echo() -> None:
     assert r.tasks_start > 0 and r.tasks_end == r.tasks_start, summary
     assert r.threads_end <= max(r.threads_start, r.threads_after_warmup), summary
     assert not r.faults and not r.server_errors, summary
-    assert len(r.samples) >= 18
+    assert len(r.samples) >= 12
     # The RSS-only readings, one a second, are what the slope is fitted to.
-    assert len(r.rss_series) >= 22 and r.rss_points >= 15 and all(mb > 10 for _, mb in r.rss_series), summary
+    assert len(r.rss_series) >= 14 and r.rss_points >= 10 and all(mb > 10 for _, mb in r.rss_series), summary
     assert r.rss_slope_mb_per_10min is not None and r.rss_slope_se_mb_per_10min is not None, summary
     # The server's loop-lag probe ran (10 a second) and the loop never stalled for a micro-turn.
-    assert r.server_loop_probes >= 100 and r.server_loop_lag_over_200ms == 0, summary
+    assert r.server_loop_probes >= 80 and r.server_loop_lag_over_200ms == 0, summary
 
 
 def test_late_echoes_are_split_between_the_client_loop_and_the_server() -> None:

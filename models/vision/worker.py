@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -25,6 +26,8 @@ import numpy.typing as npt
 from models.vision.types import Observation
 
 log = logging.getLogger(__name__)
+
+WORKER_NICE = 10  # added to the worker process's niceness (see _main)
 
 
 @dataclass
@@ -155,6 +158,10 @@ def _resolve(f: Future[None] | None) -> None:
 
 def _main(requests: Any, results: Any) -> None:
     """The worker process: landmarks on this thread, OCR on its own."""
+    # Below the conversation: when the cores are short, the micro-turns' deadlines win and perception slows
+    # (a session's next frame waits while one is in flight) instead of the server missing deadlines.
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICE)
     try:  # a broken install ends the worker once, with its reason, not every frame with the same error
         from models.vision.detect import SessionDetectors, TextReader, import_mediapipe
 

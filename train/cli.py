@@ -38,7 +38,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--minutes", type=float, default=60.0, help="stop after this much training time in this call")
     p.add_argument("--steps", type=int, default=0, help="stop at this optimiser step (0 = no limit)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"], help="autocast dtype of the matmuls")
+    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="autocast dtype of the matmuls (auto: bf16 only where the device has bf16 arithmetic)")
     p.add_argument("--batch", type=int, default=2, help="episodes per optimiser step")
     p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate")
     p.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
@@ -151,7 +152,7 @@ def run(a: argparse.Namespace) -> int:
     }
     export = Path(a.export) if a.export else out / f"native-{a.preset}.safetensors"
     log(f"training native:{a.preset} on {data.episodes} episodes x {data.ticks} micro-turns, "
-        f"{tokens_per_step} tokens/step, {a.device} {a.precision}, lora rank {a.lora_rank}, {a.minutes} min")
+        f"{tokens_per_step} tokens/step, {a.device} {tc.precision}, lora rank {a.lora_rank}, {a.minutes} min")
 
     def save(reason: str) -> None:
         tc.save_state(state_path, {"data_position": data.pos.as_dict(), "trained_s": trained_s})

@@ -6,10 +6,10 @@ Serif and Sans Condensed; the tests' cards are DejaVu Sans Bold), with a questio
 `right(scene, facts)` judges the line of visual facts the reasoner was given (VisualState.describe), not
 the reasoner's wording: whether what it needs to answer reached it.
 
-Kinds of question: is anyone there (a face or not: a person, a cat, a coffee cup, a rocket, a bare room),
-is the person looking at the camera (facing, turned aside, looking down, in profile), how many people,
-and what does the text say (lengths 2 to 31 characters, one or two lines, on card, on a photo, beside a
-face, tilted).
+32 questions, 22 of them about people. Kinds: is anyone there (a face or not: a person, a cat, a coffee
+cup, a rocket, a bare room), is the person looking at the camera (facing, turned aside, looking down, in
+profile), how many people, and what does the text say (lengths 2 to 31 characters, one or two lines, on
+a card, on a photo, beside a face, tilted).
 """
 
 from __future__ import annotations
@@ -131,6 +131,15 @@ def scenes() -> list[Scene]:
               texts=["Platform 9"]),
         Scene("italic lower case", card(["please wait here"], "liberation/LiberationSerif-Italic.ttf", 60), says,
               texts=["please wait here"]),
+        # the same pictures asked something else, and a few more of people (beyond reading signs)
+        Scene("turned right, anyone", place(head.turned(40, 0), 0.9, (0.4, 0.5), rooms[2]), anyone, present=True),
+        Scene("looking down, anyone", place(head.turned(0, 35), 0.9, (0.5, 0.4), rooms[0]), anyone, present=True),
+        Scene("two people, anyone", _people(head_photo, 2, rooms[5]), anyone, present=True),
+        Scene("small face", place(head_photo, 0.6, (0.15, 0.2), rooms[4]), looking, present=True, facing=True),
+        Scene("small face, how many", place(head_photo, 0.6, (0.85, 0.8), rooms[1]), many, people=1),
+        Scene("bare room, how many", rooms[1], many, people=0),
+        Scene("rocket, how many", _photo_room("rocket.jpg"), many, people=0),
+        Scene("two people again", _people(head_photo[:, ::-1], 2, rooms[3]), many, people=2),
         Scene("sign beside a face", card(["HELLO"], "liberation/LiberationMono-Bold.ttf", 44, room=face,
                                          at=(0.97, 0.9)), says, present=True, texts=["HELLO"]),
     ]
@@ -147,7 +156,7 @@ def right(scene: Scene, facts: str) -> dict[str, bool]:
         out["facing"] = someone and ("looking at the camera" in facts) == scene.facing
     if scene.people is not None:
         out["people"] = (f"{scene.people} people are in view" in facts if scene.people > 1
-                         else "a person is in view" in facts)
+                         else "a person is in view" in facts if scene.people == 1 else not someone)
     quoted = facts.split("text in view: ", 1)[1].rstrip(".") if "text in view: " in facts else ""
     if scene.texts:
         out["texts"] = quoted == "; ".join(f'"{t}"' for t in scene.texts)

@@ -5,33 +5,15 @@ model trained for an hour on two CPU cores can learn to say a few dozen phrases 
 not open text. The user side is varied: the model must learn *when* to speak, from words and silence.
 """
 
-# What the assistant says when it takes the floor (the closed phrase set; the voice is judged on it).
-REPLIES = [
-    "Sure, I can help with that.",
-    "Okay, let me think about it.",
-    "Yes, that sounds like a good plan.",
-    "I am not completely sure.",
-    "Thank you for telling me.",
-    "Good morning, how are you?",
-    "That is a great question.",
-    "No problem at all.",
-    "I think you should try it.",
-    "That makes a lot of sense.",
-    "Could you say that again?",
-    "I would start with the basics.",
-    "It depends on the weather.",
-    "Please give me one moment.",
-    "That sounds wonderful.",
-    "I agree with you.",
-    "Let me explain it step by step.",
-    "You are very welcome.",
-    "Maybe later this afternoon.",
-    "I really like that idea.",
-]
+from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES
+
+# What the assistant says when it takes the floor (the closed phrase set; the voice is judged on it). The
+# serving side decodes within the same set (models/interaction/phrases.py), so it is defined there once.
+REPLIES = list(TRAINED_REPLIES)
 # Short acknowledgements while the user holds the floor.
 BACKCHANNELS = ["Mm-hm.", "Yeah.", "Right.", "Okay.", "I see."]
 # Said before reading out a background result.
-FOUND = "Here is what I found."
+FOUND = TRAINED_ANSWER_LEAD
 
 # User: questions and requests that hand the floor over.
 QUESTIONS = [

@@ -19,17 +19,12 @@ from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES, Phr
 from models.interaction.talker import PiperTalker
 from models.interaction.voice import FLOW_MAX_WER, choose_voice
 from tests.models.test_interaction_core import one_thread, small_net  # noqa: F401 - fixture
-from train import _texts
 
 CPU = torch.device("cpu")
 SILENCE = np.zeros(4800, dtype=np.float32)
 # Two replies keep the talker's pre-rendering to ~1 s (the trained set's 22 phrases take ~13 s here).
 PHRASES = PhraseSet(("Sure, I can help with that.", "No problem at all."), TRAINED_ANSWER_LEAD)
 ANSWER = "The library opens at nine."
-
-
-def test_the_trained_phrase_set_is_the_training_text_bank() -> None:
-    assert list(TRAINED_REPLIES) == _texts.REPLIES and TRAINED_ANSWER_LEAD == _texts.FOUND
 
 
 def test_voice_auto_picks_per_the_checkpoint_metadata(tmp_path: Path) -> None:

@@ -232,3 +232,20 @@ class ModelFeatures:
                    pending_work=model.pending_work if isinstance(model, OffThreadWork) else None,
                    ageing=model if isinstance(model, Ageing) else None,
                    shutdown=model.shutdown if isinstance(model, Shutdown) else None)
+
+
+class SlotState(Protocol):
+    """A session that holds one row (slot) of a model's batched state."""
+
+    session_id: str
+    slot: int
+    closed: bool
+
+
+def check_slot_batch(states: Sequence[SlotState]) -> None:
+    """Refuse a step batch that would corrupt slot-batched state: a closed session, or one twice."""
+    for s in states:
+        if s.closed:
+            raise ValueError(f"session {s.session_id} was closed; open a new one before stepping it")
+    if len({s.slot for s in states}) != len(states):
+        raise ValueError("a session appears twice in one step batch; step each session once per micro-turn")

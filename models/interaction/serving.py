@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from models.base import BackgroundChunk, Event, TickInput, TickOutput
+from models.base import BackgroundChunk, Event, TickInput, TickOutput, check_slot_batch
 from models.interaction import dmel, vocoder
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
 from models.interaction.cuda_graphs import BucketedStep
@@ -292,11 +292,7 @@ class NativeModel:
         if not batch:
             return []
         states = [s for s, _ in batch]
-        for s in states:
-            if s.closed:
-                raise ValueError(f"session {s.session_id} was closed; open a new one before stepping it")
-        if len({s.slot for s in states}) != len(states):
-            raise ValueError("a session appears twice in one step batch; step each session once per micro-turn")
+        check_slot_batch(states)
         # 1. inputs -> one batched transformer pass over the sessions' persistent KV
         feats = self._features(batch)
         turns = torch.tensor([s.tick for s in states], device=self.device)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.base import TickInput, TickOutput
+from models.base import TickInput, TickOutput, check_slot_batch
 from models.moshi.lmgen import SlotLMGen
 from models.moshi.runtime import import_moshi
 from models.moshi.sampling import Sampling
@@ -138,11 +138,7 @@ class MoshiModel:
     def _step(self, batch: Sequence[tuple[MoshiSession, TickInput]],
               observe: FrameObserver | None) -> list[TickOutput]:
         states = [s for s, _ in batch]
-        for s in states:
-            if s.closed:
-                raise ValueError(f"session {s.session_id} was closed; open a new one before stepping it")
-        if len({s.slot for s in states}) != len(states):
-            raise ValueError("a session appears twice in one step batch; step each session once per micro-turn")
+        check_slot_batch(states)
         # 1. whole frames per session, the rest carried
         frames: list[list[Audio]] = []
         for st, tick in batch:

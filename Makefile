@@ -35,7 +35,7 @@ serve: setup
 	$(BIN)/duplex serve --host $(HOST) --port $(PORT) --model $(MODEL) $(SERVE_ARGS)
 
 test: setup-test
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 setup: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps $(BIN)/llama-server.stamp
 

@@ -104,7 +104,7 @@ def admitted(measured: int, explicit: int | None, model_cap: int | None, model_n
     `Concurrency` lowers it only when the operator did not choose: deadlines would hold more sessions,
     but their answers would queue on the reasoner and start after the user has moved on."""
     capacity, why = measured, "set by --max-sessions" if explicit is not None else "measured at start-up"
-    if model_cap is not None and model_cap < capacity:
+    if model_cap is not None and model_cap <= capacity:  # at a tie, the cap is what decided
         capacity, why = model_cap, f"the model's own cap: {model_name}, max_sessions={model_cap}"
     if (explicit is None and delegates and isinstance(reasoner, Concurrency)
             and reasoner.conversations_at_once < capacity):

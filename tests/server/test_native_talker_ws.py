@@ -1,6 +1,5 @@
 """The shipped native:tiny with the Piper talker behind the real server: a spoken question gets words."""
 
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -23,8 +22,9 @@ def _words(text: str) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-async def test_native_tiny_with_piper_answers_a_question_with_speech(duplex_server: Callable[..., ServerProc]) -> None:
-    os.environ.setdefault("DUPLEX_TTS_DETERMINISTIC", "1")
+async def test_native_tiny_with_piper_answers_a_question_with_speech(duplex_server: Callable[..., ServerProc],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DUPLEX_TTS_DETERMINISTIC", "1")  # this test's question only, not the rest of the suite
     question = Speaker().say("Could you tell me what time the bakery opens tomorrow?", "espeak:en-us")
     audio = np.concatenate([np.zeros(RATE // 2, np.float32), question, np.zeros(3 * RATE, np.float32)])
     n = -(-len(audio) // TURN)

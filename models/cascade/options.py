@@ -59,12 +59,13 @@ class CascadeOptions:
     # Sessions admitted at once: as many as hold a good conversation, not as many as keep the deadlines.
     # Start-up calibration steps silence, which costs the recogniser almost nothing, so it overestimates
     # (it said 62-130 here); bench.load with every session talking nonstop keeps every deadline up to 16
-    # sessions on 2 cores. What limits a conversation is the reasoner: llama-server (the default
-    # `--background auto` when set-up built it) answers sessions together from per-session prompt
-    # caches; the in-process llamacpp reasoner answers one at a time and lowers this to 3 itself
-    # (server/admission.py `admitted`). Held-out FD-bench in real time: README, "The default voice".
-    # 0 = no cap.
-    max_sessions: int = 6
+    # sessions on 2 cores. What limits a conversation is the answers: with llama-server (the default
+    # `--background auto` when set-up built it), held-out FD-bench (seed 2222, real time, N sessions
+    # starting together, 2 cores, 2026-12-04): N = 4 turn-taking TOR 1.0 / 0.74 s, interruption TOR 0.85;
+    # N = 6 0.75 / 0.77 s, 0.65 (answers start after the clip's user has moved on). The in-process llamacpp
+    # reasoner answers one session at a time and lowers this to 3 itself (server/admission.py `admitted`).
+    # With a reasoner on other hardware, raise it. 0 = no cap.
+    max_sessions: int = 4
     # --- voice activity (Silero probabilities per 32 ms window)
     vad_on: float = 0.5  # a window at or above this is speech
     vad_off: float = 0.35  # below this is silence; between the two keeps the previous state

@@ -167,13 +167,16 @@ def main() -> None:
     parser.add_argument("--failover", action="store_true", help="measure a kill -9 fail-over instead")
     parser.add_argument("--rolling", action="store_true", help="measure a rolling restart under load instead")
     parser.add_argument("--sessions", type=int, default=6, help="--failover/--rolling: sessions over the 3 replicas")
-    parser.add_argument("--reserve", type=int, default=1, help="each replica's --restore-reserve")
+    parser.add_argument("--reserve", type=int, default=None,
+                        help="each replica's --restore-reserve (default: duplex cluster's, room for one dead "
+                             "replica's sessions: 2 for 3 x 4)")
     parser.add_argument("--json", action="store_true", help="--rolling: print the figures as JSON too")
     args = parser.parse_args()
-    reserve = ["--restore-reserve", str(args.reserve)]
+    reserve = [] if args.reserve is None else ["--restore-reserve", str(args.reserve)]
     if args.failover:
         with _cluster(3, 4, *reserve) as state:
-            asyncio.run(failover(state, args.sessions, args.reserve))
+            # duplex cluster's own choice when not given: ceil(capacity / (replicas - 1)) = 2 for 3 x 4
+            asyncio.run(failover(state, args.sessions, -(-4 // 2) if args.reserve is None else args.reserve))
         return
     if args.rolling:
         with _cluster(3, 4, "--restart-replicas", "--drain-grace", "10", "--check-interval", "0.5", *reserve) as state:

@@ -154,8 +154,10 @@ class LocalCluster:
             rid, port, agent = f"r{i}", free_port(self.spec.host), free_port(self.spec.host)
             model = ["--model", self.spec.model] if self.spec.model else []
             store = [] if _option(self.spec.serve_args, "--session-store") else ["--session-store", self.store_url]
+            reserve = [] if _option(self.spec.serve_args, "--restore-reserve") else [
+                "--restore-reserve", str(self._reserve())]
             cmd = [sys.executable, "-m", "server.cli", "serve", "--host", self.spec.host, "--port", str(port),
-                   *model, "--replica-id", rid, "--agent-port", str(agent), *store, *self.spec.serve_args]
+                   *model, "--replica-id", rid, "--agent-port", str(agent), *store, *reserve, *self.spec.serve_args]
             child = Child(f"replica {rid}", cmd, port, self.workdir / f"replica-{rid}.log", env)
             child.start()  # all at once: they load their models in parallel
             started.append((child, rid, agent))
@@ -165,9 +167,16 @@ class LocalCluster:
                                                  self._reserve())))
 
     def _reserve(self) -> int:
-        """Each replica's --restore-reserve (the serve options', else the server's default)."""
+        """Each replica's --restore-reserve: the serve options', else, with --max-sessions known, room on
+        the others for every session of one dead replica when all are full (ceil(capacity / (N - 1))),
+        else the server's default."""
         given = _option(self.spec.serve_args, "--restore-reserve")
-        return int(given) if given is not None else ServerConfig.restore_reserve
+        if given is not None:
+            return int(given)
+        capacity = _option(self.spec.serve_args, "--max-sessions")
+        if capacity is not None and self.spec.replicas > 1:
+            return -(-int(capacity) // (self.spec.replicas - 1))
+        return ServerConfig.restore_reserve
 
     def _wait_healthy(self, child: Child) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

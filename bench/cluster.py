@@ -111,8 +111,9 @@ async def _resume(url: str, token: str, killed: float,
     return None
 
 
-async def failover(state: dict[str, Any], sessions: int, reserve: int) -> None:
+async def failover(state: dict[str, Any], sessions: int) -> None:
     url = str(state["url"])
+    reserve = state["replicas"][0]["reserve"]  # what duplex cluster gave each replica
     held = [(*await _session(url, f"session {i}"), f"session {i}") for i in range(sessions)]
     await asyncio.sleep(1.0)  # the replicas' store syncs (every 0.4 s) have written every session
     victim = held[0][1].partition(".")[0]
@@ -175,8 +176,7 @@ def main() -> None:
     reserve = [] if args.reserve is None else ["--restore-reserve", str(args.reserve)]
     if args.failover:
         with _cluster(3, 4, *reserve) as state:
-            # duplex cluster's own choice when not given: ceil(capacity / (replicas - 1)) = 2 for 3 x 4
-            asyncio.run(failover(state, args.sessions, -(-4 // 2) if args.reserve is None else args.reserve))
+            asyncio.run(failover(state, args.sessions))
         return
     if args.rolling:
         with _cluster(3, 4, "--restart-replicas", "--drain-grace", "10", "--check-interval", "0.5", *reserve) as state:

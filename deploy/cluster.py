@@ -222,7 +222,7 @@ class LocalCluster:
             "store": {"pid": self.store.pid, "port": self.store.port, "url": self.store_url,
                       "restarts": self.store_restarts},
             "replicas": [{"id": r.id, "pid": c.pid, "port": r.port, "agent_port": r.agent_port,
-                          "capacity": r.capacity} for c, r in self.replicas],
+                          "capacity": r.capacity, "reserve": r.reserve} for c, r in self.replicas],
             "replica_restarts": self.replica_restarts,
             "workdir": str(self.workdir),
         }

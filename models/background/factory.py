@@ -13,11 +13,6 @@ log = logging.getLogger(__name__)
 
 KINDS = ("auto", "none", "llama-server", "llamacpp", "openai", "sglang")
 
-# Whether `auto` runs llama-server when set-up built it (else the in-process llamacpp backend). It keeps
-# every session's conversation evaluated and answers sessions together (bench/reasoner_concurrency.py:
-# first speakable sentence p90 3.5 s against 12.2 s in process with 8 sessions asking at once, 2 cores;
-# held-out FD-bench in real time: README, "The default voice").
-AUTO_LLAMA_SERVER = True
 
 
 @dataclass
@@ -39,11 +34,13 @@ def llamacpp_available() -> bool:
 def make_reasoner(spec: ReasonerSpec) -> Reasoner | None:
     """The configured reasoner, or None for `none` (and for `auto` when llama.cpp is not installed).
 
-    With `AUTO_LLAMA_SERVER`, `auto` prefers llama-server (built by `make setup`)."""
+    `auto` prefers llama-server (built by `make setup`): it keeps every session's conversation evaluated
+    and answers sessions together (bench/reasoner_concurrency.py: first speakable sentence p90 3.5 s
+    against 12.2 s in process with 8 sessions asking at once, 2 cores); else the in-process llamacpp."""
     kind = spec.kind
     if kind not in KINDS:
         raise ValueError(f"unknown background reasoner {kind!r}; choose one of: {', '.join(KINDS)}")
-    if kind == "auto" and AUTO_LLAMA_SERVER and llamacpp_available():
+    if kind == "auto" and llamacpp_available():
         from models.background.llama_server import binary_available
 
         if binary_available():

@@ -125,6 +125,15 @@ def encode_input(tick: TickInput) -> bytes:
 
 
 def decode_input(record: bytes) -> TickInput:
+    """A logged micro-turn's input. Store data is untrusted: anything malformed is a ValueError naming it,
+    which the server reports as the session's model state lost (server/claims.py), not a crash."""
+    try:
+        return _decode_input(record)
+    except (zlib.error, struct.error, json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ValueError(f"a record of the micro-turn log is corrupt ({type(exc).__name__}: {exc})") from None
+
+
+def _decode_input(record: bytes) -> TickInput:
     data = zlib.decompress(record)
     (n,) = _HEAD.unpack_from(data)
     head = json.loads(data[_HEAD.size : _HEAD.size + n])

@@ -8,6 +8,8 @@ per-session tensor match exactly, and so does the next micro-turn's output.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -93,3 +95,11 @@ def test_inputs_round_trip_exactly_and_compactly() -> None:
     model = NativeModel(speaking_net(), "native:test", 1, CPU, deterministic=True)
     with pytest.raises(ValueError, match="stopped at 2 micro-turns"):
         replay(model, model.open("sess_a"), log)
+
+
+def test_a_corrupt_log_record_is_a_value_error_naming_it() -> None:
+    # Store data is untrusted: the server turns a ValueError into "model state lost" for that session only.
+    good = encode_input(TickInput(np.zeros(4800, np.float32), 0))
+    for bad in (b"not zlib", good[: len(good) // 2], zlib.compress(b"\x00\x00\x00\x05{bad}")):
+        with pytest.raises(ValueError, match="micro-turn log is corrupt"):
+            decode_input(bad)

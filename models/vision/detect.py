@@ -70,7 +70,7 @@ class SessionDetectors:
         res = self.hands.process(rgb)
         for hand in res.multi_hand_landmarks or []:
             lm = np.array([(p.x, p.y, p.z) for p in hand.landmark], np.float32)  # [21, 3]
-            gesture, fingers = classify(lm, face.box[3] if face else None)
+            gesture, fingers = classify(lm, face.box[3] if face else None, rgb.shape[1] / rgb.shape[0])
             hands.append(HandObs(landmarks=lm, gesture=gesture, fingers=fingers))
         return Observation(t=t, face=face, hands=hands, people=len(found))
 

@@ -2,12 +2,14 @@
 
     python -m train.evaluate --checkpoint models/interaction/weights/native-tiny.safetensors \
         --heldout data/heldout --episodes 12 --json
+    python -m train.evaluate --heldout /tmp/heldout38 --build 12 --data-seed 38 --no-voice  # builds it first
 
 Both are teacher-forced on held-out synthetic episodes (the inputs the episode says, not what the
 model did earlier), so they measure the heads, not the closed loop (bench.fdbench measures that):
 
 * control: per micro-turn argmax of the control head against the label, a confusion matrix
-  (rows = label, columns = predicted, ACTIONS order) and per-class recall;
+  (rows = the episode's target action, columns = the model's decision, ACTIONS order: speak, silent,
+  backchannel, yield, delegate) with per-class precision and recall (a text table without --json);
 * voice: for every assistant utterance of the closed phrase set in those episodes, the flow head
   samples mel on the utterance's micro-turns, the streaming Griffin-Lim vocoder makes audio, and
   pocketsphinx transcribes it; word error rate against the phrase. The same pipeline on the target
@@ -16,6 +18,7 @@ model did earlier), so they measure the heads, not the closed loop (bench.fdbenc
 
 import argparse
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -111,6 +114,7 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
     precision = {a: round(float(conf[i, i] / max(conf[:, i].sum(), 1)), 3) for i, a in enumerate(ACTIONS)}
     result: dict[str, Any] = {
         "micro_turns": int(conf.sum()),
+        "control_correct": int(np.trace(conf)),  # the accuracy's numerator: the matrix's diagonal
         "control_accuracy": round(float(np.trace(conf) / max(conf.sum(), 1)), 4),
         "confusion": {"rows_label_cols_predicted": list(ACTIONS), "counts": conf.tolist()},
         "recall": recall,
@@ -132,6 +136,44 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
     return result
 
 
+def confusion_table(result: dict[str, Any]) -> str:
+    """The confusion matrix as text: one row per target action (its count of micro-turns, then how many
+    the model decided as each action), recall at the row's end and precision under each column."""
+    names = result["confusion"]["rows_label_cols_predicted"]
+    counts = np.asarray(result["confusion"]["counts"])
+    w = max(11, *(len(n) + 2 for n in names))
+    head = "target \\ model".ljust(w) + "".join(n.rjust(w) for n in names) + "total".rjust(w) + "recall".rjust(w)
+    lines = [head]
+    for i, n in enumerate(names):
+        lines.append(n.ljust(w) + "".join(str(int(c)).rjust(w) for c in counts[i])
+                     + str(int(counts[i].sum())).rjust(w) + f"{result['recall'][n]:.3f}".rjust(w))
+    lines.append("total".ljust(w) + "".join(str(int(c)).rjust(w) for c in counts.sum(0))
+                 + str(int(counts.sum())).rjust(w))
+    lines.append("precision".ljust(w) + "".join(f"{result['precision'][n]:.3f}".rjust(w) for n in names))
+    lines.append(f"control accuracy {result['control_accuracy']:.4f} "
+                 f"({result['control_correct']}/{result['micro_turns']} micro-turns, teacher-forced)")
+    return "\n".join(lines)
+
+
+def ensure_heldout(path: Path, episodes: int, seed: int, ticks: int) -> None:
+    """Build `episodes` held-out episodes of `seed` into `path` unless a cache is there already (an
+    interrupted build continues). Use a seed no training set used: the shipped checkpoint's metadata
+    names its data seeds (1, 101; its held-out set: 2)."""
+    if (path / "info.json").exists():
+        info = json.loads((path / "info.json").read_text())
+        if info.get("seed") != seed:
+            raise SystemExit(f"{path} holds episodes of seed {info.get('seed')}, not --data-seed {seed}; "
+                             "pass another --heldout folder or drop --build")
+        return
+    from models.interaction.config import preset
+    from train.features import build_cache
+
+    os.environ.setdefault("DUPLEX_TTS_DETERMINISTIC", "1")  # as duplex train builds its held-out set
+    print(f"evaluate: building {episodes} held-out episodes of {ticks} micro-turns into {path} (seed {seed})",
+          flush=True)
+    build_cache(path, preset("tiny"), seed, episodes, ticks, shard=min(20, episodes), keep_audio=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=None, help="native checkpoint (default: the shipped one)")
@@ -139,12 +181,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", default="data/heldout", help="feature cache of held-out episodes")
     ap.add_argument("--episodes", type=int, default=12)
     ap.add_argument("--no-voice", action="store_true", help="skip the vocoder + ASR part")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--build", type=int, default=0, metavar="N",
+                    help="first build N held-out episodes of --data-seed into --heldout (if it holds none)")
+    ap.add_argument("--data-seed", type=int, default=38, help="episode seed for --build (training used 1 and 101)")
+    ap.add_argument("--ticks", type=int, default=100, help="micro-turns per episode for --build (100 = 20 s)")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the table and key: value lines")
     a = ap.parse_args(argv)
+    if a.build:
+        ensure_heldout(Path(a.heldout), a.build, a.data_seed, a.ticks)
     net = build(a.preset, a.checkpoint)
     data = EpisodeData(Path(a.heldout), net.cfg)
     r = evaluate(net, data, a.episodes, voice=not a.no_voice)
-    print(json.dumps(r) if a.json else json.dumps(r, indent=1))
+    if a.json:
+        print(json.dumps(r))
+        return 0
+    print(confusion_table(r))
+    for k, v in r.items():
+        if k not in ("confusion", "recall", "precision", "control_accuracy", "control_correct", "micro_turns"):
+            print(f"{k}: {json.dumps(v)}")
     return 0
 
 

@@ -61,7 +61,33 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--resume", action="store_true", help="continue from <out>/state.pt")
     p.add_argument("--export", default=None, metavar="FILE",
                    help="also write the served fp16 checkpoint here (default: <out>/native-<preset>.safetensors)")
+    p.add_argument("--phrase-wer-episodes", type=int, default=0, metavar="N",
+                   help="at the final export, measure the exported flow head's phrase word error on N held-out "
+                        "episodes (train.evaluate: vocoder + pocketsphinx, ~15 s an episode on 2 CPU cores) and "
+                        "record it in the checkpoint, where --voice auto reads it (0 = not measured: auto "
+                        "gives the checkpoint Piper)")
+    p.add_argument("--phrase-wer", type=float, default=None, metavar="WER",
+                   help="record this phrase word error at every export instead (one measured on these very "
+                        "weights, e.g. train.evaluate's voice_wer; a measurement at the end replaces it)")
     return p
+
+
+def measure_phrase_wer(path: Path, preset_name: str, held: EpisodeData, episodes: int, log: "Log") -> float | None:
+    """train.evaluate's voice word error of the checkpoint at `path` (the exported fp16 weights, exactly
+    what is served) on the first `episodes` held-out episodes; None where they hold no whole phrase (a
+    word error over no words would read as a perfect voice)."""
+    from models.interaction.checkpoint import build
+    from train.evaluate import evaluate as heldout_eval
+
+    log(f"measuring the phrase word error of {path} on {min(episodes, held.episodes)} held-out episodes")
+    r = heldout_eval(build(preset_name, str(path)), held, episodes, voice=True)
+    if not r["phrase_words"]:
+        log("no whole assistant phrase in those held-out episodes: phrase word error not recorded; "
+            "pass more --phrase-wer-episodes")
+        return None
+    log(f"phrase word error {r['voice_wer']:.3f} over {r['phrase_words']} words "
+        f"(the vocoder + ASR floor on the target mel: {r['vocoder_floor_wer']:.3f})")
+    return float(r["voice_wer"])
 
 
 def _lr(a: argparse.Namespace, step: int) -> float:
@@ -158,7 +184,7 @@ def run(a: argparse.Namespace) -> int:
         tc.save_state(state_path, {"data_position": data.pos.as_dict(), "trained_s": trained_s})
         meta["step"] = str(tc.step)
         meta["trained_minutes"] = f"{trained_s / 60:.1f}"
-        tc.export(export, meta)
+        tc.export(export, meta, phrase_wer=a.phrase_wer)
         log(f"saved {state_path} and {export} at step {tc.step} ({reason})")
 
     start = time.monotonic()
@@ -192,6 +218,11 @@ def run(a: argparse.Namespace) -> int:
             save("periodic")
             last_save = time.monotonic()
     save("end")
+    if a.phrase_wer_episodes > 0:
+        wer = measure_phrase_wer(export, a.preset, held, a.phrase_wer_episodes, log)
+        if wer is not None:
+            tc.export(export, meta, phrase_wer=wer)
+            log(f"recorded phrase word error {wer:.3f} in {export}")
     return 0
 
 

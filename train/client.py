@@ -26,6 +26,7 @@ from models.interaction.checkpoint import INIT_SEED, build, save_checkpoint
 from models.interaction.config import ACTIONS, InteractionConfig
 from models.interaction.config import preset as preset_config
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures, init_weights
+from models.interaction.phrases import PhraseSet
 from models.interaction.serving import NativeModel
 from train.lora import apply_lora, merge_lora
 from train.losses import LOSSES, Batch, LossFn, LossWeights
@@ -193,9 +194,14 @@ class TrainingClient:
         merge_lora(net)
         return net.eval()
 
-    def export(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
-        """The served checkpoint: fp16 safetensors with config and `metadata` (command, data seed...)."""
-        save_checkpoint(self.serving_net(), path, self.preset, dtype=torch.float16, extra=metadata)
+    def export(self, path: str | Path, metadata: dict[str, str] | None = None, phrase_wer: float | None = None,
+               phrases: PhraseSet | None = None) -> None:
+        """The served checkpoint: fp16 safetensors with config and `metadata` (command, data seed...).
+        `phrase_wer`: the flow head's word error measured on these weights' held-out phrases
+        (train.evaluate's voice_wer); `--voice auto` gives the flow head the voice only where it is
+        recorded and low (models/interaction/voice.py), so leave it None unless it was measured."""
+        save_checkpoint(self.serving_net(), path, self.preset, dtype=torch.float16, extra=metadata,
+                        phrase_wer=phrase_wer, phrases=phrases)
 
     # -- sampling -----------------------------------------------------------------------------
 

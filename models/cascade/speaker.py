@@ -9,13 +9,24 @@ a media-pace session is stepped only once it is done (`waiting`), so a
 media-pace run (ticks flat out) plays it at the same micro-turn as real time does.
 Pre-rendered phrases (acknowledgments, backchannels) skip the pool, which is
 what lets the first reply audio start in the very micro-turn the end of a turn is detected.
+
+The pool serves the phrase needed soonest first (earliest deadline), not the first submitted: every
+session's answer arrives as several sentences within a moment, and with several sessions asking at
+once a first-come queue made one session's first sentence wait behind another's second and third,
+which would only play seconds later (one synthesis thread, ~17 ms a word: six sessions' three-sentence
+answers are ~5 s of synthesis). A phrase is needed when the audio queued ahead of it in its session
+has played (`Speaker.say` estimates it), so a first sentence goes ahead of every later one, and a
+later sentence dropped by a barge-in before its turn costs nothing.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import math
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -25,7 +36,6 @@ import numpy as np
 
 from models.cascade.work import LATE
 from models.speech.tts import TTSError, Voice, load_voice
-from models.threads import started_pool
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, Audio
 
@@ -37,6 +47,10 @@ _SYNTH_GRACE_S = 0.05  # longest wait at a phrase's due micro-turn; later it pla
 # onset is not clipped.
 _LEAD_KEEP_S = 0.01
 _LEAD_LEVEL = 0.02  # of the phrase's peak: below it is silence
+# Seconds of speech a character of text becomes, to estimate when a queued phrase will be needed:
+# an under-estimate (Piper joe speaks ~14 characters a second) only makes later phrases look more
+# urgent than they are, never less.
+_SPOKEN_S_PER_CHAR = 0.05
 
 
 def trim_lead(audio: Audio, rate: int = SAMPLE_RATE) -> Audio:
@@ -50,13 +64,22 @@ def trim_lead(audio: Audio, rate: int = SAMPLE_RATE) -> Audio:
 
 
 class Synthesizer:
-    """Text -> 24 kHz audio on worker threads; also a cache of pre-rendered short phrases."""
+    """Text -> 24 kHz audio on worker threads, the phrase needed soonest first; also a cache of
+    pre-rendered short phrases."""
 
     def __init__(self, voice: str, fallback: str, workers: int = 1) -> None:
         self.voice = _load(voice, fallback)
-        self._pool = started_pool(workers, "cascade-tts")
         self._cache: dict[str, Audio] = {}
         self._lock = threading.Lock()
+        self._jobs: list[tuple[float, int, str, Future[Audio]]] = []  # a heap by (needed at, order)
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+        self._closed = False
+        # Started here, not on first use: a server's thread count is fixed at load (models/threads.py).
+        self._threads = [threading.Thread(target=self._serve, name=f"cascade-tts_{i}", daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
 
     def render(self, text: str) -> Audio:
         """Synthesise now, on the calling thread (used for the phrase cache at load time)."""
@@ -71,11 +94,45 @@ class Synthesizer:
     def cached(self, text: str) -> Audio | None:
         return self._cache.get(text)
 
-    def submit(self, text: str) -> Future[Audio]:
-        return self._pool.submit(self.render, text)
+    def submit(self, text: str, needed_at: float | None = None) -> Future[Audio]:
+        """Synthesise `text` on a worker; `needed_at` (time.monotonic() s, default now) orders the work."""
+        future: Future[Audio] = Future()
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the synthesizer is closed")
+            when = time.monotonic() if needed_at is None else needed_at
+            heapq.heappush(self._jobs, (when, next(self._order), text, future))
+            self._ready.notify()
+        return future
+
+    @property
+    def queued(self) -> int:
+        """Phrases waiting for a worker (cancelled ones included until a worker pops them)."""
+        with self._ready:
+            return len(self._jobs)
+
+    def _serve(self) -> None:
+        while True:
+            with self._ready:
+                while not self._jobs and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+                _, _, text, future = heapq.heappop(self._jobs)
+            if not future.set_running_or_notify_cancel():  # dropped by its speaker before its turn
+                continue
+            try:
+                future.set_result(self.render(text))
+            except BaseException as e:  # handed to whoever plays it (Speaker.play skips the phrase)
+                future.set_exception(e)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._ready:
+            self._closed = True
+            for _, _, _, future in self._jobs:
+                future.cancel()
+            self._jobs.clear()
+            self._ready.notify_all()
 
 
 def _load(voice: str, fallback: str) -> Voice:
@@ -131,7 +188,7 @@ class Speaker:
         if cached is not None:
             p.audio = cached
         else:
-            p.future = self._synth.submit(text)
+            p.future = self._synth.submit(text, time.monotonic() + self.seconds_queued(kind))
             p.due = self.tick + self.budget_ticks(text)
         if kind == "backchannel" and not (self.queue and self.queue[0].pos > 0):
             # A backchannel is said now, in a pause of the user, ahead of any answer held back
@@ -140,6 +197,20 @@ class Speaker:
         else:
             self.queue.append(p)
         return p
+
+    def seconds_queued(self, kind: str) -> float:
+        """Seconds of speech that play before a new phrase of `kind` starts: what is queued ahead of it
+        (a backchannel goes to the front, so nothing), rendered phrases by their audio, pending ones
+        estimated from their text."""
+        if kind == "backchannel":
+            return 0.0
+        total = 0.0
+        for p in self.queue:
+            if p.audio is not None:
+                total += (len(p.audio) - p.pos) / SAMPLE_RATE
+            else:
+                total += _SPOKEN_S_PER_CHAR * len(p.text)
+        return total
 
     def waiting(self) -> list[Future[Audio]]:
         """The next phrase's synthesis, when the next micro-turn may play it (its budget is up)."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection
 
+from tests.conftest import ServerProc, start_server
 from tests.wsclient import TICK, b64, collect_audio, pcm16, random_pcm, recv_until, send, start_session
 
 
@@ -28,9 +30,15 @@ async def _expect_error(ws: ClientConnection, code: str) -> dict:
     return err
 
 
-@pytest.fixture
-def echo0(duplex_server):
-    return duplex_server("--model", "echo:0", "--max-frame-bytes", "65536", "--max-sessions", "8")
+@pytest.fixture(scope="module")
+def echo0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    """One server for the module (a start costs ~2 s, ~40 s over these 22 tests). Sharing it checks the
+    same things: every test opens a session of its own, whose first micro-turn must come back as tick 0
+    (so it starts fresh), and closes it normally, which ends it at once; nothing else is kept."""
+    srv = start_server("--model", "echo:0", "--max-frame-bytes", "65536", "--max-sessions", "8",
+                       tmp_path=tmp_path_factory.mktemp("bad_input"))
+    yield srv
+    srv.stop()
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ import uvicorn
 
 from models.registry import DEFAULT_MODEL, GRAPH_MODES, MATMUL_MODES, VOICE_MODES, NativeOptions, available
 from server.config import ServerConfig
-from server.limits import DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
+from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
 
 class DrainingServer(uvicorn.Server):
@@ -177,6 +177,9 @@ def add_serve_command(sub: Any) -> None:
     serve.add_argument("--stalled-connection-s", type=float, default=TCP_USER_TIMEOUT_S,
                        help="a client connection whose data stays unacknowledged this long (gone, or never "
                        "reading) is dropped by the kernel (TCP_USER_TIMEOUT); its session stays resumable")
+    serve.add_argument("--collect-every", type=float, default=COLLECT_EVERY, metavar="SECONDS",
+                       help="seconds between full garbage collections, which free finished connections (their "
+                       "objects sit in reference cycles) and trim the heap; 1..3600")
     serve.add_argument("--ws-compression", action="store_true",
                        help="offer per-message deflate to WebSocket clients (off: audio deltas are base64 PCM, "
                        "which deflate barely shrinks at a real CPU cost per session, plus ~300 kB of zlib state "
@@ -266,6 +269,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout,
         max_sessions_per_client=args.max_sessions_per_client, max_outbox_bytes=args.max_outbox_bytes,
         step_watchdog_s=args.step_watchdog_s, stalled_connection_s=args.stalled_connection_s,
+        collect_every=args.collect_every,
         ws_compression=args.ws_compression, log_level=args.log_level,
         **_cluster_config(args))
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from models.registry import DEFAULT_MODEL, NativeOptions
 from server.auth import REPLICA_ID, new_replica_id
-from server.limits import DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
+from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
 
 @dataclass
@@ -47,6 +47,7 @@ class ServerConfig:
     max_outbox_bytes: int = DEFAULT_OUTBOX_BYTES  # events queued for a client that does not read, then it is cut
     step_watchdog_s: float = 2.0  # a model step running longer is reported (log, metric, /healthz 503)
     stalled_connection_s: float = TCP_USER_TIMEOUT_S  # a TCP peer not acknowledging our data this long is dropped
+    collect_every: float = COLLECT_EVERY  # seconds between the reaper's full collections (server/limits.py: why)
     ws_compression: bool = False  # per-message deflate on WebSockets (costs CPU and memory per session)
     log_level: str = "info"
     # Running as one of several replicas (deploy/): the id that starts every resume token (so the proxy
@@ -96,6 +97,8 @@ class ServerConfig:
             raise ValueError(f"--max-outbox-bytes must be at least 65536, got {self.max_outbox_bytes}")
         if self.step_watchdog_s <= 0 or self.rtc_connect_timeout <= 0:
             raise ValueError("--step-watchdog-s and --rtc-connect-timeout must be positive")
+        if not 1 <= self.collect_every <= 3600:
+            raise ValueError(f"--collect-every must be within 1..3600 seconds, got {self.collect_every}")
         if not 1 <= self.stalled_connection_s <= 3600:
             raise ValueError(f"--stalled-connection-s must be within 1..3600 seconds, got {self.stalled_connection_s}")
         if self.background_policy not in ("supersede", "queue"):

@@ -55,14 +55,6 @@ log = logging.getLogger(__name__)
 __all__ = ["Refused", "Runtime"]
 
 BackgroundFactory = Callable[[Session], BackgroundHook]
-# Seconds between the reaper's full garbage collections. A finished connection (uvicorn's protocol,
-# websockets' zlib contexts, our connection and session) sits in reference cycles that only a full
-# collection frees, and CPython starts one by itself only after about 70,000 net container
-# allocations (thresholds 700, 10, 10; none ran in 24 sessions, tests/server/test_memory.py), so the
-# garbage of many connections piled up in the heap, whose high-water mark then only rose (bench.soak:
-# RSS grew by steps, ~3.4-4.5 MB per 10 min with 8-12 sessions). Start-up objects are frozen
-# (server/app.py), so a collection scans only what the live sessions hold (1 ms with 4 sessions).
-COLLECT_EVERY = 10.0
 REAP_EVERY = 1.0  # seconds between reaps of idle and expired sessions
 LAG_PROBE = 0.1  # seconds between event-loop lag probes (duplex_event_loop_lag_seconds)
 OVERRUN_ERROR_INTERVAL = 1.0  # seconds between repeated input_overrun errors to one session
@@ -502,7 +494,7 @@ class Runtime:
 
     async def _reap_forever(self) -> None:
         """Housekeeping: every LAG_PROBE s measure how late the loop woke us; every second reap; every
-        COLLECT_EVERY s collect garbage and trim the heap."""
+        --collect-every s (server/limits.py: COLLECT_EVERY) collect garbage and trim the heap."""
         collected = reaped = synced = time.monotonic()
         while True:
             due = time.monotonic() + LAG_PROBE
@@ -524,7 +516,7 @@ class Runtime:
                 await self.reap(time.monotonic())
             except Exception:  # reaping must never stop; log and go on
                 log.exception("session reaper failed")
-            if time.monotonic() - collected >= COLLECT_EVERY:
+            if time.monotonic() - collected >= self.config.collect_every:
                 started = time.monotonic()
                 gc.collect()
                 self.metrics.loop_lag_seconds.observe(time.monotonic() - started)  # the loop waited on it too

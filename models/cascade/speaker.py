@@ -17,6 +17,11 @@ which would only play seconds later (one synthesis thread, ~17 ms a word: six se
 answers are ~5 s of synthesis). A phrase is needed when the audio queued ahead of it in its session
 has played (`Speaker.say` estimates it), so a first sentence goes ahead of every later one, and a
 later sentence dropped by a barge-in before its turn costs nothing.
+Nor is a phrase synthesised long before it is needed: one needed more than `HORIZON_S` from now waits
+(the worker sleeps) until it is that close, or until its speaker needs it now (`hurry`: its due
+micro-turn came, which in media pace comes sooner than the wall clock says). Work done seconds ahead
+took the cores from what was needed now (other sessions' first sentences and transcripts at the
+moment several turns end at once), and was wasted when the user interrupted or left.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ _LEAD_LEVEL = 0.02  # of the phrase's peak: below it is silence
 # an under-estimate (Piper joe speaks ~14 characters a second) only makes later phrases look more
 # urgent than they are, never less.
 _SPOKEN_S_PER_CHAR = 0.05
+HORIZON_S = 2.0  # a phrase is synthesised from this long before it is needed (several times its cost)
 
 
 def trim_lead(audio: Audio, rate: int = SAMPLE_RATE) -> Audio:
@@ -72,7 +78,9 @@ class Synthesizer:
         self._cache: dict[str, Audio] = {}
         self._lock = threading.Lock()
         self._jobs: list[tuple[float, int, str, Future[Audio]]] = []  # a heap by (needed at, order)
+        self._taken: set[int] = set()  # orders of jobs whose entry was replaced by `hurry`'s
         self._order = itertools.count()
+        self.horizon = HORIZON_S
         self._ready = threading.Condition()
         self._closed = False
         # Started here, not on first use: a server's thread count is fixed at load (models/threads.py).
@@ -105,6 +113,18 @@ class Synthesizer:
             self._ready.notify()
         return future
 
+    def hurry(self, future: Future[Audio]) -> None:
+        """The phrase of `future` is needed now: it goes to the head of the queue (if still waiting)."""
+        with self._ready:
+            for when, order, text, f in self._jobs:
+                if f is future and order not in self._taken:  # its one live entry
+                    now = time.monotonic()
+                    if when > now:
+                        self._taken.add(order)  # its old entry is skipped when popped
+                        heapq.heappush(self._jobs, (now, next(self._order), text, f))
+                        self._ready.notify()
+                    return
+
     @property
     def queued(self) -> int:
         """Phrases waiting for a worker (cancelled ones included until a worker pops them)."""
@@ -114,13 +134,18 @@ class Synthesizer:
     def _serve(self) -> None:
         while True:
             with self._ready:
-                while not self._jobs and not self._closed:
-                    self._ready.wait()
+                while not self._closed:
+                    while self._jobs and self._jobs[0][1] in self._taken:
+                        self._taken.discard(heapq.heappop(self._jobs)[1])
+                    wait = None if not self._jobs else self._jobs[0][0] - self.horizon - time.monotonic()
+                    if wait is not None and wait <= 0:
+                        break
+                    self._ready.wait(wait)  # a new job, a hurry, or the head coming within the horizon
                 if self._closed:
                     return
                 _, _, text, future = heapq.heappop(self._jobs)
-            if not future.set_running_or_notify_cancel():  # dropped by its speaker before its turn
-                continue
+            if future.done() or future.running() or not future.set_running_or_notify_cancel():
+                continue  # dropped by its speaker before its turn
             try:
                 future.set_result(self.render(text))
             except BaseException as e:  # handed to whoever plays it (Speaker.play skips the phrase)
@@ -132,6 +157,7 @@ class Synthesizer:
             for _, _, _, future in self._jobs:
                 future.cancel()
             self._jobs.clear()
+            self._taken.clear()
             self._ready.notify_all()
 
 
@@ -215,7 +241,10 @@ class Speaker:
     def waiting(self) -> list[Future[Audio]]:
         """The next phrase's synthesis, when the next micro-turn may play it (its budget is up)."""
         p = self.queue[0] if self.queue else None
-        return [p.future] if p is not None and p.future is not None and self.tick >= p.due else []
+        if p is None or p.future is None or self.tick < p.due:
+            return []
+        self._synth.hurry(p.future)  # media pace reaches a due micro-turn before the wall clock does
+        return [p.future]
 
     @property
     def busy(self) -> bool:
@@ -252,6 +281,8 @@ class Speaker:
                 if self.tick < p.due:
                     res.starved = True  # within its budget: not yet, even if it happens to be ready
                     break
+                if self.tick == p.due:
+                    self._synth.hurry(p.future)  # needed now: if it still waits, it goes next
                 try:
                     p.audio = p.future.result(timeout=grace if self.tick == p.due else 0.0)
                 except FutureTimeout:

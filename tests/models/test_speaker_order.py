@@ -4,6 +4,7 @@ sessions answering at once, one session's first sentence must not wait behind an
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 
 import numpy as np
@@ -15,6 +16,7 @@ from models.cascade.speaker import Speaker, Synthesizer
 @pytest.fixture(scope="module")
 def synth() -> Synthesizer:
     s = Synthesizer("piper:joe", "espeak:en-us", workers=1)
+    s.horizon = 1e6  # everything queued is within reach: the order alone is what these tests see
     yield s  # type: ignore[misc]
     s.close()
 
@@ -71,3 +73,23 @@ def test_phrases_queued_ahead_set_when_a_new_one_is_needed(synth: Synthesizer) -
     s.queue[0].audio, s.queue[0].future = np.zeros(24_000, np.float32), None  # rendered: one second left
     s.queue[0].pos = 12_000
     assert s.seconds_queued("answer") == pytest.approx(0.5)
+
+
+def test_a_phrase_needed_later_waits_until_it_is_near_or_hurried() -> None:
+    lazy = Synthesizer("piper:joe", "espeak:en-us", workers=1)
+    try:
+        lazy.horizon = 1.0
+        later = lazy.submit("Needed in a minute.", time.monotonic() + 60.0)
+        soon = lazy.submit("Needed now.")
+        assert len(soon.result(timeout=60)) > 0
+        time.sleep(0.2)
+        assert not later.running() and not later.done()  # a minute away: not started
+        speaker = Speaker(lazy)
+        p = speaker.say("A phrase due at once.", "answer")
+        assert p.future is not None
+        p.due = speaker.tick  # its due micro-turn came (media pace gets there before the wall clock)
+        assert speaker.waiting() == [p.future]
+        lazy.hurry(later)  # needed now: it goes next
+        assert len(later.result(timeout=60)) > 0 and len(p.future.result(timeout=60)) > 0
+    finally:
+        lazy.close()

@@ -281,7 +281,7 @@ class Speaker:
                 if self.tick < p.due:
                     res.starved = True  # within its budget: not yet, even if it happens to be ready
                     break
-                if self.tick == p.due:
+                if not p.future.done():
                     self._synth.hurry(p.future)  # needed now: if it still waits, it goes next
                 try:
                     p.audio = p.future.result(timeout=grace if self.tick == p.due else 0.0)

@@ -27,9 +27,13 @@ SEED = 47
 def heldout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     old = os.environ.get("DUPLEX_TTS_DETERMINISTIC")
     os.environ["DUPLEX_TTS_DETERMINISTIC"] = "1"
+    # One torch thread: these products are small, and on a busy 2-core machine two threads took 4x longer.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     path = tmp_path_factory.mktemp("heldout")
     build_cache(path, preset("tiny"), SEED, episodes=1, ticks=TICKS, shard=1, keep_audio=True, log=lambda m: None)
     yield path
+    torch.set_num_threads(threads)
     if old is None:
         os.environ.pop("DUPLEX_TTS_DETERMINISTIC", None)
     else:

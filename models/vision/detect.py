@@ -63,7 +63,7 @@ class SessionDetectors:
         if found:
             meshes = [np.array([(p.x, p.y, p.z) for p in f.landmark], np.float32) for f in found]  # [468, 3] each
             lm = max(meshes, key=lambda m: float(np.ptp(m[:, 0]) * np.ptp(m[:, 1])))  # the largest: the user
-            yaw, pitch = head_pose(lm)
+            yaw, pitch = head_pose(lm, rgb.shape[1] / rgb.shape[0])
             box = (float(lm[:, 0].min()), float(lm[:, 1].min()), float(lm[:, 0].max()), float(lm[:, 1].max()))
             face = FaceObs(box=box, yaw=yaw, pitch=pitch)
         hands = []

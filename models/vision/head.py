@@ -22,13 +22,27 @@ FACING_PITCH = (0.2, 0.75)  # pitch within this: not looking far up or down
 Track = Sequence[tuple[float, float]]
 
 
-def head_pose(lm: Landmarks) -> tuple[float, float]:
-    """(yaw, pitch) proxies from face mesh landmarks [468, 3]: see FaceObs."""
-    eyes = (lm[EYE_R, :2] + lm[EYE_L, :2]) / 2
-    eye_dist = max(float(np.linalg.norm(lm[EYE_R, :2] - lm[EYE_L, :2])), 1e-6)
-    yaw = float(lm[NOSE, 0] - eyes[0]) / eye_dist
-    span = max(float(lm[CHIN, 1] - eyes[1]), 1e-6)
-    pitch = float(lm[NOSE, 1] - eyes[1]) / span
+def head_pose(lm: Landmarks, aspect: float = 1.0) -> tuple[float, float]:
+    """(yaw, pitch) proxies from face mesh landmarks [468, 3]: see FaceObs. `aspect`: the frame's width /
+    height (mediapipe normalizes x by the width and y by the height).
+
+    Both are measured in the face's own frame, not the picture's: yaw is the nose's offset from the eyes'
+    midpoint along the line between the eyes (in eye distances), pitch its offset across that line as a
+    fraction of the chin's. A head tilted sideways (rolled) turns that frame with it, so a tilt alone reads
+    as neither turned nor nodding. Measured along the picture's x and y instead, the nose of a face tilted
+    by 15 degrees moved 0.11-0.14 eye distances sideways (its drop below the eyes, turned), and a face
+    looking at the camera read as looking away (bench.vision_hands).
+    """
+    assert aspect > 0, f"aspect is the frame's width / height, got {aspect}"
+    p = lm[:, :2].astype(np.float64) * (aspect, 1.0)  # [468, 2], both in the frame's height
+    eyes = (p[EYE_R] + p[EYE_L]) / 2
+    across = p[EYE_L] - p[EYE_R]  # the subject's right eye to left: +x on an upright, unmirrored face
+    eye_dist = max(float(np.linalg.norm(across)), 1e-6)
+    u = across / eye_dist  # along the eyes
+    v = np.array([-u[1], u[0]])  # across them, toward the chin (y grows downward)
+    nose = p[NOSE] - eyes
+    yaw = float(nose @ u) / eye_dist
+    pitch = float(nose @ v) / max(float((p[CHIN] - eyes) @ v), 1e-6)
     return yaw, pitch
 
 

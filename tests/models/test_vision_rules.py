@@ -73,6 +73,31 @@ def test_swings_and_head_rules() -> None:
     assert head.facing(0.05, 0.45) and not head.facing(0.45, 0.45) and not head.facing(0.0, 0.9)
 
 
+def face_mesh(nose_dx: float, roll_deg: float, size: tuple[int, int] = (640, 480)) -> np.ndarray:
+    """Face mesh landmarks [468, 3] (only the nose, eyes and chin set) of a face on a `size` (w, h) frame,
+    its nose `nose_dx` eye distances aside (a turn), the whole face rolled by `roll_deg` about the eyes."""
+    w, h = size
+    pts = {head.EYE_R: (-30.0, 0.0), head.EYE_L: (30.0, 0.0), head.NOSE: (60.0 * nose_dx, 30.0),
+           head.CHIN: (0.0, 90.0)}  # pixels from the eyes' midpoint, y down
+    c, s = math.cos(math.radians(roll_deg)), math.sin(math.radians(roll_deg))
+    lm = np.zeros((468, 3), np.float32)
+    for i, (x, y) in pts.items():
+        lm[i, :2] = ((w / 2 + c * x - s * y) / w, (h / 2 + s * x + c * y) / h)  # normalized as mediapipe's
+    return lm
+
+
+@pytest.mark.parametrize("roll", [-30.0, -15.0, 15.0, 30.0])
+@pytest.mark.parametrize("nose_dx", [0.0, 0.15, 0.4])
+def test_head_pose_does_not_change_when_the_head_tilts(nose_dx: float, roll: float) -> None:
+    """Yaw and pitch are taken in the face's frame: a tilted (rolled) head reads as it does upright, on a
+    4:3 frame too (x and y are fractions of different lengths), so facing does not depend on the tilt."""
+    upright = head.head_pose(face_mesh(nose_dx, 0.0), 640 / 480)
+    assert upright == pytest.approx((nose_dx, 1 / 3), abs=1e-5)
+    assert head.head_pose(face_mesh(nose_dx, roll), 640 / 480) == pytest.approx(upright, abs=1e-5)
+    assert head.head_pose(face_mesh(nose_dx, roll, (480, 640)), 480 / 640) == pytest.approx(upright, abs=1e-5)
+    assert head.facing(*head.head_pose(face_mesh(nose_dx, roll), 640 / 480)) == (nose_dx < head.FACING_YAW)
+
+
 def _face(yaw: float = 0.0, pitch: float = 0.45) -> FaceObs:
     return FaceObs(box=(0.4, 0.2, 0.6, 0.5), yaw=yaw, pitch=pitch)
 

@@ -11,9 +11,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from models.cascade import CascadeModel
 
 ROOT = Path(__file__).resolve().parents[1]
 # Piper without sampling noise: synthesised test speech is the same on every run, so the ASR of it
@@ -95,3 +99,16 @@ def duplex_server(tmp_path: Path) -> Iterator[Callable[..., ServerProc]]:
     yield factory
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def default_cascade() -> Iterator[CascadeModel]:
+    """One cascade with the default options for every module that drives it in process (tests/models,
+    tests/bench): loading it (Whisper, Smart Turn, Piper, the probe, the worker threads, their warm-up)
+    takes ~5-10 s. Each test opens sessions of its own: a conversation's state is per session, so tests
+    share the weights and threads only. Imported here, not at the top: most tests never load it."""
+    from models.cascade import load_cascade
+
+    m = load_cascade("")
+    yield m
+    m.shutdown()

@@ -114,10 +114,12 @@ def test_closing_ends_the_worker_processes() -> None:
 
 
 @pytest.fixture(scope="module")
-def models() -> Iterator[tuple[CascadeModel, CascadeModel]]:
-    a, b = load_cascade("asr_processes=1"), load_cascade("asr_processes=0")
-    yield a, b
-    a.shutdown()
+def models(default_cascade: CascadeModel) -> Iterator[tuple[CascadeModel, CascadeModel]]:
+    """ASR in worker processes (the default, asr_processes=2: the suite's shared default cascade, one
+    load fewer; a session decodes in one of them) and in this process; every other option the same."""
+    assert default_cascade.opts.asr_processes > 0, "the default cascade must decode in worker processes"
+    b = load_cascade("asr_processes=0")
+    yield default_cascade, b
     b.shutdown()
 
 

@@ -68,9 +68,13 @@ class SessionDetectors:
             face = FaceObs(box=box, yaw=yaw, pitch=pitch)
         hands = []
         res = self.hands.process(rgb)
-        for hand in res.multi_hand_landmarks or []:
+        # The world landmarks (metric 3-D, the hand's own shape) come in the same order: the finger rules'
+        # angles are taken on them (gestures.py).
+        worlds = res.multi_hand_world_landmarks or [None] * len(res.multi_hand_landmarks or [])
+        for hand, world in zip(res.multi_hand_landmarks or [], worlds, strict=True):
             lm = np.array([(p.x, p.y, p.z) for p in hand.landmark], np.float32)  # [21, 3]
-            gesture, fingers = classify(lm, face.box[3] if face else None, rgb.shape[1] / rgb.shape[0])
+            w = None if world is None else np.array([(p.x, p.y, p.z) for p in world.landmark], np.float32)  # [21, 3]
+            gesture, fingers = classify(lm, face.box[3] if face else None, rgb.shape[1] / rgb.shape[0], w)
             hands.append(HandObs(landmarks=lm, gesture=gesture, fingers=fingers))
         return Observation(t=t, face=face, hands=hands, people=len(found))
 

@@ -9,13 +9,16 @@ import numpy as np
 import pytest
 
 from models.vision import head
-from models.vision.gestures import classify
+from models.vision.gestures import classify, fingers_up
 from models.vision.tracker import Tracker
 from models.vision.types import FaceObs, HandObs, Observation, VisualState
 
 
-def hand(up: set[str], wrist=(0.5, 0.8), scale: float = 0.15, thumb_up_pose: bool = False) -> np.ndarray:
-    """21 landmarks of an upright right hand seen palm on; fingers in `up` extended, the others curled."""
+def hand(up: set[str], wrist=(0.5, 0.8), scale: float = 0.15, turn: float = 0.0, mirrored: bool = False
+         ) -> np.ndarray:
+    """21 landmarks of an upright right hand seen palm on; fingers in `up` extended, the others curled;
+    then turned by `turn` degrees about the wrist (clockwise as seen, y being down), and mirrored (a left
+    hand) if asked."""
     wx, wy = wrist
     lm = np.zeros((21, 3), np.float32)
     lm[0, :2] = (wx, wy)
@@ -30,21 +33,25 @@ def hand(up: set[str], wrist=(0.5, 0.8), scale: float = 0.15, thumb_up_pose: boo
             lm[base + 1, :2] = (bx, by - 0.3 * scale)
             lm[base + 2, :2] = (bx, by - 0.1 * scale)
             lm[base + 3, :2] = (bx, by + 0.15 * scale)
-    if "thumb" in up and thumb_up_pose:  # pointing straight up, the fist below
-        pts = [(-0.35, -0.3), (-0.4, -0.8), (-0.4, -1.25), (-0.4, -1.7)]
-    elif "thumb" in up:  # out to the side
+    if "thumb" in up:  # out to the side
         pts = [(-0.3, -0.25), (-0.55, -0.45), (-0.75, -0.6), (-0.95, -0.75)]
     else:  # across the palm
         pts = [(-0.3, -0.25), (-0.35, -0.5), (-0.2, -0.7), (-0.05, -0.75)]
     for i, (dx, dy) in enumerate(pts, start=1):
         lm[i, :2] = (wx + dx * scale, wy + dy * scale)
+    c, s = math.cos(math.radians(turn)), math.sin(math.radians(turn))
+    lm[:, :2] = (lm[:, :2] - lm[0, :2]) @ np.array([[c, s], [-s, c]], np.float32) + lm[0, :2]
+    if mirrored:
+        lm[:, 0] = 2 * wx - lm[:, 0]
     return lm
 
 
 @pytest.mark.parametrize(("up", "kw", "gesture", "count"), [
     ({"thumb", "index", "middle", "ring", "pinky"}, {}, "open_palm", 5),
     ({"thumb", "index", "middle", "ring", "pinky"}, {"wrist": (0.5, 0.3)}, "raised_hand", 5),
-    ({"thumb"}, {"thumb_up_pose": True}, "thumbs_up", 1),
+    ({"thumb"}, {"turn": 90}, "thumbs_up", 1),  # a fist on its side, fingers to the right, the thumb up
+    ({"thumb"}, {"turn": -90}, None, 1),  # ... to the left: the thumb points down
+    ({"thumb"}, {"turn": 90, "mirrored": True}, "thumbs_up", 1),
     ({"index"}, {}, "pointing", 1),
     ({"index", "middle"}, {}, "victory", 2),
     (set(), {}, "fist", 0),
@@ -52,6 +59,32 @@ def hand(up: set[str], wrist=(0.5, 0.8), scale: float = 0.15, thumb_up_pose: boo
 ])
 def test_gestures_and_finger_counts(up, kw, gesture, count) -> None:
     assert classify(hand(up, **kw)) == (gesture, count)
+
+
+@pytest.mark.parametrize("up", [{"thumb", "index", "middle", "ring", "pinky"}, {"index"}, {"index", "thumb"},
+                                {"index", "middle"}, set(), {"thumb"}, {"middle", "ring", "pinky"}])
+def test_fingers_up_do_not_depend_on_the_hand_turning_or_being_a_left_one(up: set[str]) -> None:
+    """Angles and ratios of lengths: the same fingers whichever way the hand is turned in the picture,
+    mirrored too, on a 4:3 frame (x and y normalized by different lengths) as on a square one."""
+    names = ("thumb", "index", "middle", "ring", "pinky")
+    want = tuple(n in up for n in names)
+    for turn in (-150.0, -30.0, -15.0, 0.0, 15.0, 30.0, 90.0, 180.0):
+        for mirrored in (False, True):
+            lm = hand(up, wrist=(0.5, 0.5), turn=turn, mirrored=mirrored)
+            assert fingers_up(lm) == want, (turn, mirrored)
+            wide = lm.copy()
+            wide[:, 0] = 0.5 + (lm[:, 0] - 0.5) * 480 / 640  # the same hand on a 640x480 frame
+            assert fingers_up(wide, 640 / 480) == want, (turn, mirrored, "4:3")
+
+
+def test_a_thumb_along_a_fist_or_over_its_fingers_is_not_up_even_when_straight() -> None:
+    """The thumb is straight in both; it is up only when its tip stands out beyond the index's side."""
+    fist = hand(set())
+    fist[1:5, :2] = fist[0, :2] + 0.15 * np.array([(-0.3, -0.25), (-0.4, -0.55), (-0.4, -0.8), (-0.38, -1.0)])
+    assert fingers_up(fist)[0] is False  # along the index's side, pointing up the hand
+    fist[1:5, :2] = fist[0, :2] + 0.15 * np.array([(-0.3, -0.25), (-0.2, -0.5), (-0.05, -0.65), (0.1, -0.78)])
+    assert fingers_up(fist)[0] is False  # laid across the curled fingers
+    assert classify(fist) == ("fist", 0)
 
 
 def test_rotated_hand_counts_the_same() -> None:

@@ -21,8 +21,8 @@ CUES = (*GESTURES, "wave", "nod", "shake", "left", "returned", "text")
 @dataclass
 class FaceObs:
     box: tuple[float, float, float, float]  # x0, y0, x1, y1
-    yaw: float  # nose offset from the eyes' midpoint / eye distance: 0 facing, +-0.5 turned well away
-    pitch: float  # nose height between eyes (0) and chin (1); about 0.45 facing level
+    yaw: float  # nose offset from the eyes' midpoint along the line between the eyes / eye distance: 0 facing
+    pitch: float  # nose offset across that line, from the eyes (0) towards the chin (1); about 0.45 facing level
 
 
 @dataclass

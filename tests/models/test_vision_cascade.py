@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from bench.vision import text_card
+from bench.vision_clips import backgrounds
+from bench.vision_reactions import FLOORS, Trial, run_trial
 from models.base import TickInput, TickOutput
 from models.cascade import CascadeModel
 from streaming.types import TICK_SAMPLES
@@ -112,3 +114,17 @@ def test_back_after_a_long_absence_it_offers_to_go_on_and_yes_goes_on_from_the_s
     finally:
         model.opts.resume_offer_s = bound
         model.close(c.s)
+
+
+def test_leaving_the_picture_pauses_within_the_issue_s_bound_in_bench_vision_reactions_terms(
+        model: CascadeModel) -> None:
+    """bench.vision_reactions' leave trial (a real face in a room, then the room alone; the real detectors
+    and worker; media pace) at the worst camera phase, a frame taken as its micro-turn begins: the answer
+    is silent from 0.6 s after that first frame without the person, and stays so (the issue's floor)."""
+    trial = Trial("leave", fps=5.0, lead=2, onset=0.5, phase=0.0, room=1, picture="astronaut_head.jpg", scale=0.8,
+                  offset=(0.5, 0.5), hand=(0.5, 0.5))
+    r = run_trial(model, trial, backgrounds())
+    assert r.seen_before and r.talking_before, r
+    assert r.cues[:1] == ["left"] and not r.kept_talking, r
+    assert r.silent_s is not None and r.silent_s <= FLOORS["leave"] + 1e-9, r
+    assert r.event_s == r.silent_s, "held in the micro-turn that saw her gone"

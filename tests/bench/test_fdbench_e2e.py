@@ -8,9 +8,8 @@ harness's timeline placement in both paces without trusting any other model.
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from bench.fdbench.layout import find_samples
 from bench.fdbench.runner import run
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 from streaming.wav import read_wav
+from tests.conftest import ServerProc, start_server
 
 TASKS = (
     "synthetic_pause_handling",
@@ -37,6 +37,15 @@ def tiny_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fdb") / "set"
     generate(out, samples=1, v15_samples=1, seed=7, tasks=TASKS)
     return out
+
+
+@pytest.fixture(scope="module")
+def echo0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    """One echo:0 server for the module's three runs (a start is ~1.5 s): each run opens sessions of its
+    own and closes them; an echo session keeps nothing that another could see."""
+    srv = start_server("--model", "echo:0", tmp_path=tmp_path_factory.mktemp("echo0"))
+    yield srv
+    srv.stop()
 
 
 def delay_error(inp: np.ndarray, out: np.ndarray, delay: int) -> float:
@@ -69,9 +78,9 @@ def test_generated_layout_is_official(tiny_set: Path) -> None:
 
 
 def test_media_run_is_aligned_and_scores(
-    tiny_set: Path, duplex_server: Callable[..., Any], capsys: pytest.CaptureFixture[str]
+    tiny_set: Path, echo0: ServerProc, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    server = duplex_server("--model", "echo:0")
+    server = echo0
     summary = run(tiny_set, server.ws_url, pace="media")
     assert summary.failed == {} and len(summary.done) == len(TASKS)
     for sample in find_samples(tiny_set):
@@ -113,10 +122,10 @@ def test_media_run_is_aligned_and_scores(
         assert done and done[-1]["text"] == "completed" and done[-1]["t"] <= len(inp) / rate + 0.4 + 1e-6
 
 
-def test_realtime_run_records_both_placements(tmp_path: Path, duplex_server: Callable[..., Any]) -> None:
+def test_realtime_run_records_both_placements(tmp_path: Path, echo0: ServerProc) -> None:
     data = tmp_path / "rt"
     generate(data, samples=1, v15_samples=0, seed=3, tasks=("synthetic_pause_handling",))
-    server = duplex_server("--model", "echo:0")
+    server = echo0
     summary = run(data, server.ws_url, pace="realtime")
     assert summary.failed == {}
     sample = find_samples(data)[0]
@@ -151,8 +160,8 @@ async def _stalled_stream(url: str, audio: np.ndarray, stall_after: int, stall: 
     return result
 
 
-def test_realtime_tick_placement_follows_what_each_micro_turn_heard(duplex_server: Callable[..., Any]) -> None:
-    server = duplex_server("--model", "echo:0")
+def test_realtime_tick_placement_follows_what_each_micro_turn_heard(echo0: ServerProc) -> None:
+    server = echo0
     audio = (0.3 * np.random.default_rng(5).standard_normal(16 * TICK_SAMPLES)).clip(-1, 1).astype(np.float32)
     result = asyncio.run(_stalled_stream(server.ws_url, audio, stall_after=5, stall=0.5))
     # The half-second stall made the server step micro-turns that heard nothing; every later one

@@ -94,6 +94,7 @@ class Reaction:
     kept_talking: bool  # no stop and no hold (what a nod must give)
     seen_before: bool  # the person was in view (found by the detector) when the cue began; else void
     talking_before: bool  # the micro-turn before the cue's first frame was heard (it was speaking)
+    wall_s: float | None = None  # real-time pace: first cue frame -> the step that went silent returned
 
 
 def draw(kind: str, n: int, seed: int, fps: float) -> list[Trial]:
@@ -157,19 +158,28 @@ class PalmWorker(VisionWorker):
 
 
 class Talk:
-    """One session of `model`, stepped in media pace with a camera frame a micro-turn; answers its question
-    with `ANSWER`, four words a micro-turn from two micro-turns after the `delegate` (a fast reasoner)."""
+    """One session of `model`, stepped with a camera frame a micro-turn; answers its question with `ANSWER`,
+    four words a micro-turn from two micro-turns after the `delegate` (a fast reasoner). Media pace waits for
+    the work a micro-turn uses; `realtime` steps micro-turn n once its input is in (0.2(n + 1) s after the
+    first) and waits for nothing, as the server's real-time pace does, so the detectors' time is on the clock."""
 
-    def __init__(self, model: CascadeModel, name: str) -> None:
+    def __init__(self, model: CascadeModel, name: str, realtime: bool = False) -> None:
         self.m, self.s = model, model.open(name)
+        self.realtime = realtime
+        self.t0: float | None = None  # monotonic time micro-turn 0's input began (real-time pace)
+        self.ends: list[float] = []  # when each step returned, seconds from t0 (real-time pace)
         self.outs: list[TickOutput] = []
         self.away: list[bool] = []  # the answer held for the user's return, after each micro-turn
         self.present: list[bool] = []  # a person in view (what the detectors reported), after each micro-turn
         self.pending: dict[int, list[BackgroundChunk]] = {}
 
     def step(self, frame: RGB | None, text: tuple[str, ...] = ()) -> TickOutput:
-        self.m.wait_work([self.s])  # the frame in flight, synthesis due: what media pace waits for
         n = len(self.outs)
+        if self.realtime:  # at absolute deadlines: micro-turn n's input is all in at 0.2(n + 1)
+            self.t0 = time.monotonic() if self.t0 is None else self.t0
+            time.sleep(max(0.0, self.t0 + (n + 1) * TICK_SECONDS - time.monotonic()))
+        else:
+            self.m.wait_work([self.s])  # the frame in flight, synthesis due: what media pace waits for
         tick = TickInput(np.zeros(TICK_SAMPLES, np.float32), TICK_SAMPLES, video=frame, text=list(text),
                          background=self.pending.pop(n, []))
         out = self.m.step([(self.s, tick)])[0]
@@ -180,6 +190,7 @@ class Talk:
                 chunk = BackgroundChunk(f"r{n}", n, " ".join(words[i : i + 4]) + ("" if last else " "), last)
                 self.pending[n + 2 + k] = [chunk]
         self.outs.append(out)
+        self.ends.append(time.monotonic() - (self.t0 or 0.0))
         self.away.append(self.s.sight.away)
         self.present.append(self.s.sight.tracker.state.present)
         return out
@@ -229,14 +240,14 @@ class Scene:
 
 
 def run_trial(model: CascadeModel, trial: Trial, rooms: list[RGB], nod: tuple[Head, Clip] | None = None,
-              name: str = "reaction") -> Reaction:
+              name: str = "reaction", realtime: bool = False) -> Reaction:
     """One trial on a fresh session: the question, the answer spoken `trial.lead` micro-turns, then the cue."""
     worker = model.sight.worker
     palm = worker if isinstance(worker, PalmWorker) else None
     if trial.kind == "palm" and palm is None:
         raise ValueError("a palm trial injects the hand: give the model a PalmWorker first "
                          "(model.sight.worker = PalmWorker(), before any frame)")
-    scene, talk = Scene(trial, rooms, nod), Talk(model, name)
+    scene, talk = Scene(trial, rooms, nod), Talk(model, name, realtime)
     try:
         talk.step(scene.person)  # the camera on (the worker starts with the first frame)
         talk.step(scene.person, (QUESTION,))
@@ -274,7 +285,8 @@ def run_trial(model: CascadeModel, trial: Trial, rooms: list[RGB], nod: tuple[He
 
         return Reaction(trial, since(silent, first), since(min(decided, default=None), first), since(silent, onset),
                         cues, kept_talking=not stopped, seen_before=talk.present[cue_tick - 1],
-                        talking_before=not talk.outs[cue_tick - 1].silent)
+                        talking_before=not talk.outs[cue_tick - 1].silent,
+                        wall_s=round(talk.ends[silent] - first, 3) if realtime and silent is not None else None)
     finally:
         if palm is not None:
             palm.hold_up(talk.s.session_id, None)
@@ -283,7 +295,8 @@ def run_trial(model: CascadeModel, trial: Trial, rooms: list[RGB], nod: tuple[He
 
 def detector() -> dict[str, Any]:
     """The hand detector on real photos of hands coming into view (tracking mode, as the worker runs it):
-    on which frame it first finds the hand, and its cost on that frame (fresh) and the next (tracking)."""
+    on which frame it first finds the hand, and the worker's whole pass (face mesh and hands) on that frame
+    (a fresh detection) and on the next three (tracking)."""
     from models.vision.detect import SessionDetectors
 
     rooms = backgrounds()
@@ -309,7 +322,7 @@ def detector() -> dict[str, Any]:
     return {"photos": len(HANDS), "found_on_first_frame": sum(f == 0 for f in first),
             "found_later": sum(f is not None and f > 0 for f in first),
             "never_found": [name for name, f in zip(HANDS, first, strict=True) if f is None],
-            "fresh_ms": _pcts(fresh, 1), "tracking_ms": _pcts(tracking, 1)}
+            "first_frame_ms": _pcts(fresh, 1), "next_frames_ms": _pcts(tracking, 1)}
 
 
 def _pcts(xs: list[float], digits: int = 3) -> dict[str, float]:
@@ -327,8 +340,10 @@ def summarize(kind: str, rs: list[Reaction]) -> dict[str, Any]:
         out["nod_seen"] = sum("nod" in r.cues for r in rs)
         out["floor"] = NOD_FLOOR
         return out
-    for key in ("silent_s", "event_s", "onset_s"):
+    for key in ("silent_s", "event_s", "onset_s", "wall_s"):
         xs = [getattr(r, key) for r in rs]
+        if key == "wall_s" and all(x is None for x in xs):
+            continue  # media pace: no wall clock to report
         out[key] = _pcts([x for x in xs if x is not None]) if any(x is not None for x in xs) else None
         out[f"{key}_missing"] = sum(x is None for x in xs)
     out["floor_s"] = FLOORS[kind]
@@ -344,6 +359,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fps", default="5,10", help="camera rates for leave and palm (nods: 5, the clips' rate)")
     ap.add_argument("--kinds", default="leave,palm,nod")
+    ap.add_argument("--pace", choices=("media", "realtime"), default="media",
+                    help="realtime: steps at absolute deadlines and waits for nothing (the detectors on the clock)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rates = [float(f) for f in args.fps.split(",")]
@@ -356,7 +373,7 @@ def main() -> None:
     model.sight.worker = PalmWorker()  # the real worker, able to add an open hand (palm trials only)
     rooms = backgrounds()
     head = Head.of(photo()) if "nod" in kinds else None
-    res: dict[str, Any] = {"seed": args.seed}
+    res: dict[str, Any] = {"seed": args.seed, "pace": args.pace}
     try:
         if "leave" in kinds or "palm" in kinds:
             res["detector"] = detector()
@@ -366,15 +383,16 @@ def main() -> None:
             nods = [c for c in clips(args.trials, args.seed) if c.kind == "nod"]  # bench.vision --motion's
             for i, trial in enumerate(draw(kind, args.trials, args.seed, fps)):
                 nod = (head, nods[i]) if head is not None and kind == "nod" else None
-                rs.append(run_trial(model, trial, rooms, nod, name=f"{kind}-{fps:g}-{i}"))
+                rs.append(run_trial(model, trial, rooms, nod, f"{kind}-{fps:g}-{i}", args.pace == "realtime"))
                 r = rs[-1]
                 print(f"[{kind} {fps:g} fps {i + 1}/{args.trials}] lead {trial.lead} phase {trial.phase:.3f}: silent "
-                      f"{r.silent_s} s, decided {r.event_s} s, kept talking {r.kept_talking}, cues {r.cues}"
+                      f"{r.silent_s} s (wall {r.wall_s}), decided {r.event_s} s, kept talking {r.kept_talking}, "
+                      f"cues {r.cues}"
                       f"{'' if r.seen_before else ' (void: nobody seen before the cue)'}, "
                       f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             res[f"{kind}_{fps:g}fps"] = summarize(kind, rs)
         if "palm" in kinds and "detector" in res:
-            fresh = res["detector"]["fresh_ms"]["p90"] / 1000
+            fresh = res["detector"]["first_frame_ms"]["p90"] / 1000  # added as if serial: an upper estimate
             res["palm_estimate_s"] = {f"{fps:g}fps": round(res[f"palm_{fps:g}fps"]["silent_s"]["max"] + fresh, 3)
                                       for fps in rates if res[f"palm_{fps:g}fps"]["silent_s"]}
     finally:

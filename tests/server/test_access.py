@@ -7,20 +7,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ServerProc, start_server
 from tests.wsclient import TICK, collect_audio, open_ws, pcm16, random_pcm, recv_event, start_session
 
 KEY = "test-key-123"
 
 
-@pytest.fixture
-def keyed(duplex_server):
-    return duplex_server("--model", "echo:0", env={"DUPLEX_API_KEY": KEY})
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    """One keyed server for the three key tests (a start is ~1.5 s): a refused request leaves nothing
+    behind, and the one session opened is closed normally, which ends it at once."""
+    srv = start_server("--model", "echo:0", tmp_path=tmp_path_factory.mktemp("keyed"), env={"DUPLEX_API_KEY": KEY})
+    yield srv
+    srv.stop()
 
 
 async def test_websocket_needs_the_right_key(keyed) -> None:

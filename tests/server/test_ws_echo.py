@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 
+from tests.conftest import ServerProc, start_server
 from tests.wsclient import (
     TICK,
     b64,
@@ -22,6 +24,22 @@ from tests.wsclient import (
     send,
     start_session,
 )
+
+
+# Servers shared by the tests that start one with the same arguments (a start is ~1.5 s): each of those
+# tests opens a session of its own (or is refused one) and closes it normally, which ends it at once.
+@pytest.fixture(scope="module")
+def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    srv = start_server("--model", "echo", tmp_path=tmp_path_factory.mktemp("echo"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def echo0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
+    srv = start_server("--model", "echo:0", tmp_path=tmp_path_factory.mktemp("echo0"))
+    yield srv
+    srv.stop()
 
 
 async def test_media_pace_echo_is_bit_exact(duplex_server) -> None:
@@ -116,8 +134,8 @@ async def test_disconnect_and_resume_keeps_model_state(duplex_server) -> None:
     await ws2.close()
 
 
-async def test_unknown_resume_token_is_refused(duplex_server) -> None:
-    server = duplex_server("--model", "echo")
+async def test_unknown_resume_token_is_refused(echo: ServerProc) -> None:
+    server = echo
     ws = await open_ws(server.ws_url + "?resume_token=not-a-token")
     err = await recv_event(ws)
     assert err["type"] == "error" and err["error"]["code"] == "invalid_resume_token"
@@ -126,8 +144,8 @@ async def test_unknown_resume_token_is_refused(duplex_server) -> None:
     assert ws.close_code == 1008
 
 
-async def test_typed_text_reaches_the_model(duplex_server) -> None:
-    server = duplex_server("--model", "echo")
+async def test_typed_text_reaches_the_model(echo: ServerProc) -> None:
+    server = echo
     ws, _ = await start_session(server.ws_url, pace="media")
     await send(ws, {"type": "conversation.item.create",
                     "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}})
@@ -161,8 +179,8 @@ async def test_normal_close_ends_the_session_at_once(duplex_server) -> None:
     assert err["error"]["code"] == "invalid_resume_token"
 
 
-async def test_beta_clients_get_beta_event_names(duplex_server) -> None:
-    server = duplex_server("--model", "echo:0")
+async def test_beta_clients_get_beta_event_names(echo0: ServerProc) -> None:
+    server = echo0
     ws, _ = await start_session(server.ws_url, additional_headers={"OpenAI-Beta": "realtime=v1"})
     beta_formats = {"input_audio_format": "pcm16", "output_audio_format": "pcm16"}
     await send(ws, {"type": "session.update", "session": beta_formats})
@@ -175,9 +193,9 @@ async def test_beta_clients_get_beta_event_names(duplex_server) -> None:
     await ws.close()
 
 
-async def test_client_sample_rate_is_converted_at_the_edge(duplex_server) -> None:
+async def test_client_sample_rate_is_converted_at_the_edge(echo0: ServerProc) -> None:
     """A 16 kHz client: input is resampled to 24 kHz for the model and output back to 16 kHz."""
-    server = duplex_server("--model", "echo:0")
+    server = echo0
     ws, _ = await start_session(server.ws_url)
     fmt = {"type": "audio/pcm", "rate": 16000}
     audio = {"input": {"format": fmt}, "output": {"format": fmt}}

@@ -118,7 +118,10 @@ async def test_a_missed_deadline_is_logged_with_where_the_time_went(caplog: pyte
     """An operator reading the log learns that the step itself ran long (not a late start)."""
     caplog.set_level(logging.WARNING, logger="server.engine")
     with serve_in_thread(FaultyEcho(), max_sessions=2, phase_groups=1, step_watchdog_s=5.0) as srv:
-        ws, _ = await start_session(srv.ws_url, pace="realtime")
+        # This client reads nothing while it streams: with websockets' default 16-message queue its
+        # reading stopped behind the unread audio deltas, so close() never saw the server's close frame
+        # and waited out its 10 s close_timeout. An unbounded queue takes them all in.
+        ws, _ = await start_session(srv.ws_url, pace="realtime", max_queue=None)
         audio = random_pcm(15 * TICK, seed=3)
         t0 = time.monotonic()
         for k in range(15):  # 3 s of real-time audio; the step of the 'hang' micro-turn sleeps 1.5 s

@@ -59,6 +59,7 @@ SHRINK_SECONDS = 60.0
 STATE_ERRORS = frozenset({"text_buffer_full"})
 MAX_REPR = 300_000  # characters of a minimal case kept in the JSON report
 LOG_SETTLE = 0.3  # seconds to let the server's log catch up after a case that went wrong
+END_SETTLE = 3.0  # seconds after the last case by which every session must be gone (resume grace 1 s, reaps 1 s apart)
 HEALTH_EVERY = 250  # cases between /healthz checks
 DC_MAX_MESSAGE = 60_000  # bytes: aiortc's SCTP transport takes messages up to 64 KiB
 DEFAULT_SHARE = "ws=0.90,dc=0.05,ws_conn=0.03,http=0.02"
@@ -366,9 +367,13 @@ def run_fuzz(cases: int, seed_: int, share: dict[str, float], url: str | None = 
     finally:
         witness_report = witness.finish()
         fuzzer.close()
-        # Every session the fuzz opened has ended or awaits its resume grace (1 s): none may be left.
-        time.sleep(3.0)
+        # Every session the fuzz opened has ended or awaits its resume grace (1 s): none may be left
+        # END_SETTLE s after the last case. Polled, so a run whose sessions are gone sooner ends sooner.
+        settle_until = time.monotonic() + END_SETTLE
         held = server.sessions_held()
+        while held != 0 and time.monotonic() < settle_until:
+            time.sleep(0.1)
+            held = server.sessions_held()
         faults_at_end = server.new_faults()
         metrics = scrape(server.url) if server.alive() else {}
         missed = metrics.get("duplex_missed_deadlines_total")

@@ -27,7 +27,11 @@ micro-turn from which the output stays silent (`silent_s`), or the one reporting
 with `visual_stop`, the `left` cue: `event_s`). The cue's onset is drawn anywhere in a micro-turn;
 `onset_s` also counts the wait for the camera's next frame.
 
-    python -m bench.vision_reactions [--trials 20] [--seed 1] [--fps 5,10] [--json]
+`--pace realtime` steps at absolute deadlines and waits for nothing, as the server's real-time pace does (the
+detectors' time on the clock: `wall_s`); `--sessions N` steps N - 1 more sessions with a camera on beside it.
+
+    python -m bench.vision_reactions [--trials 20] [--seed 1] [--fps 5,10] [--kinds leave,palm,nod]
+                                     [--pace media|realtime] [--sessions 1] [--json]
 """
 
 from __future__ import annotations
@@ -163,8 +167,13 @@ class Talk:
     the work a micro-turn uses; `realtime` steps micro-turn n once its input is in (0.2(n + 1) s after the
     first) and waits for nothing, as the server's real-time pace does, so the detectors' time is on the clock."""
 
-    def __init__(self, model: CascadeModel, name: str, realtime: bool = False) -> None:
+    def __init__(self, model: CascadeModel, name: str, realtime: bool = False, others: int = 0,
+                 crowd: RGB | None = None) -> None:
         self.m, self.s = model, model.open(name)
+        # `others` sessions stepped in the same batch, each sending `crowd` (a person) every micro-turn: the
+        # one worker thread looks at their frames too. The measured session goes last, the worst place.
+        self.others = [model.open(f"{name}-other-{i}") for i in range(others)]
+        self.crowd = crowd
         self.realtime = realtime
         self.t0: float | None = None  # monotonic time micro-turn 0's input began (real-time pace)
         self.ends: list[float] = []  # when each step returned, seconds from t0 (real-time pace)
@@ -182,7 +191,9 @@ class Talk:
             self.m.wait_work([self.s])  # the frame in flight, synthesis due: what media pace waits for
         tick = TickInput(np.zeros(TICK_SAMPLES, np.float32), TICK_SAMPLES, video=frame, text=list(text),
                          background=self.pending.pop(n, []))
-        out = self.m.step([(self.s, tick)])[0]
+        batch = [(o, TickInput(np.zeros(TICK_SAMPLES, np.float32), TICK_SAMPLES, video=self.crowd))
+                 for o in self.others]
+        out = self.m.step([*batch, (self.s, tick)])[-1]
         if any(e.type == "delegate" for e in out.events):
             words = ANSWER.split(" ")
             for k, i in enumerate(range(0, len(words), 4)):
@@ -199,7 +210,8 @@ class Talk:
         return [(i, e.data) for i, o in enumerate(self.outs) if i >= since for e in o.events if e.type == kind]
 
     def close(self) -> None:
-        self.m.close(self.s)
+        for o in [*self.others, self.s]:
+            self.m.close(o)
 
 
 class Scene:
@@ -240,14 +252,16 @@ class Scene:
 
 
 def run_trial(model: CascadeModel, trial: Trial, rooms: list[RGB], nod: tuple[Head, Clip] | None = None,
-              name: str = "reaction", realtime: bool = False) -> Reaction:
-    """One trial on a fresh session: the question, the answer spoken `trial.lead` micro-turns, then the cue."""
+              name: str = "reaction", realtime: bool = False, others: int = 0) -> Reaction:
+    """One trial on a fresh session: the question, the answer spoken `trial.lead` micro-turns, then the cue;
+    `others`: that many more sessions with a camera on, stepped with it."""
     worker = model.sight.worker
     palm = worker if isinstance(worker, PalmWorker) else None
     if trial.kind == "palm" and palm is None:
         raise ValueError("a palm trial injects the hand: give the model a PalmWorker first "
                          "(model.sight.worker = PalmWorker(), before any frame)")
-    scene, talk = Scene(trial, rooms, nod), Talk(model, name, realtime)
+    scene = Scene(trial, rooms, nod)
+    talk = Talk(model, name, realtime, others, place(photo("astronaut_head.jpg"), 0.8, (0.3, 0.5), rooms[3]))
     try:
         talk.step(scene.person)  # the camera on (the worker starts with the first frame)
         talk.step(scene.person, (QUESTION,))
@@ -359,6 +373,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fps", default="5,10", help="camera rates for leave and palm (nods: 5, the clips' rate)")
     ap.add_argument("--kinds", default="leave,palm,nod")
+    ap.add_argument("--sessions", type=int, default=1,
+                    help="sessions with a camera on, stepped together (the measured one last in the batch)")
     ap.add_argument("--pace", choices=("media", "realtime"), default="media",
                     help="realtime: steps at absolute deadlines and waits for nothing (the detectors on the clock)")
     ap.add_argument("--json", action="store_true")
@@ -373,7 +389,7 @@ def main() -> None:
     model.sight.worker = PalmWorker()  # the real worker, able to add an open hand (palm trials only)
     rooms = backgrounds()
     head = Head.of(photo()) if "nod" in kinds else None
-    res: dict[str, Any] = {"seed": args.seed, "pace": args.pace}
+    res: dict[str, Any] = {"seed": args.seed, "pace": args.pace, "sessions": args.sessions}
     try:
         if "leave" in kinds or "palm" in kinds:
             res["detector"] = detector()
@@ -383,7 +399,8 @@ def main() -> None:
             nods = [c for c in clips(args.trials, args.seed) if c.kind == "nod"]  # bench.vision --motion's
             for i, trial in enumerate(draw(kind, args.trials, args.seed, fps)):
                 nod = (head, nods[i]) if head is not None and kind == "nod" else None
-                rs.append(run_trial(model, trial, rooms, nod, f"{kind}-{fps:g}-{i}", args.pace == "realtime"))
+                rs.append(run_trial(model, trial, rooms, nod, f"{kind}-{fps:g}-{i}", args.pace == "realtime",
+                                    args.sessions - 1))
                 r = rs[-1]
                 print(f"[{kind} {fps:g} fps {i + 1}/{args.trials}] lead {trial.lead} phase {trial.phase:.3f}: silent "
                       f"{r.silent_s} s (wall {r.wall_s}), decided {r.event_s} s, kept talking {r.kept_talking}, "

@@ -99,7 +99,7 @@ async def test_a_hung_step_is_reported_and_healthz_says_so() -> None:
         assert (await asyncio.to_thread(healthz, srv.url))[0] == 200
         await send(ws, typed("hang"))
         deadline = time.monotonic() + HANG_S
-        status, body = 200, {}
+        status, body = 200, dict[str, Any]()
         while status == 200 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             status, body = await asyncio.to_thread(healthz, srv.url)

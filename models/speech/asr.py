@@ -135,9 +135,12 @@ class WhisperTranscriber:
     """
 
     def __init__(
-        self, model_dir: str | Path = "", compute_type: str = "int8", workers: int = 1, window: bool = True
+        self, model_dir: str | Path = "", compute_type: str = "int8", workers: int = 1, window: bool = True,
+        replica: str = "",
     ) -> None:
-        self._model = _whisper_model(str(resolve_whisper_dir(model_dir)), compute_type, workers)
+        # `replica`: a name for a model of its own (not shared with other transcribers of the same
+        # directory and worker count), for calls that must not queue behind theirs.
+        self._model = _whisper_model(str(resolve_whisper_dir(model_dir)), compute_type, workers, replica)
         self._window = WindowedWhisper(self._model) if window else None
         self._encoder = self._window or WindowedWhisper(self._model)
 
@@ -166,8 +169,8 @@ class WhisperTranscriber:
 
 
 @functools.cache
-def _whisper_model(model_dir: str, compute_type: str, workers: int = 1) -> Any:
-    """One loaded Whisper model per directory (and worker count), shared by every session."""
+def _whisper_model(model_dir: str, compute_type: str, workers: int = 1, replica: str = "") -> Any:
+    """One loaded Whisper model per directory (and worker count, and replica name), shared by every session."""
     try:
         from faster_whisper import WhisperModel
     except ImportError as e:

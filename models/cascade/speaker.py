@@ -115,6 +115,8 @@ class Synthesizer:
 
     def hurry(self, future: Future[Audio]) -> None:
         """The phrase of `future` is needed now: it goes to the head of the queue (if still waiting)."""
+        if future.done():
+            return
         with self._ready:
             for when, order, text, f in self._jobs:
                 if f is future and order not in self._taken:  # its one live entry
@@ -124,12 +126,6 @@ class Synthesizer:
                         heapq.heappush(self._jobs, (now, next(self._order), text, f))
                         self._ready.notify()
                     return
-
-    @property
-    def queued(self) -> int:
-        """Phrases waiting for a worker (cancelled ones included until a worker pops them)."""
-        with self._ready:
-            return len(self._jobs)
 
     def _serve(self) -> None:
         while True:
@@ -281,8 +277,7 @@ class Speaker:
                 if self.tick < p.due:
                     res.starved = True  # within its budget: not yet, even if it happens to be ready
                     break
-                if not p.future.done():
-                    self._synth.hurry(p.future)  # needed now: if it still waits, it goes next
+                self._synth.hurry(p.future)  # needed now: if it still waits, it goes next
                 try:
                     p.audio = p.future.result(timeout=grace if self.tick == p.due else 0.0)
                 except FutureTimeout:

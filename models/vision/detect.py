@@ -57,13 +57,14 @@ class SessionDetectors:
     def observe(self, rgb: npt.NDArray[np.uint8], t: float) -> Observation:
         """RGB [H, W, 3] -> the face (pose) and hands (gesture, fingers) in it."""
         assert rgb.ndim == 3 and rgb.shape[2] == 3 and rgb.dtype == np.uint8, f"expected RGB uint8, got {rgb.shape}"
+        aspect = rgb.shape[1] / rgb.shape[0]  # landmarks are normalized by width (x) and height (y)
         face = None
         res = self.face.process(rgb)
         found = res.multi_face_landmarks or []
         if found:
             meshes = [np.array([(p.x, p.y, p.z) for p in f.landmark], np.float32) for f in found]  # [468, 3] each
             lm = max(meshes, key=lambda m: float(np.ptp(m[:, 0]) * np.ptp(m[:, 1])))  # the largest: the user
-            yaw, pitch = head_pose(lm, rgb.shape[1] / rgb.shape[0])
+            yaw, pitch = head_pose(lm, aspect)
             box = (float(lm[:, 0].min()), float(lm[:, 1].min()), float(lm[:, 0].max()), float(lm[:, 1].max()))
             face = FaceObs(box=box, yaw=yaw, pitch=pitch)
         hands = []
@@ -74,7 +75,7 @@ class SessionDetectors:
         for hand, world in zip(res.multi_hand_landmarks or [], worlds, strict=True):
             lm = np.array([(p.x, p.y, p.z) for p in hand.landmark], np.float32)  # [21, 3]
             w = None if world is None else np.array([(p.x, p.y, p.z) for p in world.landmark], np.float32)  # [21, 3]
-            gesture, fingers = classify(lm, face.box[3] if face else None, rgb.shape[1] / rgb.shape[0], w)
+            gesture, fingers = classify(lm, face.box[3] if face else None, aspect, w)
             hands.append(HandObs(landmarks=lm, gesture=gesture, fingers=fingers))
         return Observation(t=t, face=face, hands=hands, people=len(found))
 

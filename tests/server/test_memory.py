@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from websockets.asyncio.client import connect
 
 from tests.wsclient import until_echoed
@@ -74,3 +75,12 @@ async def test_finished_connections_do_not_wait_for_a_rare_full_collection(duple
     assert left == 0, f"{left} of {SESSIONS} finished connections still wait for the collector:\n{report}"
     assert re.search(r"automatic full collections since the last report: [1-9]", report), report
     assert srv.stop() == 0
+
+
+def test_a_collection_interval_out_of_range_is_refused_with_its_bounds() -> None:
+    from server.config import ServerConfig
+
+    for bad in (0.0, 0.5, 3601.0):
+        with pytest.raises(ValueError, match=r"--collect-every must be within 1\.\.3600"):
+            ServerConfig(collect_every=bad).check()
+    ServerConfig(collect_every=2.0).check()  # the test's own setting is accepted

@@ -126,7 +126,7 @@ def test_a_turn_of_backchannel_phrases_only_is_not_a_question() -> None:
 
 
 def test_streamed_answers_are_cut_into_sentences_clauses_and_bounded_runs() -> None:
-    sp = SentenceSplitter(max_words=12, hard_words=20)
+    sp = SentenceSplitter(max_words=12, hard_words=20, first_words=0)
     assert sp.push("Paris is the capital") == []  # nothing ends yet: wait for more
     assert sp.push(" of France. It is") == ["Paris is the capital of France."]
     # A run-on with neither a full stop nor a comma is released in pieces of 20 words as they complete
@@ -140,14 +140,44 @@ def test_streamed_answers_are_cut_into_sentences_clauses_and_bounded_runs() -> N
     assert sp.flush() == []
     # A sentence longer than the bound is cut too; a long clause before a comma goes out at the comma.
     long_sentence = " ".join(["word"] * 30) + ". Next"
-    assert [len(p.split()) for p in SentenceSplitter().push(long_sentence)] == [20, 10]
+    assert [len(p.split()) for p in SentenceSplitter(first_words=0).push(long_sentence)] == [20, 10]
     clause = "one two three four five six seven eight nine ten eleven twelve, and so on"
     assert SentenceSplitter().push(clause) == ["one two three four five six seven eight nine ten eleven twelve,"]
-    flushed = SentenceSplitter(hard_words=20)
+    flushed = SentenceSplitter(hard_words=20, first_words=0)
     flushed.push(" ".join(["x"] * 50))  # 49 complete words: two pieces out, the rest held
     assert [len(p.split()) for p in flushed.flush()] == [10]
     with pytest.raises(ValueError):
         SentenceSplitter(max_words=30, hard_words=20)
+    with pytest.raises(ValueError):
+        SentenceSplitter(first_words=21)
+
+
+def test_an_answers_first_piece_goes_out_at_its_first_phrase_break() -> None:
+    """The first audio of an answer is what the user waits for: its first piece ends at a comma after 3
+    words, at a phrase break after 5, or after 10 words; the pieces after it keep the sentence rules."""
+    def pieces(text: str) -> list[str]:
+        sp = SentenceSplitter()
+        return [p for word in text.split(" ") for p in sp.push(word + " ")] + sp.flush()
+
+    long = "The human heart pumps blood through its muscular system by contracting and relaxing all day long."
+    assert pieces(long) == ["The human heart pumps blood",
+                            "through its muscular system by contracting and relaxing all day long."]
+    assert pieces("Well, the ocean is vast. It is deep.") == ["Well, the ocean is vast.", "It is deep."]
+    assert pieces("Oh yes indeed, the ocean is vast.") == ["Oh yes indeed,", "the ocean is vast."]
+    assert pieces("Oh yes, the ocean is vast.") == ["Oh yes, the ocean is vast."]  # 2 words: too short
+    # Never ends on a word that needs more: "but" / "for" cannot end the piece.
+    assert pieces("I'm sorry for you but I am not available to chat right now.")[0] == (
+        "I'm sorry for you but I am not available")
+    # No break at all: ten words, moved back off a word that needs a continuation.
+    run = "one two three four five six seven eight nine the ten eleven twelve."
+    assert pieces(run) == ["one two three four five six seven eight nine", "the ten eleven twelve."]
+    # A short first sentence is still one piece; and the rule is for the first piece only.
+    assert pieces("Paris is lovely. The city has been home to painters for ages.") == [
+        "Paris is lovely.", "The city has been home to painters for ages."]
+    # Streamed in any cut, the same pieces come out (a break is decided on complete words only).
+    sp = SentenceSplitter()
+    assert sp.push("The human heart pumps blo") == [] and sp.push("od thro") == []
+    assert sp.push("ugh its") == ["The human heart pumps blood"]
 
 
 def test_a_looping_answer_with_no_space_is_still_released_in_bounded_pieces() -> None:

@@ -3,10 +3,12 @@
 TOR at several sessions moves from run to run by as much as any change, because a sample is decided by
 whether the answer starts before its clip ends. The lag itself is the quantity a change to the reasoner
 or the synthesis moves: from the micro-turn the question was delegated (the `delegate` event the runner
-logs in `output.events.json`) to the next `response.created` after it (the answer's first phrase; the
-acknowledgment's response is created in the same micro-turn, before the delegate event). A question
-whose answer never started before the clip ended counts as not answered, and the percentiles take it as
-longer than every answered one.
+logs in `output.events.json`) to the first audio of the answer, the first
+`response.output_audio_transcript.delta` after it (a phrase started playing; the acknowledgment's starts
+at or before the delegate's micro-turn). A fast answer plays on in the acknowledgment's response, so the
+next `response.created` is not its start; logs written before the runner kept the deltas (2026-12-05)
+fall back to it. A question whose answer never started before the clip ended counts as not answered,
+and the percentiles take it as longer than every answered one.
 
     python -m bench.answer_lag RUN_DIR [RUN_DIR ...] [--json]
 """
@@ -43,10 +45,14 @@ class Lags:
         return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+SPOKEN = "response.output_audio_transcript.delta"
+
+
 def sample_lags(events: list[dict[str, Any]]) -> list[float]:
     """Every delegated question's lag in one sample's event log."""
     lags: list[float] = []
     asked: float | None = None
+    start = SPOKEN if any(e.get("type") == SPOKEN for e in events) else "response.created"
     for e in events:
         kind, t = e.get("type"), e.get("t")
         if not isinstance(t, (int, float)):
@@ -55,7 +61,7 @@ def sample_lags(events: list[dict[str, Any]]) -> list[float]:
             if asked is not None:
                 lags.append(math.inf)  # asked again before the first answer started
             asked = float(t)
-        elif kind == "response.created" and asked is not None and t > asked:
+        elif kind == start and asked is not None and t > asked:
             lags.append(float(t) - asked)
             asked = None
     if asked is not None:

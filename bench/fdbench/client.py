@@ -50,6 +50,7 @@ LOGGED: dict[str, str | None] = {
     "conversation.item.input_audio_transcription.completed": "transcript",
     "response.created": None,
     "response.output_audio_transcript.done": "transcript",
+    "response.output_audio_transcript.delta": "delta",  # a phrase started playing (bench.answer_lag)
     "response.done": None,
     "duplex.event": "event",
     "error": "error",

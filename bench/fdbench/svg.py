@@ -91,6 +91,7 @@ _DID = {  # log event type -> (css class, what it means)
     "response.created": ("created", "response started"),
     "response.done": ("done", "response done"),
     "response.output_audio_transcript.done": ("said-text", "said"),
+    "response.output_audio_transcript.delta": ("said-text", "began saying"),
     "error": ("error", "error"),
 }
 

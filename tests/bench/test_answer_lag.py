@@ -32,6 +32,21 @@ def test_sample_lags_skip_the_acknowledgment_and_count_the_unanswered() -> None:
     assert lags[0] == pytest.approx(2.4) and math.isinf(lags[1]) and len(lags) == 2
 
 
+def test_an_answer_that_plays_on_in_the_acknowledgments_response_starts_at_its_first_phrase() -> None:
+    """A fast answer follows "Okay." in the same response: no response.created marks it, its first
+    transcript delta does (the acknowledgment's is at the delegate's micro-turn or before it)."""
+    events = [
+        _ev(5.8, "response.created"), _ev(5.8, "response.output_audio_transcript.delta", "Okay. "),
+        _ev(6.0, "duplex.event", "delegate"),
+        _ev(7.4, "response.output_audio_transcript.delta", "The ocean is vast, "),
+        _ev(9.0, "response.output_audio_transcript.delta", "and deep. "), _ev(10.2, "response.done"),
+        _ev(12.0, "response.created"),  # a later reply: not this answer's start
+    ]
+    assert sample_lags(events) == [pytest.approx(1.4)]
+    unanswered = [*events[:3], _ev(10.0, "response.done")]
+    assert math.isinf(sample_lags(unanswered)[0])
+
+
 def _run(tmp_path: Path) -> Path:
     for task, n, events in [("candor_turn_taking", 1, ANSWERED), ("synthetic_user_interruption", 1, INTERRUPTED),
                             ("synthetic_pause_handling", 1, ANSWERED)]:

@@ -97,6 +97,8 @@ def causal_dwconv(h: Tensor, prev: Tensor, w: Tensor) -> Tensor:
 class FlatAttend(Protocol):
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
 
+    def out_queries(self, layer: int, q: Tensor, k: Tensor, v: Tensor, first: int) -> Tensor: ...
+
 
 class TileKeys(Protocol):
     """Per-tile keys or values: a list of pool views, or a lazy gather over a whole sequence."""
@@ -250,3 +252,35 @@ class Block(nn.Module):
         o = attend(self.index, q, k, v)  # [B, L, H, hd]
         x = x + self.wo(o.reshape(b, length, -1))
         return self._ffn_fused(x) if fused else self._ffn(x)
+
+    def forward_flat_out(
+        self, x: Tensor, pos_cs: tuple[Tensor, Tensor], attend: "FlatAttend", tokens: int, first: int
+    ) -> Tensor:
+        """forward_flat for the last layer, whose outputs only the heads read, and they read only the
+        output slots first..T-1 of each micro-turn: x [B, N*T, D] -> [B, N*(T-first), D], exactly those
+        rows of forward_flat. Keys and values (and the conv before them) still cover every token, but
+        the queries, attention, wo and the FFN run on the output slots alone (13 of tiny's 41 tokens):
+        the other rows' results would be thrown away, and in the last layer nothing attends to them.
+        """
+        b, length, dim = x.shape
+        n, n_out = length // tokens, tokens - first
+
+        def out_rows(y: Tensor) -> Tensor:  # [B, N*T, ...] -> [B, N*(T-first), ...]
+            lead = y.shape[0]  # B, or 1 for the shared RoPE tables
+            return y.reshape(lead, n, tokens, *y.shape[2:])[:, :, first:].reshape(lead, n * n_out, *y.shape[2:])
+
+        hn = self.attn_norm(x)
+        h = causal_dwconv(hn, hn.new_zeros(b, self.conv.shape[0] - 1, dim), self.conv)  # [B, L, D]
+        cos, sin = pos_cs
+        cos_o, sin_o = out_rows(cos), out_rows(sin)  # [1, N*(T-first), 1, hd/2]
+        h_o = out_rows(h)
+        if self._fusable():  # k and v as one product (see _qkv_fused)
+            kv = F.linear(h, torch.cat([self.wk.weight, self.wv.weight]))
+            k, v = kv.view(b, length, 2 * self.n_kv, self.hd).split(self.n_kv, dim=2)
+        else:
+            k, v = self.wk(h).view(b, length, self.n_kv, self.hd), self.wv(h).view(b, length, self.n_kv, self.hd)
+        k = apply_rope(k, cos, sin)
+        q = apply_rope(self.wq(h_o).view(b, n * n_out, self.n_heads, self.hd), cos_o, sin_o)
+        o = attend.out_queries(self.index, q, k, v, first)  # [B, N*(T-first), H, hd]
+        x = out_rows(x) + self.wo(o.reshape(b, n * n_out, -1))
+        return self._ffn_fused(x) if self._fusable() else self._ffn(x)

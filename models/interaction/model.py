@@ -113,13 +113,14 @@ class InteractionTransformer(nn.Module):
         assert x.shape == (b, cfg.tokens_per_turn, cfg.dim), x.shape
         return x
 
-    def heads(self, h: Tensor) -> HeadOutputs:
-        """Final hidden states [B, T, D] -> head outputs, each read from its own slots."""
+    def heads(self, h: Tensor, first: int = 0) -> HeadOutputs:
+        """Final hidden states [B, T - first, D] (slots first..T-1) -> head outputs, each read from its own slots."""
         s = self.cfg.slots
 
         def seg(name: str) -> Tensor:
             start, n = s[name]
-            return h[:, start : start + n]
+            assert start >= first, (name, first)
+            return h[:, start - first : start - first + n]
 
         return HeadOutputs(
             control=self.control_head(seg("control"))[:, 0],
@@ -173,9 +174,13 @@ class InteractionTransformer(nn.Module):
         cs = (cos.reshape(1, n_turns * t, 1, -1), sin.reshape(1, n_turns * t, 1, -1))
         attend = FlatAttention(self.cfg, n_turns, x.device, mode)
         h = x.reshape(b, n_turns * t, d)
-        for blk in self.blocks:
+        for blk in self.blocks[:-1]:
             h = blk.forward_flat(h, cs, attend)  # type: ignore[operator]
-        return self.heads(self.norm(h).reshape(bn, t, d))
+        # The heads read only the output slots, which are the last ones of a micro-turn (config.py), so
+        # the last layer computes its rows for those alone (Block.forward_flat_out).
+        first = self.cfg.slots["control"][0]
+        h = self.blocks[-1].forward_flat_out(h, cs, attend, t, first)  # type: ignore[operator]
+        return self.heads(self.norm(h).reshape(bn, t - first, d), first)
 
 
 def init_weights(model: InteractionTransformer, seed: int) -> None:

@@ -2,7 +2,7 @@
 llama-server (parallel slots, continuous batching, a context kept per conversation).
 
     python -m bench.reasoner_concurrency [--sessions 1,3,6,8] [--rounds 4] [--backends llamacpp,llama-server]
-                                         [--slots 8] [--threads 1] [--rest-after S] [--json]
+                                         [--slots 8] [--threads 1] [--json]
 
 Each of N sessions holds a conversation of `--rounds` questions; in each round every session asks its
 next question at the same moment (asyncio.gather), as N users who all delegate at once. A session's
@@ -40,17 +40,14 @@ from server.conversation import ConversationLog
 BACKENDS = ("llamacpp", "llama-server")
 
 
-def make(backend: str, slots: int, threads: int, rest_after: float | None = None) -> Reasoner:
+def make(backend: str, slots: int, threads: int) -> Reasoner:
     if backend == "llamacpp":
         from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner
 
         return LlamaCppReasoner(LlamaCppConfig(n_threads=threads))
     from models.background.llama_server import LlamaServerConfig, LlamaServerReasoner
 
-    cfg = LlamaServerConfig(parallel=slots, threads=threads)
-    if rest_after is not None:
-        cfg.rest_after_s = rest_after
-    return LlamaServerReasoner(cfg)
+    return LlamaServerReasoner(LlamaServerConfig(parallel=slots, threads=threads))
 
 
 class Conversation:
@@ -109,9 +106,9 @@ def _round(x: float | None) -> float | None:
 
 
 async def run_backend(backend: str, sessions: Sequence[int], rounds: int, slots: int, threads: int,
-                      progress: bool, rest_after: float | None = None) -> list[dict[str, Any]]:
+                      progress: bool) -> list[dict[str, Any]]:
     questions = prompts()
-    reasoner = make(backend, slots, threads, rest_after)
+    reasoner = make(backend, slots, threads)
     preload = getattr(reasoner, "preload", None)
     if preload is not None:  # the weights / the child, and the token costs: not part of any request
         await asyncio.wrap_future(preload())
@@ -170,10 +167,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default %(default)s)")
     ap.add_argument("--slots", type=int, default=0, help="llama-server slots (default: the most sessions)")
     ap.add_argument("--threads", type=int, default=1, help="compute threads of each backend (default 1)")
-    ap.add_argument("--rest-after", type=float, default=None, metavar="S",
-                    help="llama-server: longest wait before an answer's sentences after its first are asked for, "
-                         "while other answers' first sentences are not out (0 = one request an answer; default: "
-                         "the server's, LlamaServerConfig.rest_after_s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     try:
@@ -183,8 +176,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     backends = [b.strip() for b in a.backends.split(",") if b.strip()]
     if not sessions or min(sessions) < 1:
         ap.error("--sessions needs positive integers")
-    if a.rest_after is not None and a.rest_after < 0:
-        ap.error(f"--rest-after must be 0 or more seconds, got {a.rest_after}")
     if a.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {a.rounds}")
     if not backends or any(b not in BACKENDS for b in backends):
@@ -193,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for b in backends:
-        results += asyncio.run(run_backend(b, sessions, a.rounds, slots, a.threads, not a.json, a.rest_after))
+        results += asyncio.run(run_backend(b, sessions, a.rounds, slots, a.threads, not a.json))
     if a.json:
         print(json.dumps({"sessions": sessions, "rounds": a.rounds, "slots": slots, "threads": a.threads,
                           "seconds": round(time.perf_counter() - t0, 1), "results": results}))

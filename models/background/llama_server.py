@@ -15,15 +15,6 @@ lacks:
      with its slot's content. slots.py sends each request to the slot holding its conversation (the
      prompt is append-only: server/background_context.py), so a session's next request evaluates only
      its new turn.
-  4. an answer's first sentence before anyone's second: continuous batching advances every running
-     answer by a token a step, and on a CPU a step's cost grows almost with the answers in it
-     (measured, one thread: 14.5 ms a step alone, 62 ms with 6 answers, 80 ms with 8: 69 -> 96 -> 100
-     tokens/s in all), so a session's first sentence waited behind other sessions' second and third
-     (6 sessions: first sentence 1.6 s p50 after the first word). An answer is asked for in two
-     requests: its first sentence (the stream is closed there, which stops the slot), then the rest,
-     continuing the answer as a final assistant message (the slot still holds it: one prompt token is
-     evaluated), once no other answer is still before its first sentence or `rest_after_s` has passed.
-     The first sentence is playing meanwhile (it lasts seconds).
 
 Sharing the CPU with the foreground: the child runs `threads` compute threads (default 1, leaving the
 foreground its core), niced, with `--poll 0` (idle threads sleep instead of spinning, llama.cpp's
@@ -46,13 +37,12 @@ import json
 import logging
 import shutil
 import sys
-import threading
 import time
 import urllib.request
 import weakref
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +62,6 @@ from models.background.token_clock import (
 log = logging.getLogger(__name__)
 
 BINARY = "llama-server"
-_OPENING_POLL_S = 0.05  # how often a deferred rest of an answer looks whether the others' first sentences are out
 
 
 @dataclass
@@ -94,9 +83,6 @@ class LlamaServerConfig:
     repeat_penalty: float = 1.1  # see llamacpp_backend.LlamaCppConfig
     seed: int = 0  # every request samples from it (see LlamaCppConfig)
     max_sentences: int = 3  # see LlamaCppConfig; 0 = only max_tokens
-    # An answer's sentences after its first are asked for in a second request, once no other answer is
-    # still before its first sentence, waiting at most this long (0 = one request; module docstring, 4.).
-    rest_after_s: float = 1.0
     start_timeout: float = 120.0  # s for the child to load and answer /health
     read_timeout: float = 60.0  # s of silence mid-answer before giving up
     on_restart: Callable[[str], None] | None = None  # called with the reason of each crash (a metric hook)
@@ -147,8 +133,6 @@ class LlamaServerReasoner:
             weakref.WeakKeyDictionary())
         self._closing: set[asyncio.Task[None]] = set()  # clients of a former child, being closed
         self.cost: TokenCost | None = None
-        self._opening = 0  # answers whose first sentence is not out yet (from any event loop: locked)
-        self._lock = threading.Lock()
 
     # -- life -------------------------------------------------------------------------------------
 
@@ -242,125 +226,43 @@ class LlamaServerReasoner:
     # -- answers ----------------------------------------------------------------------------------
 
     async def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
-        """The answer, in two requests when it runs past one sentence (module docstring, 4.): its first
-        sentence, then, once no other answer is still before its own first sentence, the rest."""
         cfg = self.config
         plain = _plain(messages)
-        phased = cfg.rest_after_s > 0 and cfg.max_sentences != 1
-        first, rest = _Answer(), _Answer()
-        with self._lock:
-            self._opening += 1
-        try:
-            async with contextlib.aclosing(self._request(plain, "", 1 if phased else cfg.max_sentences,
-                                                         cfg.max_tokens, first)) as deltas:
-                async for delta in deltas:
-                    yield delta
-        finally:
-            with self._lock:
-                self._opening -= 1  # its first sentence is out (or it ended): it holds up no one now
-        left = cfg.max_tokens - first.predicted
-        if phased and first.cut and left > 0:
-            # The space after the sentence, which the cut left out: a sentence splitter downstream
-            # releases a sentence only once what follows it shows it ended, and the rest may be a second
-            # away. The rest's own leading space is dropped instead.
-            yield TextDelta(" ")
-            await self._others_first(cfg.rest_after_s)
-            more = cfg.max_sentences - 1 if cfg.max_sentences else 0
-            async with contextlib.aclosing(self._request(plain, "".join(first.said), more, left, rest)) as deltas:
-                lead = True
-                async for delta in deltas:
-                    if lead and isinstance(delta, TextDelta):
-                        delta = TextDelta(delta.text.lstrip())
-                        lead = not delta.text
-                        if lead:
-                            continue
-                    yield delta
-        yield Done(rest.finish or first.finish or "stop", first.predicted + rest.predicted,
-                   first.prompt + rest.prompt)
-
-    async def _others_first(self, at_most: float) -> None:
-        """Wait (at most `at_most` s) until no other answer is still before its first sentence."""
-        deadline = time.monotonic() + at_most
-        while self._opening > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(_OPENING_POLL_S)
-
-    async def _request(self, plain: list[Message], prefix: str, sentences: int, max_tokens: int,
-                       out: _Answer) -> AsyncGenerator[Delta, None]:
-        """One request on the conversation's slot; text deltas up to `sentences` whole sentences (0 = no
-        limit), counts into `out`. `prefix`: the answer so far, which this request continues (llama-server
-        continues a final assistant message)."""
-        cfg = self.config
         url = await self._ready_url()
-        sent = [*plain, {"role": "assistant", "content": prefix}] if prefix else plain
-        slot = await self.slots.acquire(conversation_key(plain, prefix) if prefix else conversation_key(plain))
+        slot = await self.slots.acquire(conversation_key(plain))
+        said: list[str] = []
         seen = _Seen(self._tokens)
         body = {"id_slot": slot, "cache_prompt": True, "repeat_penalty": cfg.repeat_penalty, "seed": cfg.seed,
-                "timings_per_token": True, "max_tokens": max_tokens}
-        said = out.said
-        echo = _Echo(prefix)
+                "timings_per_token": True}
         try:
-            ends = SentenceEnds()
-            deltas = self._client(url).stream_once(sent, [], body, seen.observe)
+            ends, finish = SentenceEnds(), ""
+            deltas = self._client(url).stream_once(plain, [], body, seen.observe)
             async with contextlib.aclosing(deltas):  # a cut closes the HTTP stream now: the slot stops
                 async for delta in deltas:
                     if isinstance(delta, TextDelta):
-                        text = echo.feed(delta.text)
-                        if not text:
-                            continue
-                        delta = TextDelta(text)
-                        cut = ends.feed(delta.text, sentences)
+                        cut = ends.feed(delta.text, cfg.max_sentences)
                         if cut is not None:  # enough said: closing the stream frees the slot
                             if delta.text[:cut]:
                                 said.append(delta.text[:cut])
                                 yield TextDelta(delta.text[:cut])
-                            out.finish, out.cut = "stop", True
+                            finish = "stop"
                             break
                         said.append(delta.text)
                         yield delta
                     elif isinstance(delta, Done):
-                        out.finish = delta.finish_reason
+                        finish = delta.finish_reason
+            # Free the slot before the last delta: a consumer may stop reading at Done.
+            self.slots.release(slot, conversation_key(plain, "".join(said)).text)
+            slot = -1
+            yield Done(finish or "stop", seen.predicted, seen.prompt)
         except ReasonerError as exc:
             if exc.code in ("unreachable", "dropped") and await self._went_down():
                 raise ReasonerError("unavailable", f"the background model server (llama-server) went down "
                                     f"mid-answer ({exc.message}); it is being restarted") from None
             raise
         finally:
-            out.predicted, out.prompt = seen.predicted, seen.prompt
-            # What the slot holds now: the conversation and the answer so far, one assistant message.
-            self.slots.release(slot, conversation_key(plain, prefix + "".join(said)).text)
-
-
-class _Echo:
-    """Drops llama-server's echo of a continued message: the first streamed text of a request that
-    continues a final assistant message repeats that message (measured on this llama.cpp), then the
-    continuation follows."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.held = ""  # text that may still be the echo
-        self.done = not prefix
-
-    def feed(self, text: str) -> str:
-        """What of `text` is new (possibly "" while the echo may still be coming)."""
-        if self.done:
-            return text
-        self.held += text
-        if len(self.held) < len(self.prefix) and self.prefix.startswith(self.held):
-            return ""
-        self.done = True
-        held, self.held = self.held, ""
-        return held[len(self.prefix):] if held.startswith(self.prefix) else held
-
-
-@dataclass
-class _Answer:
-    """What one request of an answer gave."""
-
-    said: list[str] = field(default_factory=list)  # its text pieces
-    finish: str = ""
-    cut: bool = False  # stopped by its sentence limit (more would have followed)
-    predicted: int = 0
-    prompt: int = 0
+            if slot >= 0:
+                self.slots.release(slot, conversation_key(plain, "".join(said)).text)
 
 
 class _Seen:

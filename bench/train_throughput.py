@@ -26,6 +26,7 @@ from models.interaction.model import TurnFeatures
 from models.interaction.video import PATCH
 from train.client import AdamParams, TrainingClient, resolve_precision
 from train.losses import Batch
+from train.memory import keep_freed_memory
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:
@@ -123,16 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop-ticks", "--loop-turns", type=int, default=-1,
                     help="episode length of the loop comparison (-1 = --ticks, 0 = skip)")
     ap.add_argument("--loop-reps", type=int, default=2, help="timed runs of each path in the loop comparison")
+    ap.add_argument("--malloc-default", action="store_true",
+                    help="leave glibc's large allocations to mmap (what train/memory.py changes; to measure it)")
     ap.add_argument("--json", action="store_true", help="print one JSON object at the end")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    # What `duplex train` does (train/memory.py); the loop comparison runs in this same process.
+    heap_kept = False if a.malloc_default else keep_freed_memory()
     auto = resolve_precision("auto", torch.device("cpu"))
     precisions = [auto if p == "auto" else p for p in a.precision.split(",")]
     print(f"measuring matmul peaks on {torch.get_num_threads()} threads", flush=True)
     # The JSON keys ("turns", "per_turn_loop_s") stay as results already saved name them.
     result: dict[str, Any] = {"preset": a.preset, "threads": torch.get_num_threads(), "turns": a.ticks,
-                              "batch": a.batch, "auto_precision": auto}
+                              "batch": a.batch, "auto_precision": auto, "heap_kept": heap_kept}
     peaks = {"fp32": matmul_peak(torch.float32)}
     result["fp32_matmul_peak_gflops"] = round(peaks["fp32"], 1)
     # Only where a step runs in bf16: without bf16 arithmetic (AVX2) one 2048^3 bf16 product takes minutes.

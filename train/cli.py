@@ -21,6 +21,7 @@ from models.interaction.config import preset
 from train.client import AdamParams, TrainingClient
 from train.data import DataPosition, EpisodeData
 from train.losses import Batch, LossWeights, sft_loss
+from train.memory import keep_freed_memory
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -151,6 +152,7 @@ def run(a: argparse.Namespace) -> int:
     log = Log(out / "log.txt")
     if a.threads:
         torch.set_num_threads(a.threads)
+    keep_freed_memory()  # large activations reused, not page-faulted in every step (train/memory.py)
     cfg = preset(a.preset)
     ensure_data(Path(a.data), a.episodes, a.data_seed, a.ticks, False, log)
     ensure_data(Path(a.heldout), a.heldout_episodes, a.data_seed + 1, a.ticks, True, log)

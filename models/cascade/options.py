@@ -61,11 +61,17 @@ class CascadeOptions:
     # (it said 62-130 here); bench.load with every session talking nonstop keeps every deadline up to 16
     # sessions on 2 cores. What limits a conversation is the answers: with llama-server (the default
     # `--background auto` when set-up built it), held-out FD-bench (seed 2222, real time, N sessions
-    # starting together, 2 cores, 2026-12-04): N = 4 turn-taking TOR 1.0 / 0.74 s, interruption TOR 0.85;
-    # N = 6 0.75 / 0.77 s, 0.65 (answers start after the clip's user has moved on). The in-process llamacpp
-    # reasoner answers one session at a time and lowers this to 3 itself (server/admission.py `admitted`).
-    # With a reasoner on other hardware, raise it. 0 = no cap.
-    max_sessions: int = 4
+    # starting together, 2 cores): 2026-12-04, N = 6: turn-taking TOR 0.75 / 0.77 s, interruption TOR 0.65
+    # (answers started after the clip's user had moved on). Since an answer's first piece goes out at
+    # its first phrase break (text.SentenceSplitter; 2026-12-05) the answer's first audio comes 1.8 / 3.4 s
+    # p50 / p90 after the question instead of 3.4 / 6.6 s, and N = 6 held in each of six runs (two of this
+    # code, four with a reasoner change that measured the same and was reverted): turn-taking TOR 0.95-1.0
+    # / 0.72-0.78 s, interruption TOR 0.95-1.0, pause TOR 0.05, no missed deadline; N = 8
+    # did not (0.80 / 0.81 s, 0.80). The in-process llamacpp reasoner answers one session at a time and
+    # lowers this to 3 itself (server/admission.py `admitted`). A camera on every session costs more
+    # than 2 cores give at 6 (README, "duplex sees"): there, set 4. With a reasoner on other hardware,
+    # raise it. 0 = no cap.
+    max_sessions: int = 6
     # --- voice activity (Silero probabilities per 32 ms window)
     vad_on: float = 0.5  # a window at or above this is speech
     vad_off: float = 0.35  # below this is silence; between the two keeps the previous state

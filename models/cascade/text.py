@@ -165,10 +165,11 @@ class SentenceSplitter:
     The answer's *first* piece is released sooner still (`first_words`): at a comma after 3 words, at a
     phrase break after `first_words // 2` words (a word that can end a phrase, before one that opens the
     next: "The human heart pumps blood | through its ..."), and at a word boundary after `first_words`.
-    Its audio is what the user waits for: with several sessions asking at once, the reasoner wrote a
-    first sentence 1.6 s p50 after its first word and synthesis took ~12 ms a character on top, so a
-    20-word first sentence kept the user waiting ~2 s longer than its first 5 words did. The pieces
-    after it are spoken while the rest is written, so they keep the whole-sentence rules.
+    Its audio is what the user waits for: with six sessions asking at once, the reasoner wrote a first
+    sentence 1.6 s p50 after its first word, and its first audio came 1.2 s p50 after that (a synthesis
+    budget that grows with its length, and Piper late past it on a busy machine). With the early first
+    piece, question -> first audio went from 3.4 to 1.6-1.8 s p50 (bench.answer_lag, 6 sessions). The
+    pieces after it are spoken while the rest is written, so they keep the whole-sentence rules.
     """
 
     def __init__(self, max_words: int = 12, hard_words: int = 20, hard_chars: int = 160,

@@ -185,7 +185,7 @@ class SentenceSplitter:
         self.hard_words = hard_words
         self.hard_chars = hard_chars
         self.first_words = first_words
-        self.released = 0  # pieces released so far
+        self.first_out = False  # the answer's first piece has been released
 
     def push(self, delta: str) -> list[str]:
         self.buf += delta
@@ -193,7 +193,7 @@ class SentenceSplitter:
         while True:
             m = _SENTENCE_END.search(self.buf)
             end = m.end() if m is not None else None
-            if end is None and self.released == 0 and self.first_words:
+            if end is None and not self.first_out and self.first_words:
                 end = self._first_end()
             if end is None:
                 m = _CLAUSE_END.search(self.buf)
@@ -208,7 +208,7 @@ class SentenceSplitter:
             piece, self.buf = self.buf[:end].strip(), self.buf[end:]
             if piece:
                 out.append(piece)
-                self.released += 1
+                self.first_out = True
         return out
 
     def _first_end(self) -> int | None:

@@ -52,6 +52,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--hold-weight", type=float, default=LossWeights().hold,
                    help="control-loss weight of staying silent in the 2 s after the user stops (pauses, the "
                         "beat before a reply)")
+    p.add_argument("--heard-tokens", type=int, default=None, metavar="N",
+                   help="give the model the heard-words channel: N bytes a micro-turn of the words a streaming "
+                        "recogniser heard (models/interaction/heard.py; 4 for tiny); default: as the preset or "
+                        "--init checkpoint has it")
     p.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters of this rank instead (0 = full)")
     p.add_argument("--eval-every", type=int, default=25, help="evaluate on held-out episodes every N steps")
     p.add_argument("--eval-episodes", type=int, default=8, help="held-out episodes per evaluation")
@@ -156,10 +160,12 @@ def run(a: argparse.Namespace) -> int:
     cfg = preset(a.preset)
     ensure_data(Path(a.data), a.episodes, a.data_seed, a.ticks, False, log)
     ensure_data(Path(a.heldout), a.heldout_episodes, a.data_seed + 1, a.ticks, True, log)
+    weights = LossWeights(onset=a.onset_weight, hold=a.hold_weight)
+    tc = TrainingClient(a.preset, a.init, a.lora_rank, a.device, a.precision, a.seed, weights,
+                        heard_tokens=a.heard_tokens)
+    cfg = tc.net.cfg  # the preset's, or the --init checkpoint's (with the heard channel when asked)
     data = EpisodeData(Path(a.data), cfg, seed=a.seed)
     held = EpisodeData(Path(a.heldout), cfg)
-    weights = LossWeights(onset=a.onset_weight, hold=a.hold_weight)
-    tc = TrainingClient(a.preset, a.init, a.lora_rank, a.device, a.precision, a.seed, weights)
     adam = AdamParams(lr=a.lr, weight_decay=a.weight_decay, clip=a.clip)
     state_path = out / "state.pt"
     trained_s = 0.0

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from models.base import TickInput, TickOutput
-from models.interaction.checkpoint import INIT_SEED, build, save_checkpoint
+from models.interaction.checkpoint import INIT_SEED, add_heard_channel, build, save_checkpoint
 from models.interaction.config import ACTIONS, InteractionConfig
 from models.interaction.config import preset as preset_config
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures, init_weights
@@ -82,8 +82,11 @@ class TrainingClient:
         seed: int = 0,
         weights: LossWeights | None = None,
         config: InteractionConfig | None = None,
+        heard_tokens: int | None = None,
     ) -> None:
-        """config overrides the preset's sizes (tests train small models saved under a preset's name)."""
+        """config overrides the preset's sizes (tests train small models saved under a preset's name);
+        heard_tokens gives the model the heard-words channel (models/interaction/heard.py), a checkpoint
+        without it starting from exactly its old behaviour."""
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("--device cuda was asked for but torch sees no CUDA GPU; use --device cpu")
@@ -96,6 +99,8 @@ class TrainingClient:
             init_weights(net, INIT_SEED)
         else:
             net = build(preset, checkpoint)
+        if heard_tokens is not None:
+            net = add_heard_channel(net, heard_tokens)
         self.net = net.to(self.device).train()
         self.lora_params = apply_lora(self.net, lora_rank, seed=seed) if lora_rank else []
         self.weights = weights or LossWeights()
@@ -206,8 +211,15 @@ class TrainingClient:
     # -- sampling -----------------------------------------------------------------------------
 
     def sampler(self, n_slots: int = 1, deterministic: bool = True) -> NativeModel:
-        """The server's own model adapter around the current weights."""
-        return NativeModel(self.serving_net(), f"native:{self.preset}", n_slots, torch.device("cpu"), deterministic)
+        """The server's own model adapter around the current weights (with its recogniser, when they read
+        heard words: models/interaction/listener.py)."""
+        listener = None
+        if self.net.cfg.heard_tokens:
+            from models.interaction.listener import Listener
+
+            listener = Listener(self.net.cfg.heard_tokens)
+        return NativeModel(self.serving_net(), f"native:{self.preset}", n_slots, torch.device("cpu"), deterministic,
+                           listener=listener)
 
     def sample(
         self, ticks: Sequence[TickInput], session_id: str = "sample", on_step: Callable[[int], None] | None = None

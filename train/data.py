@@ -29,6 +29,9 @@ class EpisodeData:
         self.arrays: dict[str, npt.NDArray[Any]] = load_cache(path)
         self.cfg, self.seed = cfg, seed
         self.episodes, self.ticks = self.arrays["control"].shape[:2]
+        if cfg.heard_tokens and "heard" not in self.arrays:
+            raise ValueError(f"{path} was built before the heard-words channel existed; the model reads it "
+                             "(heard_tokens > 0): build a new cache into an empty folder")
         self.pos = DataPosition()
 
     def order(self, epoch: int) -> npt.NDArray[np.int64]:
@@ -61,6 +64,7 @@ class EpisodeData:
             typed=take("typed", torch.long),
             background=take("background", torch.long),
             own_text=take("own_text", torch.long),
+            heard=take("heard", torch.long)[:, : cfg.heard_tokens] if cfg.heard_tokens else None,
         )
         return Batch(
             feats=feats, n_ticks=self.ticks,

@@ -168,10 +168,17 @@ class _Builder:
         seg.audio = seg.audio[: keep * TICK_SAMPLES]
         self.ep.control[tick] = YIELD
 
+    def onset_after(self, user_end: int) -> int:
+        """The micro-turn a reply starts in: 2-3 after the one the user's speech ends in (0.2-0.6 s of
+        silence). Not sooner: a checkpoint with the heard-words channel (`heard_tokens`) gets the last
+        word one to two micro-turns after it ends (`heard_stream`), and a reply it must take before the
+        words arrive can only be decided from the audio, which is where mid-sentence pauses fail."""
+        return self.tick_of(user_end) + self.rng.choice((2, 2, 3))
+
     def reply_after(self, user_end: int, text: str | None = None) -> int:
-        """The assistant takes the floor 1-2 micro-turns after the user's speech ends; returns the
-        sample where its reply ends (the cursor moves past it)."""
-        tick = self.tick_of(user_end) + self.rng.choice((1, 1, 2))
+        """The assistant takes the floor at `onset_after(user_end)`; returns the sample where its reply
+        ends (the cursor moves past it)."""
+        tick = self.onset_after(user_end)
         seg = self.assistant_says(tick, text or self.rng.choice(tx.REPLIES))
         self.t = (tick + (seg.ticks if seg else 0)) * TICK_SAMPLES
         return self.t
@@ -200,7 +207,7 @@ def scene_pause(b: _Builder) -> None:
 
 def scene_barge_in(b: _Builder) -> None:
     end = b.user_says(_question(b))
-    tick = b.tick_of(end) + 1
+    tick = b.onset_after(end)
     seg = b.assistant_says(tick, b.long_reply())
     if seg is None:
         return
@@ -219,7 +226,7 @@ def scene_barge_in(b: _Builder) -> None:
 
 def scene_user_backchannel(b: _Builder) -> None:
     end = b.user_says(_question(b))
-    tick = b.tick_of(end) + 1
+    tick = b.onset_after(end)
     seg = b.assistant_says(tick, b.long_reply())
     if seg is None:
         return
@@ -233,7 +240,7 @@ def scene_overheard(b: _Builder) -> None:
     gain = b.rng.uniform(0.15, 0.35)
     if b.rng.random() < 0.5:  # while the assistant talks
         end = b.user_says(_question(b))
-        tick = b.tick_of(end) + 1
+        tick = b.onset_after(end)
         seg = b.assistant_says(tick, b.long_reply())
         if seg is None:
             return
@@ -273,7 +280,7 @@ def scene_typed(b: _Builder) -> None:
 def scene_delegate(b: _Builder) -> None:
     i = b.rng.randrange(len(tx.LOOKUPS))
     end = b.user_says(tx.LOOKUPS[i])
-    tick = b.tick_of(end) + 1
+    tick = b.onset_after(end)
     if tick >= b.ep.ticks:
         b.t = b.end
         return
@@ -297,7 +304,7 @@ SCENES = {
     "overheard": (scene_overheard, 2),
     "story": (scene_story, 2),
     "typed": (scene_typed, 1),
-    "delegate": (scene_delegate, 1),
+    "delegate": (scene_delegate, 2),
     "quiet": (scene_quiet, 1),
 }
 

@@ -10,10 +10,12 @@ should produce (see models/interaction/serving.py for the feedback rules mirrore
                                     centred where the vocoder places them
     control     [N] int8            action label; user_speaking [N] uint8
     text, own_text, transcript [N, 4] int16 bytes (256 = none); typed [N, 4]; background [N, 8]
+    heard       [N, 4] int16        the words a streaming recogniser would have committed (heard_stream)
 """
 
 import json
 import math
+import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,13 +27,14 @@ import torch
 
 from models.interaction import dmel, vocoder
 from models.interaction.config import FRAMES_PER_TURN, NO_BYTE, InteractionConfig
+from models.interaction.heard import LastWord, commit_delay, words_of
 from streaming.types import TICK_SAMPLES
 from train.episodes import BACKCHANNEL, SPEAK, Episode, Speaker, make_episode
 
 LOG_FLOOR = math.log(1e-5)  # silence in the target mel (normalised: -3.75)
 ARRAYS = (
     "user_dmel", "self_dmel", "mel", "mel_mask", "control", "user_speaking",
-    "text", "own_text", "transcript", "typed", "background",
+    "text", "own_text", "transcript", "typed", "background", "heard",
 )
 
 
@@ -77,6 +80,33 @@ def _queue(events: Sequence[tuple[int, str]], n: int, width: int) -> npt.NDArray
             pending += arrivals.pop(0)[1].encode() + b"\n"
         take, pending = pending[:width], pending[width:]
         out[t, : len(take)] = list(take)
+    return out
+
+
+def heard_stream(ep: Episode, width: int) -> npt.NDArray[np.int16]:
+    """The heard-words channel's bytes per micro-turn (models/interaction/heard.py), as serving's streaming
+    recogniser and `WordCommitter` would give them: each word of the user's utterances committed
+    `commit_delay` micro-turns after the one it ends in, the last one held (`LastWord`). A word's end
+    is placed by its share of the utterance's characters (speech runs at a roughly even rate)."""
+    rng = random.Random(ep.seed * 7 + 3)  # its own stream: the episode's draws stay as they were
+    arrivals: list[tuple[int, list[str]]] = []
+    for first, last, said in ep.user_text:
+        words = words_of(said)
+        total = sum(len(w) + 1 for w in words)
+        done = 0
+        for w in words:
+            done += len(w) + 1
+            end = first + min((last - first + 1) * done // max(total, 1), last - first)
+            arrivals.append((end + commit_delay(rng), [w]))
+    arrivals.sort(key=lambda a: a[0])
+    out = np.full((ep.ticks, width), NO_BYTE, dtype=np.int16)
+    queue = LastWord(width)
+    k = 0
+    for t in range(ep.ticks):
+        while k < len(arrivals) and arrivals[k][0] <= t:
+            queue.push(arrivals[k][1])
+            k += 1
+        out[t] = queue.take()
     return out
 
 
@@ -135,6 +165,7 @@ class Featurizer:
             "own_text": own,
             "transcript": transcript,
             "typed": _queue(ep.typed, n, c.typed_tokens),
+            "heard": heard_stream(ep, c.audio_tokens),  # built for every cache; read by heard_tokens > 0
             "background": _queue(ep.background, n, c.background_tokens),
         }
 

@@ -105,8 +105,16 @@ def load_native(
         from models.interaction.talker import PiperTalker  # imports the cascade's speaker: only when used
 
         talker = PiperTalker(phrases)
+    listener = None
+    if net.cfg.heard_tokens:
+        from models.interaction.listener import Listener  # starts an ASR worker process: only when read
+
+        listener = Listener(net.cfg.heard_tokens)
+        log.info("native:%s reads the words pocketsphinx hears (heard_tokens=%d, models/interaction/heard.py)",
+                 preset_name, net.cfg.heard_tokens)
     model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic, matmul=opts.matmul,
-                        graphs=opts.graphs, graph_max_batch=opts.graph_max_batch, phrases=phrases, talker=talker)
+                        graphs=opts.graphs, graph_max_batch=opts.graph_max_batch, phrases=phrases, talker=talker,
+                        listener=listener)
     log.info(
         "native:%s: %.1f M parameters on %s, %d KV slots of %.1f MiB, deterministic=%s",
         preset_name,

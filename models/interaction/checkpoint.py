@@ -1,5 +1,6 @@
 """Weights as safetensors, with the config in the file's metadata so a checkpoint describes itself."""
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -110,6 +111,23 @@ def build(preset_name: str, checkpoint: str | None) -> InteractionTransformer:
             f"unexpected {sorted(unexpected)[:5]}; it was saved by a different version"
         )
     return net
+
+
+def add_heard_channel(net: InteractionTransformer, tokens: int) -> InteractionTransformer:
+    """`net` with the heard-words channel (heard.py) of `tokens` bytes a micro-turn, its embedding at
+    zero: the new model does exactly what `net` did until training teaches it to read the words."""
+    if net.cfg.heard_tokens == tokens:
+        return net
+    if net.cfg.heard_tokens:
+        raise ValueError(f"the checkpoint already reads {net.cfg.heard_tokens} heard bytes a micro-turn, "
+                         f"not {tokens}; train a new one from it without --heard-tokens")
+    new = InteractionTransformer(dataclasses.replace(net.cfg, heard_tokens=tokens))
+    missing, unexpected = new.load_state_dict(net.state_dict(), strict=False)
+    assert missing == ["heard.weight"] and not unexpected, (missing, unexpected)
+    assert new.heard is not None
+    with torch.no_grad():
+        new.heard.weight.zero_()
+    return new.to(next(net.parameters()).device)
 
 
 def parameter_count(net: torch.nn.Module) -> int:

@@ -3,7 +3,7 @@
 Every micro-turn (200 ms) is the same fixed run of token slots, the input segment first and the output
 segment it conditions after it:
 
-    input : user audio | self audio | video patches | typed text | background text | own text (fed back)
+    input : user audio (+ heard words) | self audio | video patches | typed text | background text | own text (fed back)
     output: control | assistant text | user transcript | audio out
 
 so that position n * tokens_per_turn + i is always slot i of micro-turn n and every step has one shape.
@@ -46,6 +46,10 @@ class InteractionConfig:
     hmlp_channels: tuple[int, int] = (48, 96)  # hMLP stem widths after its 4x4 and 2x2 stages
     typed_tokens: int = 4  # bytes of typed user text per micro-turn (the rest waits in a queue)
     background_tokens: int = 8  # bytes of background-reasoner results per micro-turn
+    # Words a streaming recogniser heard, bytes per micro-turn added onto the user-audio slots (heard.py);
+    # 0 = audio only (no recogniser runs). An option of a checkpoint: it adds no slot, so positions and
+    # the KV layout are the same either way.
+    heard_tokens: int = 0
     # --- outputs ---
     text_tokens: int = 4  # assistant text bytes per micro-turn (also fed back as "own text" input)
     transcript_tokens: int = 4  # user-transcript bytes per micro-turn
@@ -70,6 +74,9 @@ class InteractionConfig:
             raise ValueError(f"audio_tokens and audio_out_tokens must divide {FRAMES_PER_TURN} frames")
         if not 0 <= self.sink_turns < self.global_turns:
             raise ValueError(f"need 0 <= sink_turns ({self.sink_turns}) < global_turns ({self.global_turns})")
+        if not 0 <= self.heard_tokens <= self.audio_tokens:
+            raise ValueError(f"heard_tokens ({self.heard_tokens}) must be 0..audio_tokens ({self.audio_tokens}): "
+                             "its bytes are added onto the user-audio slots")
         if self.window_turns < 1:
             raise ValueError(f"window_turns must be >= 1, got {self.window_turns}")
         self.head_dim = self.dim // self.n_heads

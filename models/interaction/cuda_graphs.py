@@ -33,7 +33,7 @@ _HEADS = ("control", "text", "transcript", "audio_cond")
 
 
 def _rows(f: TurnFeatures, start: int, stop: int) -> TurnFeatures:
-    return TurnFeatures(**{k.name: getattr(f, k.name)[start:stop] for k in fields(TurnFeatures)})
+    return f.rows(start, stop)
 
 
 def buckets(max_batch: int) -> list[int]:
@@ -84,8 +84,9 @@ class BucketedStep:
         return net.heads(net._run_tiles(x, bk.turns, StreamCache(self.pool, bk.slots, bk.turns)))
 
     def _new_bucket(self, size: int, like: TurnFeatures) -> _Bucket:
-        first = {f.name: getattr(like, f.name)[:1] for f in fields(TurnFeatures)}
-        feats = TurnFeatures(**{k: t.expand(size, *t.shape[1:]).clone() for k, t in first.items()})
+        first = like.rows(0, 1)
+        feats = TurnFeatures(**{f.name: None if (t := getattr(first, f.name)) is None  # type: ignore[arg-type]
+                                else t.expand(size, *t.shape[1:]).clone() for f in fields(TurnFeatures)})
         dev = like.user_dmel.device
         slots = torch.full((size,), self.scratch, dtype=torch.long, device=dev)
         bk = _Bucket(feats, slots, torch.zeros(size, dtype=torch.long, device=dev))
@@ -113,8 +114,10 @@ class BucketedStep:
         b = len(slots)
         for f in fields(TurnFeatures):
             dst, src = getattr(bk.feats, f.name), getattr(feats, f.name)
+            if dst is None or src is None:  # no heard-words channel
+                continue
             dst[:b].copy_(src)
-            if f.name in ("typed", "background", "own_text"):
+            if f.name in ("typed", "background", "own_text", "heard"):
                 dst[b:] = NO_BYTE  # padding rows: empty text, silence, no video
             else:
                 dst[b:] = 0

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor, nn
 
-from models.interaction.config import ACTIONS, BYTE_VOCAB, FRAMES_PER_TURN, InteractionConfig
+from models.interaction.config import ACTIONS, BYTE_VOCAB, FRAMES_PER_TURN, NO_BYTE, InteractionConfig
 from models.interaction.dmel import DMelEmbed
 from models.interaction.flat import FlatAttention
 from models.interaction.flow import FlowHead
@@ -37,13 +37,32 @@ class TurnFeatures:
     typed: Tensor  # [B, typed_tokens] int64 bytes, NO_BYTE = empty
     background: Tensor  # [B, background_tokens] int64 bytes
     own_text: Tensor  # [B, text_tokens] int64 bytes the model wrote last micro-turn
+    # [B, heard_tokens] int64 bytes of the words a recogniser heard (heard.py); None for a checkpoint
+    # without the channel (heard_tokens = 0), where it is never read
+    heard: Tensor | None = None
 
     @staticmethod
     def cat(parts: Sequence["TurnFeatures"]) -> "TurnFeatures":
-        return TurnFeatures(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(TurnFeatures)})
+        return TurnFeatures(**{f.name: _cat([getattr(p, f.name) for p in parts])  # type: ignore[arg-type]
+                               for f in fields(TurnFeatures)})
+
+    def rows(self, start: int, stop: int) -> "TurnFeatures":
+        return TurnFeatures(**{f.name: _rows(getattr(self, f.name), start, stop)  # type: ignore[arg-type]
+                               for f in fields(self)})
 
     def row(self, i: int) -> "TurnFeatures":
-        return TurnFeatures(**{f.name: getattr(self, f.name)[i : i + 1] for f in fields(self)})
+        return self.rows(i, i + 1)
+
+
+def _cat(parts: list[Tensor | None]) -> Tensor | None:
+    if any(p is None for p in parts):  # all or none: a batch mixes no checkpoints
+        assert all(p is None for p in parts), "TurnFeatures.cat: heard given for some rows only"
+        return None
+    return torch.cat(parts)  # type: ignore[arg-type]
+
+
+def _rows(t: Tensor | None, start: int, stop: int) -> Tensor | None:
+    return None if t is None else t[start:stop]
 
 
 @dataclass
@@ -62,6 +81,9 @@ class InteractionTransformer(nn.Module):
         self.video = HMLP(cfg)
         self.video_absent = nn.Parameter(torch.zeros(cfg.dim))
         self.bytes = nn.Embedding(BYTE_VOCAB, cfg.dim)  # typed, background and own text
+        # The heard-words channel (heard.py), a table of its own: the same bytes mean something else
+        # there. NO_BYTE embeds to zero, so a micro-turn with nothing heard is the audio alone.
+        self.heard = nn.Embedding(BYTE_VOCAB, cfg.dim, padding_idx=NO_BYTE) if cfg.heard_tokens else None
         # Learned (modality, index-in-micro-turn) embedding: slot i always means the same thing.
         self.slot = nn.Parameter(torch.zeros(cfg.tokens_per_turn, cfg.dim))
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
@@ -100,8 +122,14 @@ class InteractionTransformer(nn.Module):
         else:  # no frame in any row: the same values without running the hMLP (most audio-only steps)
             vid = self.video_absent.to(dtype).expand(b, cfg.video_grid**2, cfg.dim)
         n_out = cfg.tokens_per_turn - cfg.slots["control"][0]
+        user = self.dmel(f.user_dmel)
+        if self.heard is not None:
+            if f.heard is None:
+                raise ValueError("this checkpoint reads heard words (heard_tokens > 0): give TurnFeatures.heard")
+            k = cfg.heard_tokens
+            user = torch.cat([user[:, :k] + self.heard(f.heard).to(user.dtype), user[:, k:]], dim=1)
         parts = [
-            self.dmel(f.user_dmel),
+            user,
             self.dmel(f.self_dmel),
             vid,
             self.bytes(f.typed),
@@ -207,3 +235,5 @@ def init_weights(model: InteractionTransformer, seed: int) -> None:
                 std = 0.02 * (depth_scale if leaf == "weight" and owner.endswith(("wo", "w2")) else 1.0)
                 p.copy_(torch.randn(p.shape, generator=g) * std)
         model.control_head.bias[ACTIONS.index("silent")] = 4.0  # type: ignore[index]
+        if model.heard is not None:
+            model.heard.weight[NO_BYTE].zero_()  # nothing heard adds nothing (its padding row)

@@ -34,6 +34,7 @@ from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
 from models.interaction.replay import TickLog, replay
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
+    from models.interaction.listener import HeardSession, Listener
     from models.interaction.talker import PiperTalker, TalkerSession
 from models.interaction.video import PATCH, frame_patches
 from models.registry import GRAPH_MODES
@@ -74,6 +75,7 @@ class NativeSession:
     writer: PhraseWriter | None = None  # text decoded within the checkpoint's phrase set (None: free)
     talk: "TalkerSession | None" = None  # the Piper talker's queue (None: the flow head speaks)
     log: TickLog | None = None  # its micro-turns, when it may be rebuilt elsewhere (replay.py); None: not kept
+    hear: "HeardSession | None" = None  # its recogniser, for a checkpoint with the heard-words channel
 
 
 # Told, for each session of a step, what the model saw and what its heads said: (state, features row,
@@ -114,11 +116,15 @@ class NativeModel:
         graph_max_batch: int = 64,
         phrases: PhraseSet | None = None,
         talker: "PiperTalker | None" = None,
+        listener: "Listener | None" = None,
     ) -> None:
         """`matmul`, `graphs`, `graph_max_batch`: see `NativeOptions` (models/registry.py). `phrases`: what
         the checkpoint was trained to say (its text is decoded within it); `talker`: Piper speaks instead
-        of the flow head (`--voice`)."""
-        self.phrases, self.talker = phrases, talker
+        of the flow head (`--voice`); `listener`: the recognisers of a checkpoint with the heard-words channel
+        (listener.py), which it must have exactly when the checkpoint reads heard words."""
+        if bool(net.cfg.heard_tokens) != (listener is not None):
+            raise ValueError("a listener goes with a checkpoint that reads heard words (heard_tokens > 0), only then")
+        self.phrases, self.talker, self.listener = phrases, talker, listener
         self.voice = "flow" if talker is None else "piper"
         self.net = net.eval()
         self.cfg = net.cfg
@@ -206,6 +212,7 @@ class NativeModel:
             own_text=[NO_BYTE] * self.cfg.text_tokens,
             writer=PhraseWriter(self.phrases) if self.phrases is not None else None,
             talk=self.talker.open() if self.talker is not None else None,
+            hear=self.listener.open() if self.listener is not None else None,
         )
 
     def close(self, state: NativeSession) -> None:
@@ -213,6 +220,8 @@ class NativeModel:
             self.pool.release(state.slot)
             if self.talker is not None and state.talk is not None:
                 self.talker.close(state.talk)
+            if self.listener is not None and state.hear is not None:
+                self.listener.close(state.hear)
             state.closed = True
 
     def pending_work(self, state: NativeSession) -> list[Future[Any]]:
@@ -222,9 +231,11 @@ class NativeModel:
         return list(self.talker.pending_work(state.talk))
 
     def shutdown(self) -> None:
-        """The talker's synthesis thread (`Shutdown`, models/base.py)."""
+        """The talker's synthesis thread and the listener's ASR processes (`Shutdown`, models/base.py)."""
         if self.talker is not None:
             self.talker.shutdown()
+        if self.listener is not None:
+            self.listener.shutdown()
 
     # -- the micro-turn -----------------------------------------------------------------------
 
@@ -253,6 +264,17 @@ class NativeModel:
         def ids(rows: list[list[int]]) -> Tensor:
             return torch.tensor(rows, dtype=torch.long, device=dev)
 
+        heard = None
+        if self.listener is not None:
+            # The words of last micro-turn's audio first, then this one's audio to the recogniser, which
+            # decodes it in its own process while the model steps (listener.py).
+            rows = []
+            for st, tick in batch:
+                assert st.hear is not None
+                rows.append(self.listener.heard(st.hear))
+                self.listener.send(st.hear, tick.audio)
+            heard = ids(rows)
+
         return TurnFeatures(
             user_dmel=self.frontend(torch.stack(audio), self.deterministic),
             self_dmel=torch.stack([st.self_dmel for st, _ in batch]),
@@ -261,6 +283,7 @@ class NativeModel:
             typed=ids([_take(st.typed, cfg.typed_tokens) for st, _ in batch]),
             background=ids([_take(st.background, cfg.background_tokens) for st, _ in batch]),
             own_text=ids([st.own_text for st, _ in batch]),
+            heard=heard,
         )
 
     def _synthesize(self, cond: Tensor, states: list[NativeSession]) -> tuple[Tensor, Tensor, Tensor]:
@@ -447,6 +470,7 @@ class NativeModel:
             typed=nb.expand(n, cfg.typed_tokens),
             background=nb.expand(n, cfg.background_tokens),
             own_text=nb.expand(n, cfg.text_tokens),
+            heard=nb.expand(n, cfg.heard_tokens) if cfg.heard_tokens else None,
         )
 
     @torch.inference_mode()

@@ -1,0 +1,87 @@
+"""The heard-words channel in serving: pocketsphinx streams the user's words into a native session.
+
+Only for checkpoints with `heard_tokens` > 0 (heard.py has the rules, shared with training). Per
+session, every micro-turn on the inference thread: collect the partial hypothesis of the audio sent
+last micro-turn (decoded in an ASR worker process meanwhile, as the cascade does: sphinx_remote.py),
+commit the words that became final, and send this micro-turn's audio. The wait is for a worker more
+than a micro-turn behind only.
+
+The recogniser's utterance is kept open across pauses (pocketsphinx needs no VAD for partials) and
+ended when its hypothesis has held still for `_QUIET_TICKS` (everything in it is committed by then),
+or past `_UTTERANCE_TICKS` (a decoder's tables grow with its utterance: hearing.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models.interaction.config import NO_BYTE
+from models.interaction.heard import LastWord, WordCommitter
+from models.speech.sphinx import ASR_RATE, ASRError
+from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
+from streaming.resample import StreamResampler
+from streaming.types import SAMPLE_RATE, Audio
+
+log = logging.getLogger(__name__)
+_QUIET_TICKS = 10  # 2 s of an unchanged hypothesis: the utterance is over, start a fresh one
+_UTTERANCE_TICKS = 150  # 30 s: the longest utterance a decoder is kept in
+_COLLECT_TIMEOUT_S = 0.5  # a worker later than this keeps its partial for next micro-turn
+
+
+@dataclass
+class HeardSession:
+    asr: RemoteSphinxRecognizer
+    mic: StreamResampler = field(default_factory=lambda: StreamResampler(SAMPLE_RATE, ASR_RATE))
+    committer: WordCommitter = field(default_factory=WordCommitter)
+    word: LastWord | None = None
+    ticks: int = 0  # micro-turns sent into the open utterance
+    still: int = 0  # micro-turns its hypothesis has not changed
+    partial: str = ""
+
+
+class Listener:
+    """The ASR worker processes of one native model, and each session's recogniser on them."""
+
+    def __init__(self, width: int, processes: int = 1) -> None:
+        self.width = width
+        try:
+            self.procs = SphinxProcesses(processes, decoders=4, config="streaming")
+        except ASRError as e:
+            raise ASRError(f"this checkpoint reads the words a recogniser heard (heard_tokens > 0), and {e}") from e
+
+    def open(self) -> HeardSession:
+        return HeardSession(RemoteSphinxRecognizer(self.procs), word=LastWord(self.width))
+
+    def heard(self, hs: HeardSession) -> list[int]:
+        """This micro-turn's channel bytes: the partial of last micro-turn's audio collected first."""
+        assert hs.word is not None
+        if hs.asr.active:
+            partial = hs.asr.collect(_COLLECT_TIMEOUT_S)
+            hs.still = hs.still + 1 if partial == hs.partial else 0
+            hs.partial = partial
+            hs.word.push(hs.committer.update(partial))
+            if hs.still >= _QUIET_TICKS or hs.ticks >= _UTTERANCE_TICKS:
+                hs.word.push(hs.committer.finish(partial))
+                hs.asr.abort()  # no final transcript wanted: its words are the partial's
+                hs.partial, hs.ticks, hs.still = "", 0, 0
+        return hs.word.take()
+
+    def send(self, hs: HeardSession, audio: Audio) -> None:
+        """This micro-turn's 24 kHz audio to the recogniser (decoded while the model steps)."""
+        if not hs.asr.active:
+            hs.asr.start()
+        hs.asr.send(hs.mic.process(np.asarray(audio, dtype=np.float32)))
+        hs.ticks += 1
+
+    def close(self, hs: HeardSession) -> None:
+        hs.asr.abort()
+
+    def shutdown(self) -> None:
+        self.procs.close()
+
+
+def nothing_heard(width: int) -> list[int]:
+    return [NO_BYTE] * width

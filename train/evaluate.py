@@ -13,7 +13,10 @@ model did earlier), so they measure the heads, not the closed loop (bench.fdbenc
 * voice: for every assistant utterance of the closed phrase set in those episodes, the flow head
   samples mel on the utterance's micro-turns, the streaming Griffin-Lim vocoder makes audio, and
   pocketsphinx transcribes it; word error rate against the phrase. The same pipeline on the target
-  mel (Piper joe -> mel -> Griffin-Lim) is reported beside it: the floor the vocoder and ASR set.
+  mel (Piper joe -> mel -> Griffin-Lim) is reported beside it: the floor the vocoder and ASR set;
+* text: for every utterance the assistant says whole, its text head's bytes decoded within the phrase
+  set as served (phrases.py: the answers it may quote are the background results read before it) on
+  the utterance's micro-turns, against the utterance's first phrase: exact match or not.
 """
 
 import argparse
@@ -28,10 +31,11 @@ import numpy as np
 import torch
 
 from models.interaction import vocoder
-from models.interaction.checkpoint import build
-from models.interaction.config import ACTIONS
+from models.interaction.checkpoint import build, checkpoint_metadata
+from models.interaction.config import ACTIONS, NO_BYTE
 from models.interaction.flow import turn_noise
 from models.interaction.model import InteractionTransformer
+from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES, PhraseSet, PhraseWriter
 from models.speech.asr import transcribe_words
 from train.data import EpisodeData
 
@@ -61,8 +65,23 @@ def _vocode(gl: vocoder.GriffinLim, mel: torch.Tensor) -> np.ndarray:
 
 
 @torch.no_grad()
-def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voice: bool = True) -> dict[str, Any]:
+def _said(writer: PhraseWriter, text: torch.Tensor, background: torch.Tensor, start: int, ticks: int) -> bytes:
+    """What the served decoding writes over micro-turns start..start+ticks-1 (text logits [N, T, 257]),
+    having read the background bytes [N, W] before them."""
+    for row in background[: start + 1].tolist():
+        writer.hear_background(bytes(b for b in row if b != NO_BYTE))
+    for t in range(start, start + ticks):
+        writer.write(text[t])
+        if writer.complete:
+            break
+    return bytes(writer.prefix)
+
+
+def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voice: bool = True,
+             phrases: PhraseSet | None = None) -> dict[str, Any]:
     net.eval()
+    phrases = phrases or PhraseSet(TRAINED_REPLIES, TRAINED_ANSWER_LEAD)
+    said = {"reply": [0, 0], "answer": [0, 0]}  # [exact, utterances]
     na = len(ACTIONS)
     conf = np.zeros((na, na), dtype=np.int64)
     onsets = [0, 0]  # [taken on the labelled micro-turn, labelled onsets]
@@ -92,6 +111,16 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         for a, z in meta[e].get("pauses", []):
             pauses[0] += int(np.any(pr[a:z] == speak))
             pauses[1] += int(z > a)
+        for seg in meta[e]["assistant"]:
+            if seg["kind"] != ACTIONS.index("speak") or not bool(np.all(lab[seg["start"] : seg["start"] + seg["turns"]]
+                                                                     == speak)):
+                continue  # a backchannel, or cut short by a barge-in
+            writer = PhraseWriter(phrases)
+            got = _said(writer, out.text, b.feats.background, seg["start"], seg["turns"])
+            want = max((u for u in writer.allowed() if seg["text"].encode().startswith(u)), key=len, default=b"")
+            kind = "answer" if seg["text"].startswith(phrases.answer_lead) else "reply"
+            said[kind][0] += int(bool(want) and got == want)
+            said[kind][1] += 1
         if voice:
             for seg in meta[e]["assistant"]:
                 ticks = [t for t in range(seg["start"], seg["start"] + seg["turns"]) if bool(b.mel_mask[t])]
@@ -125,6 +154,10 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         "onsets": onsets[1],
         "false_start_rate": round(starts[0] / max(starts[1], 1), 4),
     }
+    n_said = said["reply"][1] + said["answer"][1]
+    result["text_exact"] = round((said["reply"][0] + said["answer"][0]) / max(n_said, 1), 3)
+    result["text_utterances"] = n_said
+    result["text_exact_answers"] = f"{said['answer'][0]}/{said['answer'][1]}"
     if pauses[1]:
         result["pause_taken_rate"] = round(pauses[0] / pauses[1], 3)  # lower is better
         result["pauses"] = pauses[1]
@@ -191,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         ensure_heldout(Path(a.heldout), a.build, a.data_seed, a.ticks)
     net = build(a.preset, a.checkpoint)
     data = EpisodeData(Path(a.heldout), net.cfg)
-    r = evaluate(net, data, a.episodes, voice=not a.no_voice)
+    phrases = PhraseSet.from_metadata(checkpoint_metadata(a.preset, a.checkpoint))
+    r = evaluate(net, data, a.episodes, voice=not a.no_voice, phrases=phrases)
     if a.json:
         print(json.dumps(r))
         return 0

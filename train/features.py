@@ -15,7 +15,6 @@ should produce (see models/interaction/serving.py for the feedback rules mirrore
 
 import json
 import math
-import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 
 from models.interaction import dmel, vocoder
 from models.interaction.config import FRAMES_PER_TURN, NO_BYTE, InteractionConfig
-from models.interaction.heard import LastWord, commit_delay, words_of
+from models.interaction.listener import hear_track
 from streaming.types import TICK_SAMPLES
 from train.episodes import BACKCHANNEL, SPEAK, Episode, Speaker, make_episode
 
@@ -84,30 +83,9 @@ def _queue(events: Sequence[tuple[int, str]], n: int, width: int) -> npt.NDArray
 
 
 def heard_stream(ep: Episode, width: int) -> npt.NDArray[np.int16]:
-    """The heard-words channel's bytes per micro-turn (models/interaction/heard.py), as serving's streaming
-    recogniser and `WordCommitter` would give them: each word of the user's utterances committed
-    `commit_delay` micro-turns after the one it ends in, the last one held (`LastWord`). A word's end
-    is placed by its share of the utterance's characters (speech runs at a roughly even rate)."""
-    rng = random.Random(ep.seed * 7 + 3)  # its own stream: the episode's draws stay as they were
-    arrivals: list[tuple[int, list[str]]] = []
-    for first, last, said in ep.user_text:
-        words = words_of(said)
-        total = sum(len(w) + 1 for w in words)
-        done = 0
-        for w in words:
-            done += len(w) + 1
-            end = first + min((last - first + 1) * done // max(total, 1), last - first)
-            arrivals.append((end + commit_delay(rng), [w]))
-    arrivals.sort(key=lambda a: a[0])
-    out = np.full((ep.ticks, width), NO_BYTE, dtype=np.int16)
-    queue = LastWord(width)
-    k = 0
-    for t in range(ep.ticks):
-        while k < len(arrivals) and arrivals[k][0] <= t:
-            queue.push(arrivals[k][1])
-            k += 1
-        out[t] = queue.take()
-    return out
+    """The heard-words channel's bytes per micro-turn: pocketsphinx run over the user's track exactly as
+    serving runs it (models/interaction/listener.py), so the words and their timing are the real ones."""
+    return np.array(hear_track(ep.user, width), dtype=np.int16).reshape(ep.ticks, width)
 
 
 class Featurizer:

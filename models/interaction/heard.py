@@ -6,13 +6,13 @@ reason is the mid-sentence pause: "I was thinking that we could" and "I was thin
 go" sound alike at their end, and a small model trained on CPU minutes did not learn to tell them
 apart from audio alone; the last word says it (see docs/architecture.md, "The heard-words channel").
 
-The same rules run in training and in serving, so that what the model learns to read is what it gets:
+The same rules, and the same recogniser (listener.py), run in training and in serving, so that what
+the model learns to read is what it gets:
 
 * words are lower case letters and apostrophes (`words_of`), what pocketsphinx writes;
 * a word is *committed* (sent, never revised) once the recogniser's partial hypothesis has held it for
   two collections, or a later word follows it (`WordCommitter`); the partial of a micro-turn's audio
-  is collected one micro-turn later, so a word is committed about two micro-turns after it ends
-  (training draws two or three: `commit_delay`);
+  is collected one micro-turn later, so a word is committed about two micro-turns after it ends;
 * the model reads the first `heard_tokens` bytes of the last committed word, held until the next
   one is committed (`LastWord`), added onto the user-audio slots (`InteractionTransformer.embed`). A
   word, not a stream of them: a stream of every word at 4 bytes a micro-turn fell seconds behind
@@ -22,7 +22,6 @@ The same rules run in training and in serving, so that what the model learns to 
 
 from __future__ import annotations
 
-import random
 import re
 
 from models.interaction.config import NO_BYTE
@@ -33,12 +32,6 @@ _NOT_WORD = re.compile(r"[^a-z']+")
 def words_of(text: str) -> list[str]:
     """Recogniser or script text -> its words as the channel writes them (no case, digits or punctuation)."""
     return [w for w in _NOT_WORD.split(text.lower()) if w.strip("'")]
-
-
-def commit_delay(rng: random.Random) -> int:
-    """Micro-turns from the one a word ends in to the one it is committed in, as `WordCommitter` on a
-    recogniser collected a micro-turn late gives it: 2 mostly, 3 when the recogniser lags a little."""
-    return rng.choice((2, 2, 3))
 
 
 class WordCommitter:

@@ -6,6 +6,10 @@ last micro-turn (decoded in an ASR worker process meanwhile, as the cascade does
 commit the words that became final, and send this micro-turn's audio. The wait is for a worker more
 than a micro-turn behind only.
 
+Training runs the same loop (`hear_track`) with an in-process recogniser over each episode's user
+audio, so the model learns from the words pocketsphinx really gets, wrong ones included (espeak voices
+come out mostly wrong), at the micro-turn it would get them.
+
 The recogniser's utterance is kept open across pauses (pocketsphinx needs no VAD for partials) and
 ended when its hypothesis has held still for `_QUIET_TICKS` (everything in it is committed by then),
 or past `_UTTERANCE_TICKS` (a decoder's tables grow with its utterance: hearing.py).
@@ -20,40 +24,53 @@ import numpy as np
 
 from models.interaction.config import NO_BYTE
 from models.interaction.heard import LastWord, WordCommitter
-from models.speech.sphinx import ASR_RATE, ASRError
+from models.speech.sphinx import ASR_RATE, ASRError, Recognizer, SphinxRecognizer, shared_pool
 from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
 from streaming.resample import StreamResampler
-from streaming.types import SAMPLE_RATE, Audio
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, Audio
 
 log = logging.getLogger(__name__)
 _QUIET_TICKS = 10  # 2 s of an unchanged hypothesis: the utterance is over, start a fresh one
 _UTTERANCE_TICKS = 150  # 30 s: the longest utterance a decoder is kept in
-_COLLECT_TIMEOUT_S = 0.5  # a worker later than this keeps its partial for next micro-turn
+CONFIG = "streaming"  # pocketsphinx search settings (sphinx.CONFIGS), the same in training and serving
+_COLLECT_TIMEOUT_S = 0.5
+_KEEP_WORDS = 30  # a worker later than this keeps its partial for next micro-turn
 
 
 @dataclass
 class HeardSession:
-    asr: RemoteSphinxRecognizer
+    asr: Recognizer
     mic: StreamResampler = field(default_factory=lambda: StreamResampler(SAMPLE_RATE, ASR_RATE))
     committer: WordCommitter = field(default_factory=WordCommitter)
     word: LastWord | None = None
     ticks: int = 0  # micro-turns sent into the open utterance
     still: int = 0  # micro-turns its hypothesis has not changed
     partial: str = ""
+    words: list[str] = field(default_factory=list)  # the last `_KEEP_WORDS` committed: a delegation's query
+
+    def commit(self, words: list[str]) -> None:
+        assert self.word is not None
+        self.word.push(words)
+        self.words = (self.words + words)[-_KEEP_WORDS:]
 
 
 class Listener:
-    """The ASR worker processes of one native model, and each session's recogniser on them."""
+    """Each session's recogniser: in ASR worker processes (serving), or in this process (`processes=0`:
+    training's `hear_track`, where nothing else waits on the thread)."""
 
     def __init__(self, width: int, processes: int = 1) -> None:
         self.width = width
-        try:
-            self.procs = SphinxProcesses(processes, decoders=4, config="streaming")
-        except ASRError as e:
-            raise ASRError(f"this checkpoint reads the words a recogniser heard (heard_tokens > 0), and {e}") from e
+        self.procs: SphinxProcesses | None = None
+        if processes:
+            try:
+                self.procs = SphinxProcesses(processes, decoders=4, config=CONFIG)
+            except ASRError as e:
+                raise ASRError(f"this checkpoint reads the words a recogniser heard (heard_tokens > 0), and {e}") from e
 
     def open(self) -> HeardSession:
-        return HeardSession(RemoteSphinxRecognizer(self.procs), word=LastWord(self.width))
+        asr: Recognizer = (RemoteSphinxRecognizer(self.procs) if self.procs is not None
+                           else SphinxRecognizer(shared_pool(CONFIG)))
+        return HeardSession(asr, word=LastWord(self.width))
 
     def heard(self, hs: HeardSession) -> list[int]:
         """This micro-turn's channel bytes: the partial of last micro-turn's audio collected first."""
@@ -62,9 +79,9 @@ class Listener:
             partial = hs.asr.collect(_COLLECT_TIMEOUT_S)
             hs.still = hs.still + 1 if partial == hs.partial else 0
             hs.partial = partial
-            hs.word.push(hs.committer.update(partial))
+            hs.commit(hs.committer.update(partial))
             if hs.still >= _QUIET_TICKS or hs.ticks >= _UTTERANCE_TICKS:
-                hs.word.push(hs.committer.finish(partial))
+                hs.commit(hs.committer.finish(partial))
                 hs.asr.abort()  # no final transcript wanted: its words are the partial's
                 hs.partial, hs.ticks, hs.still = "", 0, 0
         return hs.word.take()
@@ -80,7 +97,20 @@ class Listener:
         hs.asr.abort()
 
     def shutdown(self) -> None:
-        self.procs.close()
+        if self.procs is not None:
+            self.procs.close()
+
+
+def hear_track(audio: Audio, width: int) -> list[list[int]]:
+    """The channel's bytes for each micro-turn of a 24 kHz track, as serving would feed them (training)."""
+    listener = Listener(width, processes=0)
+    hs = listener.open()
+    out = []
+    for t in range(len(audio) // TICK_SAMPLES):
+        out.append(listener.heard(hs))
+        listener.send(hs, audio[t * TICK_SAMPLES : (t + 1) * TICK_SAMPLES])
+    listener.close(hs)
+    return out
 
 
 def nothing_heard(width: int) -> list[int]:

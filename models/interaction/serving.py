@@ -403,7 +403,10 @@ class NativeModel:
         if action == YIELD and st.speaking:
             events.append(Event("yielded"))
         if action == DELEGATE and st.last_action != DELEGATE:
-            query = st.transcript[-200:] or st.last_typed
+            # What the recogniser heard, where the checkpoint has one (its words are real words; the tiny
+            # model's transcript head is not yet), else its transcript, else the last typed text.
+            words = " ".join(st.hear.words) if st.hear is not None else ""
+            query = words[-200:] or st.transcript[-200:] or st.last_typed
             events.append(Event("delegate", {"query": query}))
         st.speaking, st.last_action = action == SPEAK, action
         written = [b for b in text if b != NO_BYTE] if action == SPEAK else []

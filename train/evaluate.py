@@ -16,7 +16,10 @@ model did earlier), so they measure the heads, not the closed loop (bench.fdbenc
   mel (Piper joe -> mel -> Griffin-Lim) is reported beside it: the floor the vocoder and ASR set;
 * text: for every utterance the assistant says whole, its text head's bytes decoded within the phrase
   set as served (phrases.py: the answers it may quote are the background results read before it) on
-  the utterance's micro-turns, against the utterance's first phrase: exact match or not.
+  the utterance's micro-turns, and the phrase that commits it to (what the talker speaks). An answer
+  ("Here is what I found. <the background result>") is right when it is that answer word for word;
+  a reply is drawn at random from the set by the episodes, so its match with the label is chance
+  (1 in the set's size, reported beside it); what matters there is that it is one whole phrase.
 """
 
 import argparse
@@ -74,14 +77,16 @@ def _said(writer: PhraseWriter, text: torch.Tensor, background: torch.Tensor, st
         writer.write(text[t])
         if writer.complete:
             break
-    return bytes(writer.prefix)
+    whole = writer.committed()  # the talker speaks the whole phrase once the written bytes settle it
+    return whole.encode() if whole is not None else bytes(writer.prefix)
 
 
 def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voice: bool = True,
              phrases: PhraseSet | None = None) -> dict[str, Any]:
     net.eval()
     phrases = phrases or PhraseSet(TRAINED_REPLIES, TRAINED_ANSWER_LEAD)
-    said = {"reply": [0, 0], "answer": [0, 0]}  # [exact, utterances]
+    said = {"reply": [0, 0], "answer": [0, 0]}  # [the label's words exactly, utterances]
+    whole = 0  # replies that are one whole phrase of the set
     na = len(ACTIONS)
     conf = np.zeros((na, na), dtype=np.int64)
     onsets = [0, 0]  # [taken on the labelled micro-turn, labelled onsets]
@@ -121,6 +126,7 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
             kind = "answer" if seg["text"].startswith(phrases.answer_lead) else "reply"
             said[kind][0] += int(bool(want) and got == want)
             said[kind][1] += 1
+            whole += int(kind == "reply" and got in writer.allowed())
         if voice:
             for seg in meta[e]["assistant"]:
                 ticks = [t for t in range(seg["start"], seg["start"] + seg["turns"]) if bool(b.mel_mask[t])]
@@ -154,10 +160,9 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         "onsets": onsets[1],
         "false_start_rate": round(starts[0] / max(starts[1], 1), 4),
     }
-    n_said = said["reply"][1] + said["answer"][1]
-    result["text_exact"] = round((said["reply"][0] + said["answer"][0]) / max(n_said, 1), 3)
-    result["text_utterances"] = n_said
-    result["text_exact_answers"] = f"{said['answer'][0]}/{said['answer'][1]}"
+    result["answers_exact"] = f"{said['answer'][0]}/{said['answer'][1]}"
+    result["replies_whole_phrase"] = f"{whole}/{said['reply'][1]}"
+    result["replies_label_phrase"] = f"{said['reply'][0]}/{said['reply'][1]} (chance {1 / len(phrases.replies):.3f})"
     if pauses[1]:
         result["pause_taken_rate"] = round(pauses[0] / pauses[1], 3)  # lower is better
         result["pauses"] = pauses[1]

@@ -19,8 +19,8 @@ from train.features import build_cache
 
 TICKS = 20  # 4 s of one held-out-style episode: enough for a few control classes, fast on the real model
 # Its first 4 s hold speak, silent and yield; not a data seed the shipped checkpoint trained on (1, 101)
-# nor its held-out seed (2).
-SEED = 47
+# nor its held-out seed (2), nor the issue-38 retraining's (1, 5; held-out 2).
+SEED = 103
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ class Batch:
         moved: dict[str, Any] = {
             k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in vars(self).items() if k != "feats"
         }
-        f = TurnFeatures(**{k: v.to(device) for k, v in vars(self.feats).items()})
+        f = self.feats.to(device)
         return Batch(feats=f, **moved)
 
 

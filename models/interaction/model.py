@@ -53,6 +53,10 @@ class TurnFeatures:
     def row(self, i: int) -> "TurnFeatures":
         return self.rows(i, i + 1)
 
+    def to(self, device: torch.device) -> "TurnFeatures":
+        return TurnFeatures(**{f.name: None if (t := getattr(self, f.name)) is None  # type: ignore[arg-type]
+                               else t.to(device) for f in fields(self)})
+
 
 def _cat(parts: list[Tensor | None]) -> Tensor | None:
     if any(p is None for p in parts):  # all or none: a batch mixes no checkpoints

@@ -35,9 +35,7 @@ def _batch(net: InteractionTransformer) -> Batch:
 
 def _loop(net: InteractionTransformer, b: Batch) -> HeadOutputs:
     """Each episode through the per-micro-turn loop, rows stacked episode-major like the batch."""
-    outs = [net.forward_sequence(TurnFeatures(**{k: v[e * N_TICKS : (e + 1) * N_TICKS]
-                                                 for k, v in vars(b.feats).items()}))
-            for e in range(EPISODES)]
+    outs = [net.forward_sequence(b.feats.rows(e * N_TICKS, (e + 1) * N_TICKS)) for e in range(EPISODES)]
     return HeadOutputs(*(torch.cat([getattr(o, k) for o in outs])
                          for k in ("control", "text", "transcript", "audio_cond")))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from models.interaction.config import preset
+from models.interaction.config import ACTIONS, preset
 from train.client import AdamParams, TrainingClient
 from train.data import DataPosition, EpisodeData
 from train.losses import Batch, LossWeights, sft_loss
@@ -52,6 +52,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--hold-weight", type=float, default=LossWeights().hold,
                    help="control-loss weight of staying silent in the 2 s after the user stops (pauses, the "
                         "beat before a reply)")
+    p.add_argument("--class-weights", type=float, nargs=len(ACTIONS), default=None, metavar="W",
+                   help="control-loss weight of each action, in order " + " ".join(ACTIONS) +
+                        f" (default {' '.join(f'{w:g}' for w in LossWeights().classes)}): raise a rare decision "
+                        "the model under-takes")
     p.add_argument("--heard-tokens", type=int, default=None, metavar="N",
                    help="give the model the heard-words channel: N bytes a micro-turn of the words a streaming "
                         "recogniser heard (models/interaction/heard.py; 4 for tiny); default: as the preset or "
@@ -161,6 +165,8 @@ def run(a: argparse.Namespace) -> int:
     ensure_data(Path(a.data), a.episodes, a.data_seed, a.ticks, False, log)
     ensure_data(Path(a.heldout), a.heldout_episodes, a.data_seed + 1, a.ticks, True, log)
     weights = LossWeights(onset=a.onset_weight, hold=a.hold_weight)
+    if a.class_weights:
+        weights.classes = list(a.class_weights)
     tc = TrainingClient(a.preset, a.init, a.lora_rank, a.device, a.precision, a.seed, weights,
                         heard_tokens=a.heard_tokens)
     cfg = tc.net.cfg  # the preset's, or the --init checkpoint's (with the heard channel when asked)

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.interaction.config import NO_BYTE
 from models.interaction.heard import LastWord, WordCommitter
 from models.speech.sphinx import ASR_RATE, ASRError, Recognizer, SphinxRecognizer, shared_pool
 from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
@@ -101,9 +100,10 @@ class Listener:
             self.procs.close()
 
 
-def hear_track(audio: Audio, width: int) -> list[list[int]]:
-    """The channel's bytes for each micro-turn of a 24 kHz track, as serving would feed them (training)."""
-    listener = Listener(width, processes=0)
+def hear_track(audio: Audio, width: int, listener: Listener | None = None) -> list[list[int]]:
+    """The channel's bytes for each micro-turn of a 24 kHz track, as serving would feed them: training's,
+    with an in-process recogniser unless `listener` is given."""
+    listener = listener or Listener(width, processes=0)
     hs = listener.open()
     out = []
     for t in range(len(audio) // TICK_SAMPLES):
@@ -112,6 +112,3 @@ def hear_track(audio: Audio, width: int) -> list[list[int]]:
     listener.close(hs)
     return out
 
-
-def nothing_heard(width: int) -> list[int]:
-    return [NO_BYTE] * width

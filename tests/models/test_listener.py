@@ -33,12 +33,7 @@ def test_training_hears_what_serving_hears(track: tuple[np.ndarray, int]) -> Non
     trained = hear_track(x, 4)
     listener = Listener(4, processes=1)  # the server's: a worker process, collected a micro-turn late
     try:
-        hs = listener.open()
-        served = []
-        for t in range(len(x) // TICK_SAMPLES):
-            served.append(listener.heard(hs))
-            listener.send(hs, x[t * TICK_SAMPLES : (t + 1) * TICK_SAMPLES])
-        listener.close(hs)
+        served = hear_track(x, 4, listener)
     finally:
         listener.shutdown()
     assert served == trained

@@ -10,14 +10,16 @@ The same rules, and the same recogniser (listener.py), run in training and in se
 the model learns to read is what it gets:
 
 * words are lower case letters and apostrophes (`words_of`), what pocketsphinx writes;
-* a word is *committed* (sent, never revised) once the recogniser's partial hypothesis has held it for
-  two collections, or a later word follows it (`WordCommitter`); the partial of a micro-turn's audio
-  is collected one micro-turn later, so a word is committed about two micro-turns after it ends;
-* the model reads the first `heard_tokens` bytes of the last committed word, held until the next
-  one is committed (`LastWord`), added onto the user-audio slots (`InteractionTransformer.embed`). A
-  word, not a stream of them: a stream of every word at 4 bytes a micro-turn fell seconds behind
-  fluent speech, and the word a clause ends on is what tells a pause from an end ("because", "and",
-  "could"); its first letters name it.
+* the model reads the first `heard_tokens` bytes of the last word of the recogniser's partial
+  hypothesis, held while the partial has none (`LastWord`), added onto the user-audio slots
+  (`InteractionTransformer.embed`). The partial of a micro-turn's audio is collected one micro-turn
+  later, so a clause's last word is there one micro-turn after the one it ends in: the earliest a
+  streaming recogniser can give it, and before a reply is due (2-3 micro-turns after the user stops,
+  train/episodes.py). A later partial may revise it; the value simply changes. A word, not a stream of
+  them: a stream of every word at 4 bytes a micro-turn fell seconds behind fluent speech, and the word
+  a clause ends on is what tells a pause from an end ("because", "and", "could");
+* a word is *committed* (final) once the partial has held it for two collections, or a later word
+  follows it (`WordCommitter`): the committed words are what a delegation asks the reasoner.
 """
 
 from __future__ import annotations

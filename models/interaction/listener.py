@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.interaction.heard import LastWord, WordCommitter
+from models.interaction.heard import LastWord, WordCommitter, words_of
 from models.speech.sphinx import ASR_RATE, ASRError, Recognizer, SphinxRecognizer, shared_pool
 from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
 from streaming.resample import StreamResampler
@@ -48,8 +48,6 @@ class HeardSession:
     words: list[str] = field(default_factory=list)  # the last `_KEEP_WORDS` committed: a delegation's query
 
     def commit(self, words: list[str]) -> None:
-        assert self.word is not None
-        self.word.push(words)
         self.words = (self.words + words)[-_KEEP_WORDS:]
 
 
@@ -78,6 +76,7 @@ class Listener:
             partial = hs.asr.collect(_COLLECT_TIMEOUT_S)
             hs.still = hs.still + 1 if partial == hs.partial else 0
             hs.partial = partial
+            hs.word.push(words_of(partial))  # the newest word heard, as soon as the partial has it
             hs.commit(hs.committer.update(partial))
             if hs.still >= _QUIET_TICKS or hs.ticks >= _UTTERANCE_TICKS:
                 hs.commit(hs.committer.finish(partial))

@@ -67,7 +67,9 @@ def _vocode(gl: vocoder.GriffinLim, mel: torch.Tensor) -> np.ndarray:
     return torch.cat(out).numpy()
 
 
-@torch.no_grad()
+DELEGATE_SLACK = 2  # micro-turns either side of a labelled delegation in which taking it counts
+
+
 def _said(writer: PhraseWriter, text: torch.Tensor, background: torch.Tensor, start: int, ticks: int) -> bytes:
     """What the served decoding writes over micro-turns start..start+ticks-1 (text logits [N, T, 257]),
     having read the background bytes [N, W] before them."""
@@ -81,12 +83,14 @@ def _said(writer: PhraseWriter, text: torch.Tensor, background: torch.Tensor, st
     return whole.encode() if whole is not None else bytes(writer.prefix)
 
 
+@torch.no_grad()
 def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voice: bool = True,
              phrases: PhraseSet | None = None) -> dict[str, Any]:
     net.eval()
     phrases = phrases or PhraseSet(TRAINED_REPLIES, TRAINED_ANSWER_LEAD)
     said = {"reply": [0, 0], "answer": [0, 0]}  # [the label's words exactly, utterances]
     whole = 0  # replies that are one whole phrase of the set
+    delegations = [0, 0, 0]  # [labelled ones it took within DELEGATE_SLACK micro-turns, labelled, taken elsewhere]
     na = len(ACTIONS)
     conf = np.zeros((na, na), dtype=np.int64)
     onsets = [0, 0]  # [taken on the labelled micro-turn, labelled onsets]
@@ -116,6 +120,16 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         for a, z in meta[e].get("pauses", []):
             pauses[0] += int(np.any(pr[a:z] == speak))
             pauses[1] += int(z > a)
+        # A delegation is one event (the server sends the first micro-turn of a run of them): taken
+        # near its label counts, however many micro-turns the run lasts; a run far from any label is spurious.
+        d = ACTIONS.index("delegate")
+        near = np.zeros(len(lab), dtype=bool)
+        for t in np.flatnonzero(lab == d):
+            near[max(0, t - DELEGATE_SLACK) : t + DELEGATE_SLACK + 1] = True
+            delegations[0] += int(np.any(pr[max(0, t - DELEGATE_SLACK) : t + DELEGATE_SLACK + 1] == d))
+            delegations[1] += 1
+        starts_d = (pr == d) & np.concatenate([[True], pr[:-1] != d])
+        delegations[2] += int(np.sum(starts_d & ~near))
         for seg in meta[e]["assistant"]:
             if seg["kind"] != ACTIONS.index("speak") or not bool(np.all(lab[seg["start"] : seg["start"] + seg["turns"]]
                                                                      == speak)):
@@ -160,6 +174,8 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         "onsets": onsets[1],
         "false_start_rate": round(starts[0] / max(starts[1], 1), 4),
     }
+    result["delegations"] = f"{delegations[0]}/{delegations[1]} within {DELEGATE_SLACK} micro-turns"
+    result["spurious_delegations"] = delegations[2]
     result["answers_exact"] = f"{said['answer'][0]}/{said['answer'][1]}"
     result["replies_whole_phrase"] = f"{whole}/{said['reply'][1]}"
     result["replies_label_phrase"] = f"{said['reply'][0]}/{said['reply'][1]} (chance {1 / len(phrases.replies):.3f})"

@@ -60,7 +60,9 @@ class Listener:
         self.procs: SphinxProcesses | None = None
         if processes:
             try:
-                self.procs = SphinxProcesses(processes, decoders=4, config=CONFIG)
+                # Two decoders built before it is ready (a session holds one while its utterance is open;
+                # more are built on demand by the worker).
+                self.procs = SphinxProcesses(processes, decoders=2, config=CONFIG)
             except ASRError as e:
                 raise ASRError(f"this checkpoint reads the words a recogniser heard (heard_tokens > 0), and {e}") from e
 

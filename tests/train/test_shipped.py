@@ -22,11 +22,13 @@ def test_shipped_checkpoint_loads_by_default_without_warning() -> None:
     assert path is not None, "models/interaction/weights/native-tiny.safetensors must ship"
     assert path.stat().st_size < 25 * 2**20
     meta = read_metadata(path)
-    assert meta["command"].startswith("duplex train") and meta["data_seed"] and len(meta["commit"]) == 40
+    assert "duplex train" in meta["command"] and meta["data_seed"] and len(meta["commit"]) == 40
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the random-weights warning would raise here
         net = build("tiny", None)
     assert next(net.parameters()).abs().sum() > 0
+    assert net.cfg.heard_tokens == 4, "it reads the words pocketsphinx hears (models/interaction/heard.py)"
+    assert float(meta["phrase_word_error"]) > 0.15, "its flow head has not earned the voice: --voice auto gives Piper"
 
 
 def _speech(text: str) -> np.ndarray:
@@ -65,11 +67,8 @@ async def test_shipped_model_replies_to_a_question_and_not_before(duplex_server)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason=(
-    "the shipped checkpoint takes the floor about 0.4 s into a pause after an unfinished clause and keeps "
-    "talking (measured through this server); the control head has not yet learned the word cue "
-    "(more training)"))
 async def test_shipped_model_waits_through_a_mid_sentence_pause(duplex_server) -> None:
+    """An unfinished clause in an espeak voice, then 2.4 s of silence: it waits (a strict xfail before issue 38)."""
     head = _speech("Yesterday I went to the market because")
     spoken = await _stream(_native(duplex_server).ws_url, np.concatenate([_silence(0.6), head, _silence(2.4)]))
     end = int((0.6 * RATE + len(head)) // TURN)

@@ -3,8 +3,10 @@
 Only for checkpoints with `heard_tokens` > 0 (heard.py has the rules, shared with training). Per
 session, every micro-turn on the inference thread: collect the partial hypothesis of the audio sent
 last micro-turn (decoded in an ASR worker process meanwhile, as the cascade does: sphinx_remote.py),
-commit the words that became final, and send this micro-turn's audio. The wait is for a worker more
-than a micro-turn behind only.
+take its newest word as the channel's value (and commit the words that became final: a delegation's
+query), and send this micro-turn's audio. The wait is for a worker more than a micro-turn behind only.
+One worker process serves every session of the model; pocketsphinx decodes a session's audio at about
+0.15-0.2x real time here, so past about five sessions a micro-turn, partials come late.
 
 Training runs the same loop (`hear_track`) with an in-process recogniser over each episode's user
 audio, so the model learns from the words pocketsphinx really gets, wrong ones included (espeak voices

@@ -161,7 +161,6 @@ def run(a: argparse.Namespace) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     keep_freed_memory()  # large activations reused, not page-faulted in every step (train/memory.py)
-    cfg = preset(a.preset)
     ensure_data(Path(a.data), a.episodes, a.data_seed, a.ticks, False, log)
     ensure_data(Path(a.heldout), a.heldout_episodes, a.data_seed + 1, a.ticks, True, log)
     weights = LossWeights(onset=a.onset_weight, hold=a.hold_weight)

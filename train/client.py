@@ -25,6 +25,7 @@ from models.base import TickInput, TickOutput
 from models.interaction.checkpoint import INIT_SEED, add_heard_channel, build, save_checkpoint
 from models.interaction.config import ACTIONS, InteractionConfig
 from models.interaction.config import preset as preset_config
+from models.interaction.listener import Listener
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures, init_weights
 from models.interaction.phrases import PhraseSet
 from models.interaction.serving import NativeModel
@@ -213,13 +214,8 @@ class TrainingClient:
     def sampler(self, n_slots: int = 1, deterministic: bool = True) -> NativeModel:
         """The server's own model adapter around the current weights (with its recogniser, when they read
         heard words: models/interaction/listener.py)."""
-        listener = None
-        if self.net.cfg.heard_tokens:
-            from models.interaction.listener import Listener
-
-            listener = Listener(self.net.cfg.heard_tokens)
         return NativeModel(self.serving_net(), f"native:{self.preset}", n_slots, torch.device("cpu"), deterministic,
-                           listener=listener)
+                           listener=Listener.for_config(self.net.cfg))
 
     def sample(
         self, ticks: Sequence[TickInput], session_id: str = "sample", on_step: Callable[[int], None] | None = None

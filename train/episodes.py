@@ -171,8 +171,8 @@ class _Builder:
     def onset_after(self, user_end: int) -> int:
         """The micro-turn a reply starts in: 2-3 after the one the user's speech ends in (0.2-0.6 s of
         silence). Not sooner: a checkpoint with the heard-words channel (`heard_tokens`) gets the last
-        word one to two micro-turns after it ends (`heard_stream`), and a reply it must take before the
-        words arrive can only be decided from the audio, which is where mid-sentence pauses fail."""
+        word the micro-turn after it ends (`heard_stream`), and a reply it must take before the word
+        arrives can only be decided from the audio, which is where mid-sentence pauses fail."""
         return self.tick_of(user_end) + self.rng.choice((2, 2, 3))
 
     def reply_after(self, user_end: int, text: str | None = None) -> int:

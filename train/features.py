@@ -10,7 +10,7 @@ should produce (see models/interaction/serving.py for the feedback rules mirrore
                                     centred where the vocoder places them
     control     [N] int8            action label; user_speaking [N] uint8
     text, own_text, transcript [N, 4] int16 bytes (256 = none); typed [N, 4]; background [N, 8]
-    heard       [N, 4] int16        the words a streaming recogniser would have committed (heard_stream)
+    heard       [N, 4] int16        the newest word a streaming recogniser heard, as served (heard_stream)
 """
 
 import json

@@ -15,6 +15,7 @@ import torch
 from models.interaction.checkpoint import build, checkpoint_metadata, parameter_count, save_checkpoint
 from models.interaction.config import PRESETS, InteractionConfig, preset
 from models.interaction.kv import KVPool, PoolFullError
+from models.interaction.listener import Listener
 from models.interaction.model import InteractionTransformer, TurnFeatures, init_weights
 from models.interaction.phrases import PhraseSet
 from models.interaction.serving import NativeModel, NativeSession, StepObserver
@@ -105,11 +106,8 @@ def load_native(
         from models.interaction.talker import PiperTalker  # imports the cascade's speaker: only when used
 
         talker = PiperTalker(phrases)
-    listener = None
-    if net.cfg.heard_tokens:
-        from models.interaction.listener import Listener  # starts an ASR worker process: only when read
-
-        listener = Listener(net.cfg.heard_tokens)
+    listener = Listener.for_config(net.cfg)  # an ASR worker process, for a checkpoint that reads heard words
+    if listener is not None:
         log.info("native:%s reads the words pocketsphinx hears (heard_tokens=%d, models/interaction/heard.py)",
                  preset_name, net.cfg.heard_tokens)
     model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic, matmul=opts.matmul,

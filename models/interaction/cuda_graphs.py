@@ -32,10 +32,6 @@ from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFe
 _HEADS = ("control", "text", "transcript", "audio_cond")
 
 
-def _rows(f: TurnFeatures, start: int, stop: int) -> TurnFeatures:
-    return f.rows(start, stop)
-
-
 def buckets(max_batch: int) -> list[int]:
     """1, 2, 4, ... and max_batch itself: at most log2(max_batch) + 2 graphs, at most 2x padding."""
     out, b = [], 1
@@ -130,7 +126,7 @@ class BucketedStep:
         b, top = len(slots), self.sizes[-1]
         if b > top:  # more sessions than the largest bucket: run it several times (still invariant)
             parts = [
-                self(_rows(feats, i, i + top), slots[i : i + top], turns[i : i + top]) for i in range(0, b, top)
+                self(feats.rows(i, i + top), slots[i : i + top], turns[i : i + top]) for i in range(0, b, top)
             ]
             return HeadOutputs(*(torch.cat([getattr(p, k) for p in parts]) for k in _HEADS))
         size = self.bucket_for(b)

@@ -67,7 +67,7 @@ class WordCommitter:
 
 
 class LastWord:
-    """The channel's value: the last committed word's first `width` bytes, held, NO_BYTE-padded."""
+    """The channel's value: the newest word's first `width` bytes, held until another comes, NO_BYTE-padded."""
 
     def __init__(self, width: int) -> None:
         self.width = width

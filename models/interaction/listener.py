@@ -19,31 +19,34 @@ or past `_UTTERANCE_TICKS` (a decoder's tables grow with its utterance: hearing.
 
 from __future__ import annotations
 
-import logging
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from models.interaction.config import InteractionConfig
 from models.interaction.heard import LastWord, WordCommitter, words_of
 from models.speech.sphinx import ASR_RATE, ASRError, Recognizer, SphinxRecognizer, shared_pool
 from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
 from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, Audio
 
-log = logging.getLogger(__name__)
 _QUIET_TICKS = 10  # 2 s of an unchanged hypothesis: the utterance is over, start a fresh one
 _UTTERANCE_TICKS = 150  # 30 s: the longest utterance a decoder is kept in
 CONFIG = "streaming"  # pocketsphinx search settings (sphinx.CONFIGS), the same in training and serving
+# A step waits at most this long for its sessions' partials, all together; a session whose worker is
+# later keeps its last partial and the late one is collected next micro-turn.
 _COLLECT_TIMEOUT_S = 0.5
-_KEEP_WORDS = 30  # a worker later than this keeps its partial for next micro-turn
+_KEEP_WORDS = 30  # committed words kept: a delegation's query
 
 
 @dataclass
 class HeardSession:
     asr: Recognizer
+    word: LastWord  # the channel's value
     mic: StreamResampler = field(default_factory=lambda: StreamResampler(SAMPLE_RATE, ASR_RATE))
     committer: WordCommitter = field(default_factory=WordCommitter)
-    word: LastWord | None = None
     ticks: int = 0  # micro-turns sent into the open utterance
     still: int = 0  # micro-turns its hypothesis has not changed
     partial: str = ""
@@ -56,6 +59,11 @@ class HeardSession:
 class Listener:
     """Each session's recogniser: in ASR worker processes (serving), or in this process (`processes=0`:
     training's `hear_track`, where nothing else waits on the thread)."""
+
+    @staticmethod
+    def for_config(cfg: InteractionConfig) -> Listener | None:
+        """The listener a model of `cfg` is served with: one worker process when it reads heard words."""
+        return Listener(cfg.heard_tokens) if cfg.heard_tokens else None
 
     def __init__(self, width: int, processes: int = 1) -> None:
         self.width = width
@@ -71,13 +79,21 @@ class Listener:
     def open(self) -> HeardSession:
         asr: Recognizer = (RemoteSphinxRecognizer(self.procs) if self.procs is not None
                            else SphinxRecognizer(shared_pool(CONFIG)))
-        return HeardSession(asr, word=LastWord(self.width))
+        return HeardSession(asr, LastWord(self.width))
 
-    def heard(self, hs: HeardSession) -> list[int]:
-        """This micro-turn's channel bytes: the partial of last micro-turn's audio collected first."""
-        assert hs.word is not None
+    def step(self, sessions: Sequence[HeardSession], audio: Sequence[Audio]) -> list[list[int]]:
+        """This micro-turn's channel bytes for each session (the partials of last micro-turn's audio,
+        collected within one shared wait), then this micro-turn's audio sent to be decoded while the
+        model steps."""
+        deadline = time.monotonic() + _COLLECT_TIMEOUT_S
+        rows = [self._heard(hs, deadline) for hs in sessions]
+        for hs, a in zip(sessions, audio, strict=True):
+            self._send(hs, a)
+        return rows
+
+    def _heard(self, hs: HeardSession, deadline: float) -> list[int]:
         if hs.asr.active:
-            partial = hs.asr.collect(_COLLECT_TIMEOUT_S)
+            partial = hs.asr.collect(max(0.0, deadline - time.monotonic()))
             hs.still = hs.still + 1 if partial == hs.partial else 0
             hs.partial = partial
             hs.word.push(words_of(partial))  # the newest word heard, as soon as the partial has it
@@ -88,8 +104,7 @@ class Listener:
                 hs.partial, hs.ticks, hs.still = "", 0, 0
         return hs.word.take()
 
-    def send(self, hs: HeardSession, audio: Audio) -> None:
-        """This micro-turn's 24 kHz audio to the recogniser (decoded while the model steps)."""
+    def _send(self, hs: HeardSession, audio: Audio) -> None:
         if not hs.asr.active:
             hs.asr.start()
         hs.asr.send(hs.mic.process(np.asarray(audio, dtype=np.float32)))
@@ -108,10 +123,8 @@ def hear_track(audio: Audio, width: int, listener: Listener | None = None) -> li
     with an in-process recogniser unless `listener` is given."""
     listener = listener or Listener(width, processes=0)
     hs = listener.open()
-    out = []
-    for t in range(len(audio) // TICK_SAMPLES):
-        out.append(listener.heard(hs))
-        listener.send(hs, audio[t * TICK_SAMPLES : (t + 1) * TICK_SAMPLES])
+    out = [listener.step([hs], [audio[t * TICK_SAMPLES : (t + 1) * TICK_SAMPLES]])[0]
+           for t in range(len(audio) // TICK_SAMPLES)]
     listener.close(hs)
     return out
 

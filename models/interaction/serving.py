@@ -266,14 +266,10 @@ class NativeModel:
 
         heard = None
         if self.listener is not None:
-            # The words of last micro-turn's audio first, then this one's audio to the recogniser, which
-            # decodes it in its own process while the model steps (listener.py).
-            rows = []
-            for st, tick in batch:
-                assert st.hear is not None
-                rows.append(self.listener.heard(st.hear))
-                self.listener.send(st.hear, tick.audio)
-            heard = ids(rows)
+            # The words of last micro-turn's audio, then this one's audio to the recogniser, which decodes
+            # it in its own process while the model steps (listener.py).
+            hears = [st.hear for st, _ in batch if st.hear is not None]
+            heard = ids(self.listener.step(hears, [tick.audio for _, tick in batch]))
 
         return TurnFeatures(
             user_dmel=self.frontend(torch.stack(audio), self.deterministic),

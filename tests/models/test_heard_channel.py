@@ -6,6 +6,7 @@ the streaming step equals the teacher-forced sequence, and a checkpoint given th
 what it did without it until it is trained.
 """
 
+import pytest
 import torch
 
 from models.interaction.checkpoint import add_heard_channel
@@ -80,3 +81,13 @@ def test_a_checkpoint_given_the_channel_does_what_it_did() -> None:
     after = new.forward_sequence(_with_heard(feats, 6))
     for a, b in zip(as_tuple(before), as_tuple(after), strict=True):
         assert torch.equal(a, b)
+
+
+def test_bad_heard_settings_and_inputs_are_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="heard_tokens"):
+        small_cfg(heard_tokens=5)  # more bytes than user-audio slots to add them onto
+    net = small_net(small_cfg(heard_tokens=4))
+    with pytest.raises(ValueError, match=r"give TurnFeatures\.heard"):
+        net.forward_sequence(random_features(net.cfg, 2))  # a checkpoint that reads words, given none
+    with pytest.raises(ValueError, match="already reads"):
+        add_heard_channel(net, 2)

@@ -57,7 +57,9 @@ def test_short_soak_of_echo() -> None:
     assert r.leaves > 0 and r.drops > 0 and r.resumes_ok > 0, f"the churn did not happen: {summary}"
     assert r.chunks_sent > 200 and r.echoes_returned > 0, summary  # of 4 x 18 s x 5 a second, less the churn
     assert r.missed_deadlines == 0, summary
-    assert r.echoes_missed == 0 and r.echoes_late == 0, summary
+    # Late echoes are judged as the bench judges them: those the soak client's own loop stalls explain are
+    # the client's (it shares two cores with the server), the rest are the server's and must be none.
+    assert r.echoes_missed == 0 and r.echoes_late - r.late_while_client_stalled == 0, summary
     assert r.resumes_failed == 0 and r.untold_closes == 0, summary
     assert r.fds_end <= r.fds_start, summary
     assert r.tasks_start > 0 and r.tasks_end == r.tasks_start, summary

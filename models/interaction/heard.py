@@ -58,6 +58,14 @@ class WordCommitter:
         self.last = words
         return out
 
+    def flush(self, hypothesis: str) -> list[str]:
+        """The user stopped speaking (the model's voice head says so) but the utterance stays open: commit
+        every word of the hypothesis now, so the turn's transcript is whole when it ends."""
+        words = words_of(hypothesis)
+        out = words[self.done :]
+        self.done, self.last = max(self.done, len(words)), words
+        return out
+
     def finish(self, hypothesis: str) -> list[str]:
         """The utterance ended: what was not yet committed of its final hypothesis; starts afresh."""
         words = words_of(hypothesis)

@@ -51,9 +51,21 @@ class HeardSession:
     still: int = 0  # micro-turns its hypothesis has not changed
     partial: str = ""
     words: list[str] = field(default_factory=list)  # the last `_KEEP_WORDS` committed: a delegation's query
+    fresh: list[str] = field(default_factory=list)  # committed since `take_fresh`: the user's transcript
 
     def commit(self, words: list[str]) -> None:
         self.words = (self.words + words)[-_KEEP_WORDS:]
+        self.fresh += words
+
+    def flush(self) -> None:
+        """Commit what the open utterance's partial holds (the user's turn ended): the channel's bytes
+        are untouched, so serving still reads exactly what training taught."""
+        self.commit(self.committer.flush(self.partial))
+
+    def take_fresh(self) -> str:
+        """The words committed since the last call, as transcript text."""
+        text, self.fresh = " ".join(self.fresh), []
+        return text
 
 
 class Listener:

@@ -394,6 +394,8 @@ class NativeModel:
         if voice != st.user_speaking:
             events.append(Event("speech_started" if voice else "speech_stopped"))
             st.user_speaking = voice
+            if not voice and st.hear is not None:
+                st.hear.flush()  # the turn's words go out with it, not after
         if action == BACKCHANNEL:
             events.append(Event("backchannel"))
         if action == YIELD and st.speaking:
@@ -407,9 +409,14 @@ class NativeModel:
         st.speaking, st.last_action = action == SPEAK, action
         written = [b for b in text if b != NO_BYTE] if action == SPEAK else []
         st.own_text = written + [NO_BYTE] * (len(text) - len(written))
-        heard = bytes(b for b in transcript if b != NO_BYTE)
-        user_text = st.transcript_dec.decode(heard)
-        st.transcript = (st.transcript + user_text)[-500:]
+        if st.hear is not None:
+            # The recogniser's committed words are the user's transcript (real words; the tiny model's
+            # transcript head is not yet), streamed as they become final.
+            user_text = st.hear.take_fresh()
+        else:
+            heard = bytes(b for b in transcript if b != NO_BYTE)
+            user_text = st.transcript_dec.decode(heard)
+            st.transcript = (st.transcript + user_text)[-500:]
         gate = 1.0 if action in (SPEAK, BACKCHANNEL) else 0.0
         return gate, st.text_dec.decode(bytes(written)), user_text, events
 

@@ -39,6 +39,15 @@ def test_a_committed_word_is_never_taken_back() -> None:
     assert c.update("a cat sat down") == ["sat"]  # "the" -> "a" after the model read it: ignored
 
 
+def test_a_flush_commits_the_partial_once_and_the_utterance_goes_on() -> None:
+    c = WordCommitter()
+    assert c.update("so i went") == ["so", "i"]
+    assert c.flush("so i went") == ["went"]  # the user stopped: the rest of the partial, now
+    assert c.update("so i went") == []  # not again
+    assert c.update("so i went home") == []  # the utterance goes on: "home" is the last word
+    assert c.finish("so i went home") == ["home"]
+
+
 def test_the_channel_holds_the_last_word_first_bytes() -> None:
     w = LastWord(4)
     assert w.take() == [NO_BYTE] * 4

@@ -66,12 +66,21 @@ def test_a_native_session_reads_what_its_recogniser_heard(track: tuple[np.ndarra
         assert f.heard is not None
         seen.append(f.heard[0].tolist())
 
+    transcript: list[str] = []
     try:
         st = model.open("heard")
         for t in range(len(x) // TICK_SAMPLES):
-            model.step([(st, TickInput(x[t * TICK_SAMPLES : (t + 1) * TICK_SAMPLES], TICK_SAMPLES))],
-                       observe=observe)
+            out = model.step([(st, TickInput(x[t * TICK_SAMPLES : (t + 1) * TICK_SAMPLES], TICK_SAMPLES))],
+                             observe=observe)[0]
+            transcript += [out.user_text] if out.user_text else []
+        assert st.hear is not None
+        committed = list(st.hear.words)
         model.close(st)
     finally:
         model.shutdown()
     assert seen == hear_track(x, 4)
+    # The user's transcript is the recogniser's words, each once, in order, as they were committed (the
+    # model's own transcript head, random here, has no say).
+    said = " ".join(transcript).split()
+    assert said == committed, (transcript, committed)
+    assert {"park", "because"} <= set(said), transcript

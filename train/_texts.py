@@ -33,6 +33,25 @@ QUESTIONS = [
     "Do you know a simple recipe for pancakes?",
     "Could you tell me how to fold a paper boat?",
     "Which colour should I pick for the new sofa?",
+    # Questions of fact and how-to that still want a plain reply, not a look-up: a question word alone
+    # ("what", "how", "which") must not mean "ask the reasoner" (the first checkpoint with 4 look-ups
+    # delegated in 39 of 70 benchmark samples).
+    "What is your favourite season of the year?",
+    "How many cups of tea is too many?",
+    "Which is nicer, a quiet beach or a busy city?",
+    "What do people usually eat for breakfast?",
+    "How do you keep a room cool in summer?",
+    "Why do cats like sitting in boxes?",
+    "What game could we play on a long drive?",
+    "How can I stop losing my keys?",
+    "Is it rude to leave a party early?",
+    "What should I say in a thank you card?",
+    "Where would you hang a big mirror?",
+    "When is the best time to call an old friend?",
+    "How do I tell my boss I need a day off?",
+    "What makes a good cup of hot chocolate?",
+    "Why does bread go stale so fast?",
+    "Which shoes are best for a long walk?",
 ]
 LEADS = [
     "Hi there.",
@@ -135,18 +154,37 @@ OVERHEARD = [
     "The match starts at eight on channel four.",
 ]
 # Requests that need the background reasoner (delegate), and the results it sends back.
-LOOKUPS = [
-    "Can you look up the opening hours of the library?",
-    "Please find out when the next ferry leaves.",
-    "Could you check the price of a train ticket to the coast?",
-    "Look up how tall the town hall tower is.",
+# Each asks in so many words for something looked up, found or checked (a fact it cannot know: hours,
+# prices, times, distances, today's news), phrased many ways, so the request and not one sentence is
+# the cue; RESULTS[i] answers LOOKUPS[i].
+_LOOKUP_PAIRS = [
+    ("Can you look up the opening hours of the library?", "The library opens at nine."),
+    ("Please find out when the next ferry leaves.", "The next ferry leaves at noon."),
+    ("Could you check the price of a train ticket to the coast?", "A return ticket costs twelve euros."),
+    ("Look up how tall the town hall tower is.", "The tower is forty metres tall."),
+    ("Search for a pharmacy that is open tonight.", "The pharmacy on Mill Street is open until ten."),
+    ("Can you check when the swimming pool closes?", "The pool closes at eight."),
+    ("Find out how far it is to the airport.", "The airport is thirty kilometres away."),
+    ("Please look up the score of last night's match.", "The home team won two to one."),
+    ("Could you find the phone number of the dentist?", "The number is five five five, two one four."),
+    ("Check whether the museum is open on Mondays.", "The museum is closed on Mondays."),
+    ("Can you search for the cheapest flight to Lisbon?", "The cheapest flight costs ninety euros."),
+    ("Look up what time the sun sets today.", "The sun sets at half past five."),
+    ("Please check if my parcel has been delivered.", "Your parcel arrives tomorrow morning."),
+    ("Could you look up the population of Norway?", "Norway has about five million people."),
+    ("Find out which platform the ten o'clock train leaves from.", "It leaves from platform four."),
+    ("Can you check the forecast for Saturday?", "Saturday will be sunny and mild."),
+    ("Search the news for the election results.", "The results come out tonight."),
+    ("Please find a recipe that uses leeks and potatoes.", "Try a leek and potato soup."),
+    ("Could you check how much a new passport costs?", "A new passport costs seventy euros."),
+    ("Look up when the bakery on the corner opens.", "The bakery opens at seven."),
+    ("Can you find out who wrote that song about the river?", "It was written by a Welsh band."),
+    ("Check the exchange rate for dollars today.", "One dollar buys ninety cents."),
+    ("Please search for a bike shop near the station.", "There is one beside the station car park."),
+    ("Could you find out how long the bridge is?", "The bridge is two kilometres long."),
 ]
-RESULTS = [
-    "The library opens at nine.",
-    "The next ferry leaves at noon.",
-    "A return ticket costs twelve euros.",
-    "The tower is forty metres tall.",
-]
+LOOKUPS = [q for q, _ in _LOOKUP_PAIRS]
+RESULTS = [r for _, r in _LOOKUP_PAIRS]
 # Typed messages (arrive as text, not audio).
 TYPED = [
     "hello, are you there?",

@@ -297,8 +297,8 @@ def scene_quiet(b: _Builder) -> None:
 
 
 SCENES = {
-    "qa": (scene_qa, 3),
-    "pause": (scene_pause, 3),
+    "qa": (scene_qa, 4),
+    "pause": (scene_pause, 4),
     "barge_in": (scene_barge_in, 3),
     "user_bc": (scene_user_backchannel, 2),
     "overheard": (scene_overheard, 2),

@@ -217,8 +217,11 @@ def scene_barge_in(b: _Builder) -> None:
         b.t = b.end
         return
     stop = b.user_says(b.rng.choice(tx.BARGE_INS), at=onset)
-    # It may stop in the micro-turn the barge-in starts in, if the user was heard for >= 50 ms there.
-    yield_tick = onset // TICK_SAMPLES + (1 if onset % TICK_SAMPLES > TICK_SAMPLES - SAMPLE_RATE // 20 else 0)
+    # It stops the micro-turn after the one the barge-in starts in (two after, if the user was heard for
+    # under 50 ms in that one): 0.2-0.45 s of the user's speech. Not at its first micro-turn: a
+    # backchannel ("Yeah.", scene_user_backchannel) starts just the same, and the assistant keeps talking
+    # through that one; by the next micro-turn the speech has gone on, or its first word has come.
+    yield_tick = onset // TICK_SAMPLES + 1 + (1 if onset % TICK_SAMPLES > TICK_SAMPLES - SAMPLE_RATE // 20 else 0)
     b.cut(seg, min(yield_tick, b.ep.ticks - 1))
     b.t = stop
     b.reply_after(stop)

@@ -96,6 +96,7 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
     onsets = [0, 0]  # [taken on the labelled micro-turn, labelled onsets]
     starts = [0, 0]  # [spoke although the label stays silent (not continuing speech), such micro-turns]
     pauses = [0, 0]  # [mid-sentence pauses in which it took the floor, pauses] (caches that record them)
+    overlaps = [0, 0]  # [user speech under its reply that it talked through, such stretches] (backchannels)
     gl = vocoder.GriffinLim(net.cfg.mel_bins, net.cfg.griffin_lim_iters, torch.device("cpu"))
     errs = {"model": [0, 0], "target": [0, 0]}
     samples: list[dict[str, str]] = []
@@ -120,6 +121,14 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         for a, z in meta[e].get("pauses", []):
             pauses[0] += int(np.any(pr[a:z] == speak))
             pauses[1] += int(z > a)
+        # The user speaking while the labels keep the assistant talking (a backchannel under its reply,
+        # not a barge-in's first micro-turns, which the labels yield to next): talked through when the
+        # model says speak on every micro-turn of it.
+        under = (lab == speak) & (b.user_speaking.numpy() > 0.5)
+        for run in np.split(np.flatnonzero(under), np.flatnonzero(np.diff(np.flatnonzero(under)) > 1) + 1):
+            if run.size and not (run[-1] + 1 < len(lab) and lab[run[-1] + 1] == ACTIONS.index("yield")):
+                overlaps[0] += int(np.all(pr[run] == speak))
+                overlaps[1] += 1
         # A delegation is one event (the server sends the first micro-turn of a run of them): taken
         # near its label counts, however many micro-turns the run lasts; a run far from any label is spurious.
         d = ACTIONS.index("delegate")
@@ -182,6 +191,8 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
     if pauses[1]:
         result["pause_taken_rate"] = round(pauses[0] / pauses[1], 3)  # lower is better
         result["pauses"] = pauses[1]
+    if overlaps[1]:
+        result["overlaps_talked_through"] = f"{overlaps[0]}/{overlaps[1]}"
     if voice:
         result["voice_wer"] = round(errs["model"][0] / max(errs["model"][1], 1), 3)
         result["vocoder_floor_wer"] = round(errs["target"][0] / max(errs["target"][1], 1), 3)

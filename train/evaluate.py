@@ -10,6 +10,9 @@ model did earlier), so they measure the heads, not the closed loop (bench.fdbenc
 * control: per micro-turn argmax of the control head against the label, a confusion matrix
   (rows = the episode's target action, columns = the model's decision, ACTIONS order: speak, silent,
   backchannel, yield, delegate) with per-class precision and recall (a text table without --json);
+  and as events: speech onsets on the labelled micro-turn, speaking where it should be silent,
+  mid-sentence pauses taken, delegations near their label and elsewhere, and the user's speech under a
+  reply that the labels talk through (a backchannel) and the model did (`overlaps_talked_through`);
 * voice: for every assistant utterance of the closed phrase set in those episodes, the flow head
   samples mel on the utterance's micro-turns, the streaming Griffin-Lim vocoder makes audio, and
   pocketsphinx transcribes it; word error rate against the phrase. The same pipeline on the target

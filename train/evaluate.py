@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,9 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
                     errs[name][1] += n
                     if name == "model" and len(samples) < 12:
                         samples.append({"phrase": seg["text"], "heard": hyp})
-        print(f"evaluate: episode {e + 1}/{min(episodes, data.episodes)} ({time.monotonic() - t0:.0f} s)", flush=True)
+        # Progress on stderr: stdout is the result, which --json makes machine-readable.
+        print(f"evaluate: episode {e + 1}/{min(episodes, data.episodes)} ({time.monotonic() - t0:.0f} s)",
+              file=sys.stderr, flush=True)
     recall = {a: round(float(conf[i, i] / max(conf[i].sum(), 1)), 3) for i, a in enumerate(ACTIONS)}
     precision = {a: round(float(conf[i, i] / max(conf[:, i].sum(), 1)), 3) for i, a in enumerate(ACTIONS)}
     result: dict[str, Any] = {

@@ -47,7 +47,7 @@ def test_late_jobs_of_one_step_share_its_grace_and_a_slow_step_says_where_its_ti
 ) -> None:
     """Five sessions whose due work is late cost the step one grace, not five (a missed deadline each)."""
     clock = StepClock(grace=0.05, slow=0.0)
-    late = [Job(Future(), due=3, name="eot") for _ in range(5)]  # futures nobody completes: late work
+    late: list[Job[None]] = [Job(Future(), due=3, name="eot") for _ in range(5)]  # futures nobody completes: late work
     clock.start()
     taken = []
     for job in late:

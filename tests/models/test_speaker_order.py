@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 
 import numpy as np
@@ -14,10 +15,10 @@ from models.cascade.speaker import Speaker, Synthesizer
 
 
 @pytest.fixture(scope="module")
-def synth() -> Synthesizer:
+def synth() -> Iterator[Synthesizer]:
     s = Synthesizer("piper:joe", "espeak:en-us", workers=1)
     s.horizon = 1e6  # everything queued is within reach: the order alone is what these tests see
-    yield s  # type: ignore[misc]
+    yield s
     s.close()
 
 

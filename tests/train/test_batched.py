@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from models.interaction.layers import Lin
 from models.interaction.model import HeadOutputs, TurnFeatures
 from tests.models.test_interaction_core import as_tuple, random_features, small_cfg, small_net, stream
 
@@ -50,5 +51,6 @@ def test_batched_path_has_gradients() -> None:
     feats = random_features(net.cfg, 6, seed=3)
     out = net.forward_batched(_cat([feats, feats]), 6)
     out.control.sum().backward()
-    assert net.blocks[0].wq.weight.grad is not None  # type: ignore[union-attr]
-    assert float(net.blocks[0].wq.weight.grad.abs().sum()) > 0  # type: ignore[union-attr]
+    wq = net.blocks[0].wq
+    assert isinstance(wq, Lin)
+    assert wq.weight.grad is not None and float(wq.weight.grad.abs().sum()) > 0

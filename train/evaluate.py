@@ -128,8 +128,8 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         # The user speaking while the labels keep the assistant talking (a backchannel under its reply,
         # not a barge-in's first micro-turns, which the labels yield to next): talked through when the
         # model says speak on every micro-turn of it.
-        under = (lab == speak) & (b.user_speaking.numpy() > 0.5)
-        for run in np.split(np.flatnonzero(under), np.flatnonzero(np.diff(np.flatnonzero(under)) > 1) + 1):
+        under = np.flatnonzero((lab == speak) & (b.user_speaking.numpy() > 0.5))
+        for run in np.split(under, np.flatnonzero(np.diff(under) > 1) + 1):  # runs of consecutive micro-turns
             if run.size and not (run[-1] + 1 < len(lab) and lab[run[-1] + 1] == ACTIONS.index("yield")):
                 overlaps[0] += int(np.all(pr[run] == speak))
                 overlaps[1] += 1

@@ -68,8 +68,7 @@ class WordCommitter:
 
     def finish(self, hypothesis: str) -> list[str]:
         """The utterance ended: what was not yet committed of its final hypothesis; starts afresh."""
-        words = words_of(hypothesis)
-        out = words[self.done :]
+        out = self.flush(hypothesis)
         self.done, self.last = 0, []
         return out
 

@@ -31,6 +31,7 @@ class NativeOptions:
     graph_max_batch: int = 64  # largest bucket (bigger steps run as several)
     kv_budget_mb: float | None = None  # KV pool size; None = 512 MiB on a CPU, 85% of free GPU memory
     voice: str = "auto"  # flow = the model's own flow head; piper = its text spoken by Piper; auto = per metadata
+    onset: float | None = None  # p(speak) a speech onset needs (models/interaction/onset.py); None = per metadata
 
     def __post_init__(self) -> None:
         if self.matmul not in MATMUL_MODES:
@@ -43,6 +44,9 @@ class NativeOptions:
             raise ValueError("--torch-threads must be 0 (every core) or more and --graph-max-batch at least 1")
         if self.voice not in VOICE_MODES:
             raise ValueError(f"--voice {self.voice!r} (DUPLEX_NATIVE_VOICE): use one of {', '.join(VOICE_MODES)}")
+        if self.onset is not None and not 0.0 <= self.onset < 1.0:
+            raise ValueError(f"--native-onset {self.onset} (DUPLEX_NATIVE_ONSET): a probability in [0, 1); "
+                             "0 = greedy decoding")
         if self.kv_budget_mb is not None and self.kv_budget_mb <= 0:
             raise ValueError(f"--kv-budget-mb must be positive, got {self.kv_budget_mb}")
 
@@ -51,13 +55,15 @@ class NativeOptions:
         """The built-in defaults, each overridden by its environment variable when set."""
         env = os.environ
         budget = env.get("DUPLEX_KV_BUDGET_MB")
+        onset = env.get("DUPLEX_NATIVE_ONSET")
         return cls(deterministic=env.get("DUPLEX_NATIVE_DETERMINISTIC", "1") != "0",
                    threads=int(env.get("DUPLEX_TORCH_THREADS", "0") or 0),
                    matmul=env.get("DUPLEX_NATIVE_MATMUL") or "fp32",
                    graphs=env.get("DUPLEX_NATIVE_GRAPHS") or None,
                    graph_max_batch=int(env.get("DUPLEX_GRAPH_MAX_BATCH", "64") or 64),
                    kv_budget_mb=float(budget) if budget else None,
-                   voice=env.get("DUPLEX_NATIVE_VOICE") or "auto")
+                   voice=env.get("DUPLEX_NATIVE_VOICE") or "auto",
+                   onset=float(onset) if onset else None)
 
 
 @dataclass

@@ -243,12 +243,17 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
                         help="what the native model speaks with: flow = its own flow head; piper = its text "
                         "spoken by Piper joe (the talker); auto = flow only where the checkpoint's metadata "
                         "records a phrase word error <= 0.15, else piper [$DUPLEX_NATIVE_VOICE]")
+    native.add_argument("--native-onset", type=float, default=env.onset, metavar="P",
+                        help="p(speak) the native model needs to start speaking (it goes on greedily once it "
+                        "speaks); default: the threshold calibrated into the checkpoint's metadata "
+                        "(bench.native_onset), else 0 = greedy [$DUPLEX_NATIVE_ONSET]")
 
 
 def native_options(args: argparse.Namespace) -> NativeOptions:
     return NativeOptions(deterministic=args.native_deterministic, threads=args.torch_threads,
                          matmul=args.native_matmul, graphs=None if args.native_graphs == "auto" else args.native_graphs,
-                         graph_max_batch=args.graph_max_batch, kv_budget_mb=args.kv_budget_mb, voice=args.voice)
+                         graph_max_batch=args.graph_max_batch, kv_budget_mb=args.kv_budget_mb, voice=args.voice,
+                         onset=args.native_onset)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

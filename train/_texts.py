@@ -52,6 +52,29 @@ QUESTIONS = [
     "What makes a good cup of hot chocolate?",
     "Why does bread go stale so fast?",
     "Which shoes are best for a long walk?",
+    # Requests said as commands want a reply as much as questions do ("Tell me...", "Explain..."): with
+    # only questions here the model answered few of the benchmark's requests, and "Please ..." was
+    # heard only in look-ups, which it must delegate. None asks to look up, find out, check or search.
+    "Tell me a fun fact about owls.",
+    "Explain why the sky turns red at sunset.",
+    "Describe a perfect lazy Sunday.",
+    "Give me an idea for a quick lunch.",
+    "Talk me through making a cup of tea.",
+    "Please suggest a name for my new puppy.",
+    "Help me choose a book for the holiday.",
+    "Tell me something that will cheer me up.",
+    "Explain how a bicycle stays upright.",
+    "Please describe how you would decorate a small flat.",
+    "Give me three words that rhyme with light.",
+    "Walk me through planting a small herb garden.",
+    "Teach me a simple card trick.",
+    "Tell me a short joke about penguins.",
+    "Explain the rules of noughts and crosses.",
+    "Please recommend a board game for four people.",
+    "Suggest something fun to do on a rainy day.",
+    "Tell me how to keep basil alive on a windowsill.",
+    "Describe the view from the top of a hill.",
+    "Give me a reason to get up early tomorrow.",
 ]
 LEADS = [
     "Hi there.",

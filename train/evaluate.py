@@ -7,7 +7,8 @@
 Both are teacher-forced on held-out synthetic episodes (the inputs the episode says, not what the
 model did earlier), so they measure the heads, not the closed loop (bench.fdbench measures that):
 
-* control: per micro-turn argmax of the control head against the label, a confusion matrix
+* control: per micro-turn decision of the control head as served (greedy, except that an onset needs
+  the checkpoint's calibrated p(speak), `--onset`: models/interaction/onset.py) against the label, a confusion matrix
   (rows = the episode's target action, columns = the model's decision, ACTIONS order: speak, silent,
   backchannel, yield, delegate) with per-class precision and recall (a text table without --json);
   and as events: speech onsets on the labelled micro-turn, speaking where it should be silent,
@@ -42,6 +43,7 @@ from models.interaction.checkpoint import build, checkpoint_metadata
 from models.interaction.config import ACTIONS, NO_BYTE
 from models.interaction.flow import turn_noise
 from models.interaction.model import InteractionTransformer
+from models.interaction.onset import decide, onset_from_metadata
 from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES, PhraseSet, PhraseWriter
 from models.speech.asr import transcribe_words
 from train.data import EpisodeData
@@ -89,7 +91,9 @@ def _said(writer: PhraseWriter, text: torch.Tensor, background: torch.Tensor, st
 
 @torch.no_grad()
 def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voice: bool = True,
-             phrases: PhraseSet | None = None) -> dict[str, Any]:
+             phrases: PhraseSet | None = None, onset_threshold: float = 0.0) -> dict[str, Any]:
+    """`onset_threshold`: the p(speak) an onset needs, as served (models/interaction/onset.py; 0 = greedy).
+    Teacher-forced, the model heard itself speaking on a row exactly when the label before it is speech."""
     net.eval()
     phrases = phrases or PhraseSet(TRAINED_REPLIES, TRAINED_ANSWER_LEAD)
     said = {"reply": [0, 0], "answer": [0, 0]}  # [the label's words exactly, utterances]
@@ -109,11 +113,12 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
     for e in range(min(episodes, data.episodes)):
         b = data.batch([e])
         out = net.forward_batched(b.feats, b.n_ticks)
-        pred = out.control[:, :na].argmax(-1)
-        np.add.at(conf, (b.control.numpy(), pred.numpy()), 1)
-        lab, pr = b.control.numpy(), pred.numpy()
+        lab = b.control.numpy()
         speak, silent = ACTIONS.index("speak"), ACTIONS.index("silent")
         was_quiet = np.concatenate([[True], lab[:-1] != speak])  # the row before is not (labelled) speech
+        pred = decide(out.control[:, :na].float().softmax(-1), torch.from_numpy(~was_quiet), onset_threshold)
+        pr = pred.numpy()
+        np.add.at(conf, (lab, pr), 1)
         onset = (lab == speak) & was_quiet
         onsets[0] += int(np.sum(onset & (pr == speak)))
         onsets[1] += int(np.sum(onset))
@@ -256,14 +261,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="first build N held-out episodes of --data-seed into --heldout (if it holds none)")
     ap.add_argument("--data-seed", type=int, default=38, help="episode seed for --build (training used 1 and 101)")
     ap.add_argument("--ticks", type=int, default=100, help="micro-turns per episode for --build (100 = 20 s)")
+    ap.add_argument("--onset", type=float, default=None, metavar="P",
+                    help="p(speak) an onset needs, as `duplex serve --native-onset` (default: the checkpoint's "
+                    "calibrated threshold, else 0 = greedy)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table and key: value lines")
     a = ap.parse_args(argv)
     if a.build:
         ensure_heldout(Path(a.heldout), a.build, a.data_seed, a.ticks)
     net = build(a.preset, a.checkpoint)
     data = EpisodeData(Path(a.heldout), net.cfg)
-    phrases = PhraseSet.from_metadata(checkpoint_metadata(a.preset, a.checkpoint))
-    r = evaluate(net, data, a.episodes, voice=not a.no_voice, phrases=phrases)
+    meta = checkpoint_metadata(a.preset, a.checkpoint)
+    threshold = a.onset if a.onset is not None else onset_from_metadata(meta)[0]
+    r = evaluate(net, data, a.episodes, voice=not a.no_voice, phrases=PhraseSet.from_metadata(meta),
+                 onset_threshold=threshold)
+    r["onset_threshold"] = threshold
     if a.json:
         print(json.dumps(r))
         return 0

@@ -3,7 +3,8 @@
 `load_native("tiny", options=...)` is what `duplex serve --model native:tiny [--checkpoint FILE]` calls;
 its serving options (`NativeOptions`, models/registry.py) are `duplex serve` options, whose defaults
 the environment variables DUPLEX_KV_BUDGET_MB, DUPLEX_NATIVE_DETERMINISTIC, DUPLEX_TORCH_THREADS,
-DUPLEX_NATIVE_MATMUL, DUPLEX_NATIVE_GRAPHS, DUPLEX_GRAPH_MAX_BATCH and DUPLEX_NATIVE_VOICE override.
+DUPLEX_NATIVE_MATMUL, DUPLEX_NATIVE_GRAPHS, DUPLEX_GRAPH_MAX_BATCH, DUPLEX_NATIVE_VOICE and DUPLEX_NATIVE_ONSET
+override.
 """
 
 import contextlib
@@ -17,6 +18,7 @@ from models.interaction.config import PRESETS, InteractionConfig, preset
 from models.interaction.kv import KVPool, PoolFullError
 from models.interaction.listener import Listener
 from models.interaction.model import InteractionTransformer, TurnFeatures, init_weights
+from models.interaction.onset import onset_from_metadata
 from models.interaction.phrases import PhraseSet
 from models.interaction.serving import NativeModel, NativeSession, StepObserver
 from models.interaction.voice import choose_voice
@@ -98,6 +100,7 @@ def load_native(
     meta = checkpoint_metadata(preset_name, checkpoint)
     phrases = PhraseSet.from_metadata(meta)
     voice, why = choose_voice(opts.voice, meta)
+    threshold, why_onset = (opts.onset, "--native-onset") if opts.onset is not None else onset_from_metadata(meta)
     log.info("native:%s speaks with %s (%s); its text is %s", preset_name,
              "its flow head" if voice == "flow" else "Piper (the talker)", why,
              f"decoded within its {len(phrases.replies)} trained phrases" if phrases else "decoded freely")
@@ -112,7 +115,8 @@ def load_native(
                  preset_name, net.cfg.heard_tokens)
     model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic, matmul=opts.matmul,
                         graphs=opts.graphs, graph_max_batch=opts.graph_max_batch, phrases=phrases, talker=talker,
-                        listener=listener)
+                        listener=listener, onset_threshold=threshold)
+    log.info("native:%s takes the floor at p(speak) >= %.2f (%s)", preset_name, threshold, why_onset)
     log.info(
         "native:%s: %.1f M parameters on %s, %d KV slots of %.1f MiB, deterministic=%s",
         preset_name,

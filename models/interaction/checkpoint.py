@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import logging
+import shutil
 import warnings
 from pathlib import Path
 
@@ -48,6 +49,20 @@ def checkpoint_metadata(preset_name: str, checkpoint: str | None) -> dict[str, s
         return {}
     path = checkpoint if checkpoint is not None else shipped_checkpoint(preset_name)
     return read_metadata(path) if path is not None and Path(path).is_file() else {}
+
+
+def update_metadata(path: str | Path, entries: dict[str, str]) -> None:
+    """Add or replace metadata entries of a checkpoint file in place; its tensors are written back
+    unchanged (same names, dtypes and bytes). Written beside it first, then renamed over it."""
+    path = Path(path)
+    meta = read_metadata(path)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a duplex native checkpoint (metadata format {meta.get('format')!r})")
+    tensors = load_file(str(path))
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={**meta, **entries})
+    shutil.copymode(path, tmp)  # safetensors writes 0600; the checkpoint keeps its own mode
+    tmp.replace(path)
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from models.base import BackgroundChunk, Event, TickInput, TickOutput, check_slot_batch
-from models.interaction import dmel, vocoder
+from models.interaction import dmel, onset, vocoder
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
 from models.interaction.cuda_graphs import BucketedStep
 from models.interaction.flow import turn_noise
@@ -117,14 +117,17 @@ class NativeModel:
         phrases: PhraseSet | None = None,
         talker: "PiperTalker | None" = None,
         listener: "Listener | None" = None,
+        onset_threshold: float = 0.0,
     ) -> None:
         """`matmul`, `graphs`, `graph_max_batch`: see `NativeOptions` (models/registry.py). `phrases`: what
         the checkpoint was trained to say (its text is decoded within it); `talker`: Piper speaks instead
         of the flow head (`--voice`); `listener`: the recognisers of a checkpoint with the heard-words channel
-        (listener.py), which it must have exactly when the checkpoint reads heard words."""
+        (listener.py), which it must have exactly when the checkpoint reads heard words; `onset_threshold`:
+        the p(speak) a speech onset needs (onset.py; 0 = greedy)."""
         if bool(net.cfg.heard_tokens) != (listener is not None):
             raise ValueError("a listener goes with a checkpoint that reads heard words (heard_tokens > 0), only then")
         self.phrases, self.talker, self.listener = phrases, talker, listener
+        self.onset = onset.check_onset(onset_threshold)
         self.voice = "flow" if talker is None else "piper"
         self.net = net.eval()
         self.cfg = net.cfg
@@ -322,7 +325,8 @@ class NativeModel:
             heads = self.net.forward_step(feats, self.pool, slots, turns)
         # 2. decisions (greedy) and audio for every row
         control = heads.control.float()
-        actions = control[:, : len(ACTIONS)].argmax(-1).tolist()
+        probs = control[:, : len(ACTIONS)].softmax(-1)
+        actions = onset.decide(probs, [s.speaking for s in states], self.onset).tolist()
         voice = (control[:, len(ACTIONS)] > 0).tolist()
         text_ids = heads.text.argmax(-1).tolist()
         transcript_ids = heads.transcript.argmax(-1).tolist()

@@ -9,8 +9,9 @@ stepped with every onset held back). So an *onset* (speaking after not speaking)
 threshold gates the start of a turn, never cuts one.
 
 The threshold is a property of a checkpoint (how its probabilities are calibrated), so it is measured
-on a tuning set and recorded in the checkpoint's metadata under `ONSET_KEY` (`bench.native_onset
---write`); `--native-onset` overrides it, and 0 is plain greedy decoding.
+on a tuning set (`bench.native_onset`) and, where it serves better than greedy decoding, recorded in
+the checkpoint's metadata under `ONSET_KEY` (`--write`); `--native-onset` overrides it, and 0 is plain
+greedy decoding (the default of a checkpoint that records none, the shipped one included: README).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ def test_shipped_checkpoint_loads_by_default_without_warning() -> None:
     assert next(net.parameters()).abs().sum() > 0
     assert net.cfg.heard_tokens == 4, "it reads the words pocketsphinx hears (models/interaction/heard.py)"
     assert float(meta["phrase_word_error"]) > 0.15, "its flow head has not earned the voice: --voice auto gives Piper"
+    assert "onset_threshold" not in meta, "greedy by default: at its calibrated 0.55 it drops questions (README)"
 
 
 def _speech(text: str) -> np.ndarray:

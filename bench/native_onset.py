@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 
 from bench.fdbench.layout import Sample, find_samples, interruption_span, turn_end
+from bench.fdbench.metrics import TURN_DURATION_S  # a take-over lasts this long (or has > 3 words)
 from models.interaction.onset import ONSET_KEY, ONSET_NOTE_KEY
 from streaming.types import TICK_SECONDS
 
 THRESHOLDS = (0.0, 0.5, 0.55, 0.6, 0.65, 0.7)  # 0 = greedy
-HEARD_S = 1.0  # speech must last this long to be a take-over (FD-bench: a turn of >= 1 s or > 3 words)
 KINDS = ("pause", "turn_taking", "interruption")
 MAX_PAUSE = 0.3  # default bound on the pauses taken (issue 38's floor for FD-bench's pause TOR)
 
@@ -118,10 +118,10 @@ def judge(r: Run) -> tuple[bool, float | None]:
     """(took the floor / answered, latency in s or None) of one sample's run."""
     spans = _spans(r.speaking)
     if r.kind == "pause":
-        return any(a <= r.seconds - HEARD_S for a, _ in spans), None
+        return any(a <= r.seconds - TURN_DURATION_S for a, _ in spans), None
     if r.kind == "turn_taking":
         return (True, max(0.0, spans[0][0] - r.ref)) if spans else (False, None)
-    after = [(max(a, r.ref), z) for a, z in spans if z > r.ref and z - max(a, r.ref) >= HEARD_S]
+    after = [(max(a, r.ref), z) for a, z in spans if z > r.ref and z - max(a, r.ref) >= TURN_DURATION_S]
     return (True, after[0][0] - r.ref) if after else (False, None)
 
 

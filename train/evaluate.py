@@ -43,7 +43,7 @@ from models.interaction.checkpoint import build, checkpoint_metadata
 from models.interaction.config import ACTIONS, NO_BYTE
 from models.interaction.flow import turn_noise
 from models.interaction.model import InteractionTransformer
-from models.interaction.onset import decide, onset_from_metadata
+from models.interaction.onset import choose_onset, decide
 from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES, PhraseSet, PhraseWriter
 from models.speech.asr import transcribe_words
 from train.data import EpisodeData
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     net = build(a.preset, a.checkpoint)
     data = EpisodeData(Path(a.heldout), net.cfg)
     meta = checkpoint_metadata(a.preset, a.checkpoint)
-    threshold = a.onset if a.onset is not None else onset_from_metadata(meta)[0]
+    threshold = choose_onset(a.onset, meta)[0]
     r = evaluate(net, data, a.episodes, voice=not a.no_voice, phrases=PhraseSet.from_metadata(meta),
                  onset_threshold=threshold)
     r["onset_threshold"] = threshold

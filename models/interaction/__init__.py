@@ -18,7 +18,7 @@ from models.interaction.config import PRESETS, InteractionConfig, preset
 from models.interaction.kv import KVPool, PoolFullError
 from models.interaction.listener import Listener
 from models.interaction.model import InteractionTransformer, TurnFeatures, init_weights
-from models.interaction.onset import onset_from_metadata
+from models.interaction.onset import choose_onset
 from models.interaction.phrases import PhraseSet
 from models.interaction.serving import NativeModel, NativeSession, StepObserver
 from models.interaction.voice import choose_voice
@@ -100,7 +100,7 @@ def load_native(
     meta = checkpoint_metadata(preset_name, checkpoint)
     phrases = PhraseSet.from_metadata(meta)
     voice, why = choose_voice(opts.voice, meta)
-    threshold, why_onset = (opts.onset, "--native-onset") if opts.onset is not None else onset_from_metadata(meta)
+    threshold, why_onset = choose_onset(opts.onset, meta)
     log.info("native:%s speaks with %s (%s); its text is %s", preset_name,
              "its flow head" if voice == "flow" else "Piper (the talker)", why,
              f"decoded within its {len(phrases.replies)} trained phrases" if phrases else "decoded freely")

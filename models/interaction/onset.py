@@ -46,6 +46,14 @@ def onset_from_metadata(meta: dict[str, str]) -> tuple[float, str]:
                          "re-run bench.native_onset --write, or pass --native-onset") from None
 
 
+def choose_onset(requested: float | None, meta: dict[str, str]) -> tuple[float, str]:
+    """(threshold, why): `requested` (`--native-onset`, `train.evaluate --onset`) where given, else the
+    checkpoint's metadata (0 = greedy where it records none)."""
+    if requested is not None:
+        return check_onset(requested), "--native-onset"
+    return onset_from_metadata(meta)
+
+
 def decide(probs: Tensor, speaking: Sequence[bool] | Tensor, onset: float) -> Tensor:
     """Actions [B] from action probabilities [B, len(ACTIONS)]; `speaking[b]`: row b spoke last micro-turn."""
     best = probs.argmax(-1)

@@ -15,7 +15,7 @@ from models.interaction import InteractionTransformer, NativeModel, save_checkpo
 from models.interaction.checkpoint import checkpoint_metadata, update_metadata
 from models.interaction.config import ACTIONS
 from models.interaction.layers import Lin
-from models.interaction.onset import ONSET_KEY, decide, onset_from_metadata
+from models.interaction.onset import ONSET_KEY, choose_onset, decide, onset_from_metadata
 from models.registry import NativeOptions
 from tests.models.test_interaction_core import one_thread, small_net  # noqa: F401 - fixture
 
@@ -45,6 +45,10 @@ def test_the_threshold_comes_from_the_metadata_unless_given(tmp_path: Path) -> N
         onset_from_metadata({ONSET_KEY: "1.5"})
     with pytest.raises(ValueError, match="--native-onset"):
         NativeOptions(onset=1.0)
+    assert choose_onset(None, {ONSET_KEY: "0.65"})[0] == pytest.approx(0.65), "recorded, not given: the metadata's"
+    assert choose_onset(0.0, {ONSET_KEY: "0.65"}) == (0.0, "--native-onset"), "given beats recorded"
+    with pytest.raises(ValueError, match="--native-onset"):
+        choose_onset(1.5, {})  # train.evaluate --onset takes no NativeOptions: checked here
     assert NativeOptions.from_env().onset is None
     # update_metadata adds the entry and leaves every tensor as it was, bit for bit.
     path = tmp_path / "c.safetensors"

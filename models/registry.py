@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from models.base import InteractionModel
 
@@ -52,18 +53,32 @@ class NativeOptions:
 
     @classmethod
     def from_env(cls) -> NativeOptions:
-        """The built-in defaults, each overridden by its environment variable when set."""
+        """The built-in defaults, each overridden by its environment variable when set; a variable that
+        is not the number it stands for is a ValueError naming it."""
         env = os.environ
-        budget = env.get("DUPLEX_KV_BUDGET_MB")
-        onset = env.get("DUPLEX_NATIVE_ONSET")
         return cls(deterministic=env.get("DUPLEX_NATIVE_DETERMINISTIC", "1") != "0",
-                   threads=int(env.get("DUPLEX_TORCH_THREADS", "0") or 0),
+                   threads=_env_number("DUPLEX_TORCH_THREADS", int) or 0,
                    matmul=env.get("DUPLEX_NATIVE_MATMUL") or "fp32",
                    graphs=env.get("DUPLEX_NATIVE_GRAPHS") or None,
-                   graph_max_batch=int(env.get("DUPLEX_GRAPH_MAX_BATCH", "64") or 64),
-                   kv_budget_mb=float(budget) if budget else None,
+                   graph_max_batch=_env_number("DUPLEX_GRAPH_MAX_BATCH", int) or 64,
+                   kv_budget_mb=_env_number("DUPLEX_KV_BUDGET_MB", float),
                    voice=env.get("DUPLEX_NATIVE_VOICE") or "auto",
-                   onset=float(onset) if onset else None)
+                   onset=_env_number("DUPLEX_NATIVE_ONSET", float))
+
+
+Number = TypeVar("Number", int, float)
+
+
+def _env_number(name: str, kind: Callable[[str], Number]) -> Number | None:
+    """The number an environment variable holds; None when it is unset or empty."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"${name}={raw!r} is not {what}; set it to one or unset it") from None
 
 
 @dataclass

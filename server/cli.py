@@ -218,7 +218,10 @@ def _add_cluster_options(serve: argparse.ArgumentParser) -> None:
 
 def _add_native_options(serve: argparse.ArgumentParser) -> None:
     """The native model's serving options; each default is overridden by its environment variable."""
-    env = NativeOptions.from_env()
+    try:
+        env = NativeOptions.from_env()
+    except ValueError as exc:  # a DUPLEX_* variable that is not what it stands for: say which, no traceback
+        raise SystemExit(f"duplex: {exc}") from None
     native = serve.add_argument_group("native model", "how --model native:* is served (other models ignore these); "
                                       "the defaults shown include any DUPLEX_* environment overrides")
     native.add_argument("--native-deterministic", action=argparse.BooleanOptionalAction, default=env.deterministic,

@@ -8,7 +8,7 @@ from models.registry import NativeOptions
 from server.cli import build_parser, config_from_args
 
 ENV = ("DUPLEX_NATIVE_DETERMINISTIC", "DUPLEX_TORCH_THREADS", "DUPLEX_NATIVE_MATMUL", "DUPLEX_NATIVE_GRAPHS",
-       "DUPLEX_GRAPH_MAX_BATCH", "DUPLEX_KV_BUDGET_MB")
+       "DUPLEX_GRAPH_MAX_BATCH", "DUPLEX_KV_BUDGET_MB", "DUPLEX_NATIVE_VOICE", "DUPLEX_NATIVE_ONSET")
 
 
 def test_native_options_come_from_the_command_line_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -24,3 +24,18 @@ def test_native_options_come_from_the_command_line_over_the_environment(monkeypa
                                                           graph_max_batch=8, kv_budget_mb=64.0)
     with pytest.raises(SystemExit):  # argparse refuses a mode that does not exist
         build_parser().parse_args(["serve", "--native-matmul", "int4"])
+
+
+def test_an_environment_variable_that_is_not_a_number_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DUPLEX_NATIVE_ONSET", "0.55")
+    assert NativeOptions.from_env().onset == 0.55
+    bad_values = (("DUPLEX_NATIVE_ONSET", "half"), ("DUPLEX_KV_BUDGET_MB", "lots"), ("DUPLEX_TORCH_THREADS", "2.5"))
+    for name, bad in bad_values:
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=f"\\${name}='{bad}' is not"):
+            NativeOptions.from_env()
+        with pytest.raises(SystemExit, match=f"duplex: \\${name}="):
+            build_parser()  # the command line says which variable, without a traceback
+        monkeypatch.delenv(name)

@@ -144,7 +144,22 @@ _CLAUSES = [
 _CONNECTIVES = ["because", "and", "but", "so", "although", "when", "until", "since", "while", "and then",
                 "which means that", "so that"]
 HEADS += [f"{c} {k}" for c in _CLAUSES for k in _CONNECTIVES]
-STATEMENTS = [f"{c}." for c in _CLAUSES]
+# A clause stops short on more than a connective: a modal, an article, a preposition, a wh-word or an
+# auxiliary promises more just as well ("... and I could", "... because of the", "... I wonder
+# whether"). With connectives only, the last word of a pause unlike them ("could", "whether", "was")
+# was one the model had never read, and it took the floor. Each trail also ends a finished statement
+# below with a content word, so what the trail starts with is no cue, only where it ends.
+_TRAILS = ["and I could", "so we might", "because of the", "and my", "but I was", "and it is",
+           "so I wonder if", "and I am not sure whether", "and the best part was", "but I think that",
+           "and now I have to", "together with my", "and we should", "so I will", "and then the",
+           "but what I", "and I really want to", "which is why I", "and I was about to", "so the",
+           "and that is when", "because we can", "and I have been", "so I told them about",
+           "but it would", "and a", "for the", "and I did not know how", "and they", "since the"]
+_FINISHED = ["and I could not sleep", "so we might go later", "and my feet hurt", "but I was fine",
+             "and it is still raining", "so I will call tomorrow", "and I have been busy", "but it would cost too much",
+             "and then the lights went out", "and they were happy"]
+HEADS += [f"{c} {t}" for c in _CLAUSES for t in _TRAILS]
+STATEMENTS = [f"{c}." for c in _CLAUSES] + [f"{c} {e}." for c in _CLAUSES for e in _FINISHED]
 # User: a longer telling, sentence by sentence (the assistant backchannels at the breaks).
 STORY = [
     "My cousin bought an old sailing boat last month.",

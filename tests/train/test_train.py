@@ -57,6 +57,24 @@ def test_texts_disjoint_from_benchmark() -> None:
     assert len(train_texts.phrase_set()) >= 20
 
 
+def test_only_the_last_word_tells_a_pause_from_a_statement() -> None:
+    """A mid-sentence pause's head ends on a word that promises more; a finished statement never ends
+    on one of those words, while it does share their beginnings ("... and I could" / "... and I could
+    not sleep."), so the model has to read where the clause ends, not how it starts."""
+
+    def last(text: str) -> str:
+        return text.rstrip(".?!").split()[-1].lower()
+
+    open_words = {last(h) for h in train_texts.HEADS}
+    assert {"could", "whether", "the", "was", "because", "to"} <= open_words
+    finished = [s for s in train_texts.STATEMENTS if last(s) in open_words]
+    assert not finished, f"statements end on a word that leaves a clause open: {finished[:3]}"
+    heads = set(train_texts.HEADS)
+    continued = [s for s in train_texts.STATEMENTS
+                 if any(" ".join(s.split()[:n]) in heads for n in range(3, len(s.split())))]
+    assert len(continued) >= 24, "finished statements should go on from the heads' own words"
+
+
 def test_episodes_are_seeded_and_labelled(cache: Path) -> None:
     spk = Speaker()
     a, b = make_episode(11, 60, spk), make_episode(11, 60, spk)

@@ -18,9 +18,11 @@ from train.evaluate import confusion_table, evaluate
 from train.features import build_cache
 
 TICKS = 20  # 4 s of one held-out-style episode: enough for a few control classes, fast on the real model
-# Its first 4 s hold speak, silent and yield; not a data seed the shipped checkpoint trained on (1, 101)
-# nor its held-out seed (2), nor the issue-38 retrainings' (1, 5, 11, 15, 21, 25; held-out 2). A barge-in.
-SEED = 108
+# Its first 4 s hold speak, silent and yield (a barge-in; seeds draw the episode's scenes and voices, so
+# a change to how they are drawn moves it: 108 until a third of the users spoke in Piper's voice). Not a
+# data seed the shipped checkpoint trained on (1, 5, 11, 15, 21, 25, 41, 45, 47, 48, 51, 52) nor a
+# held-out one (2, 49).
+SEED = 122
 
 
 @pytest.fixture(scope="module")

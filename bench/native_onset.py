@@ -39,6 +39,7 @@ import numpy as np
 from bench.fdbench.layout import Sample, find_samples, interruption_span, turn_end
 from bench.fdbench.metrics import TURN_DURATION_S  # a take-over lasts this long (or has > 3 words)
 from models.interaction.onset import ONSET_KEY, ONSET_NOTE_KEY
+from models.registry import check_onset
 from streaming.types import TICK_SECONDS
 
 THRESHOLDS = (0.0, 0.5, 0.55, 0.6, 0.65, 0.7)  # 0 = greedy
@@ -201,11 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     a = ap.parse_args(argv)
     try:
-        thresholds = tuple(float(x) for x in a.thresholds.split(","))
+        thresholds = tuple(check_onset(float(x)) for x in a.thresholds.split(","))
     except ValueError:
-        raise SystemExit(f"--thresholds {a.thresholds!r}: comma-separated numbers, e.g. 0,0.5,0.6") from None
-    if any(not 0.0 <= t < 1.0 for t in thresholds):
-        raise SystemExit(f"--thresholds {a.thresholds!r}: each a probability in [0, 1); 0 = greedy")
+        raise SystemExit(f"--thresholds {a.thresholds!r}: comma-separated probabilities in [0, 1), e.g. 0,0.5,0.6; "
+                         "0 = greedy") from None
     rows = sweep(a.data, thresholds, a.checkpoint, max(1, a.jobs), a.limit)
     chosen = choose(rows, a.max_pause_rate)
     if a.write:

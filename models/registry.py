@@ -45,9 +45,8 @@ class NativeOptions:
             raise ValueError("--torch-threads must be 0 (every core) or more and --graph-max-batch at least 1")
         if self.voice not in VOICE_MODES:
             raise ValueError(f"--voice {self.voice!r} (DUPLEX_NATIVE_VOICE): use one of {', '.join(VOICE_MODES)}")
-        if self.onset is not None and not 0.0 <= self.onset < 1.0:
-            raise ValueError(f"--native-onset {self.onset} (DUPLEX_NATIVE_ONSET): a probability in [0, 1); "
-                             "0 = greedy decoding")
+        if self.onset is not None:
+            check_onset(self.onset)
         if self.kv_budget_mb is not None and self.kv_budget_mb <= 0:
             raise ValueError(f"--kv-budget-mb must be positive, got {self.kv_budget_mb}")
 
@@ -64,6 +63,14 @@ class NativeOptions:
                    kv_budget_mb=_env_number("DUPLEX_KV_BUDGET_MB", float),
                    voice=env.get("DUPLEX_NATIVE_VOICE") or "auto",
                    onset=_env_number("DUPLEX_NATIVE_ONSET", float))
+
+
+def check_onset(value: float) -> float:
+    """The p(speak) a speech onset needs (models/interaction/onset.py): a probability in [0, 1), 0 = greedy.
+    Here, torch-free, so that options are checked where they are parsed."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"--native-onset {value} (DUPLEX_NATIVE_ONSET): a probability in [0, 1); 0 = greedy")
+    return value
 
 
 Number = TypeVar("Number", int, float)

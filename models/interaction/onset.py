@@ -22,16 +22,11 @@ import torch
 from torch import Tensor
 
 from models.interaction.config import ACTIONS
+from models.registry import check_onset
 
 ONSET_KEY = "onset_threshold"  # checkpoint metadata: p(speak) an onset needs, "0.65"
 ONSET_NOTE_KEY = "onset_calibration"  # checkpoint metadata: how it was measured (set, figures)
 SPEAK = ACTIONS.index("speak")
-
-
-def check_onset(value: float) -> float:
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"--native-onset {value} (DUPLEX_NATIVE_ONSET): a probability in [0, 1); 0 = greedy")
-    return value
 
 
 def onset_from_metadata(meta: dict[str, str]) -> tuple[float, str]:

@@ -173,14 +173,41 @@ STORY = [
     "Next summer we want to sail to the island.",
     "I am already looking forward to it.",
 ]
-# User: barge-ins while the assistant talks.
+# User: barge-ins while the assistant talks, and the same redirects once it has stopped. Most carry a
+# question or a request after the "wait": the assistant yields, then answers what came after it.
 BARGE_INS = [
     "Sorry, one more thing.",
     "Wait, let me stop you there.",
     "Hold on a second please.",
     "No no, that is not what I meant.",
     "Excuse me, can I ask something else?",
+    "Wait, what did you say about the price?",
+    "Hold on, can you say the last bit again?",
+    "Sorry, can you make it shorter?",
+    "Just a second, where is that exactly?",
+    "Stop there, I need the simple version.",
+    "Hang on a moment, why is that?",
+    "Wait a minute, who told you that?",
+    "Sorry, but is that safe for children?",
+    "Hold on, what does that word mean?",
+    "Okay wait, how much would that cost?",
+    "One second, can you give me an example?",
+    "Excuse me, is there an easier way?",
+    "Sorry to cut in, what about at night?",
+    "Wait, go back to the first step please.",
+    "Actually, I would like to talk about my garden.",
+    "Hold on, that sounds too complicated.",
+    "Stop please, I changed my mind.",
+    "Wait, how often should I do that?",
+    "Sorry, which one did you mean?",
+    "Just a moment, can you slow down?",
+    "Hang on, what happens if it rains?",
+    "Actually no, tell me about the weekend instead.",
+    "Wait, is that the cheapest one?",
+    "Hold on, why would I need that?",
 ]
+# The assistant's holding phrases while the background reasoner looks something up (in the phrase set).
+HOLDS = ["Please give me one moment.", "Okay, let me think about it."]
 # User: backchannels while the assistant talks (the assistant keeps going).
 USER_BACKCHANNELS = ["Mm-hm.", "Yeah.", "Uh-huh.", "Right.", "Okay."]
 # Background talk not addressed to the assistant (another room, a radio): quieter.

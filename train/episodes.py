@@ -5,11 +5,12 @@ An episode is a chain of scenes on one timeline of exactly `ticks` micro-turns (
     qa          the user asks, yields; the assistant replies a moment later
     pause       an unfinished clause, 1.2-3 s of silence, its end; the assistant waits, then replies
     barge_in    the assistant gives a long answer; the user talks over it; it stops within a micro-turn
+                (a third of them: the "wait, ..." comes after a short reply ended; it answers)
     user_bc     the user says "mm-hm" while the assistant talks; it keeps talking
     overheard   quieter speech not addressed to the assistant (another voice); it keeps its course
     story       a long user turn; the assistant backchannels in the breaks, replies at the end
     typed       a typed message instead of speech; the assistant replies
-    delegate    a look-up request: delegate, wait for the background result, say it
+    delegate    a look-up request: delegate (mostly saying "one moment"), wait for the result, say it
     quiet       silence and noise only
 
 The assistant always speaks in Piper joe's voice (its target mel), placed on whole micro-turns
@@ -213,6 +214,15 @@ def scene_pause(b: _Builder) -> None:
 
 def scene_barge_in(b: _Builder) -> None:
     end = b.user_says(_question(b))
+    if b.rng.random() < 0.35:
+        # The redirect comes after a short reply has already ended (or after a question it left to the
+        # background): nothing to stop, and the words after the "wait" still want an answer. Without
+        # this, every "wait, ..." of training came while the assistant talked, and the same words into
+        # its silence (FD-bench's interruptions after a reply one phrase long) were answered by chance.
+        b.reply_after(end)
+        b.gap(0.6, 4.0)
+        b.reply_after(b.user_says(b.rng.choice(tx.BARGE_INS)))
+        return
     tick = b.onset_after(end)
     seg = b.assistant_says(tick, b.long_reply())
     if seg is None:
@@ -298,6 +308,12 @@ def scene_delegate(b: _Builder) -> None:
     result = tx.RESULTS[i]
     b.ep.background.append((arrive, result))
     done = arrive + -(-(len(result.encode()) + 1) // 8)  # 8 background bytes per micro-turn
+    if b.rng.random() < 0.7:
+        # Mostly it says it is looking (a talker's "one moment" while the thinker works): the user is
+        # not left in silence, and a request it hands off is still a turn it takes.
+        hold = b.assistant_says(tick + 1, b.rng.choice(tx.HOLDS))
+        if hold is not None:
+            done = max(done, hold.start + hold.ticks)
     b.reply_after(done * TICK_SAMPLES, f"{tx.FOUND} {result}")
 
 

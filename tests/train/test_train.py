@@ -115,6 +115,26 @@ def test_mid_sentence_pauses_are_recorded_silent_and_scored(tmp_path: Path) -> N
     assert 0.0 <= r["pause_taken_rate"] <= 1.0
 
 
+def test_a_redirect_into_silence_is_answered_and_a_hand_off_says_it_is_looking() -> None:
+    """A third of the barge-in scenes bring the "wait, ..." after a short reply has ended: nothing to stop,
+    a reply after it. Most delegations say a holding phrase, and the found answer comes after it ends.
+    Seeds 0 and 1 hold one of each (found by searching range(40), as the pause test's seed was)."""
+    spk = Speaker()
+    speak, delegate = ACTIONS.index("speak"), ACTIONS.index("delegate")
+    ep = make_episode(0, 100, spk)
+    (d,) = np.flatnonzero(ep.control == delegate).tolist()
+    hold = next(seg for seg in ep.assistant if seg.start == d + 1)
+    assert hold.text in train_texts.HOLDS and (ep.control[d + 1 : d + 1 + hold.ticks] == speak).all()
+    found = next(seg for seg in ep.assistant if seg.start > d + 1)
+    assert found.text.startswith(train_texts.FOUND) and found.start >= hold.start + hold.ticks + 2
+    ep = make_episode(1, 100, spk)
+    assert ep.scenes[0] == "barge_in", ep.scenes
+    first, last, text = next(u for u in ep.user_text if u[2] in train_texts.BARGE_INS)
+    assert not (ep.control[first : last + 1] == speak).any(), "the redirect came while the assistant talked"
+    assert any(seg.start + seg.ticks <= first for seg in ep.assistant), "no reply had ended before the redirect"
+    assert speak in ep.control[last + 2 : last + 4], f"no reply 0.2-0.6 s after {text!r}"
+
+
 def test_hold_weight_counts_the_quiet_after_the_user_stops(cache: Path) -> None:
     """LossWeights.hold multiplies exactly the control rows labelled silent in the hold_ticks after user
     speech: with a uniform model (every logit zero) the weighted control loss stays log(actions) whatever

@@ -50,9 +50,9 @@ def test_judge_names_crashes_and_violations() -> None:
 
 
 def test_short_fuzz_run_finds_no_fault() -> None:
-    # 1,200 cases (~12 s here) keep the suite under its 10 minutes; `python -m bench.fuzz` runs the long ones.
-    report = fuzz.run_fuzz(1200, seed_=1, share=fuzz.parse_share(fuzz.DEFAULT_SHARE), quiet=True)
-    assert report["cases_run"] >= 550, report["targets"]
+    # 800 cases (~8 s here) keep the suite under its 12 minutes; `python -m bench.fuzz` runs the long ones.
+    report = fuzz.run_fuzz(800, seed_=1, share=fuzz.parse_share(fuzz.DEFAULT_SHARE), quiet=True)
+    assert report["cases_run"] >= 360, report["targets"]
     assert set(report["targets"]) == {"ws", "dc", "http", "ws_conn"}
     failures = "\n".join(f"{f['count']} x {f['target']}:{f['kind']}:{f['signature']}\n  minimal: "
                          f"{f['minimal_case'][:400]}\n  server: {f['outcome']}" for f in report["failures"])

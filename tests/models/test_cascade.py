@@ -226,7 +226,8 @@ def test_typed_text_is_a_question_and_cancel_stops_the_answer(model: CascadeMode
 
 
 def test_say_mode_speaks_typed_text(model: CascadeModel) -> None:
-    m = CascadeModel(parse_options("typed_text=say,ack=false"))
+    # asr=sphinx: typed text needs no ears, and loading Whisper for it cost this test ~5 s.
+    m = CascadeModel(parse_options("typed_text=say,ack=false,asr=sphinx"))
     try:
         c = Conversation(m)
         c.step(silence(TICK), text=("Hello from the cascade.",))

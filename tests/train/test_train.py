@@ -39,6 +39,13 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["DUPLEX_TTS_DETERMINISTIC"] = old
 
 
+@pytest.fixture(scope="module")
+def spk() -> Speaker:
+    """One TTS cache for the module: its tests build episodes of the same seeds (0, 1, ...), whose phrases
+    would otherwise be synthesised again in each."""
+    return Speaker()
+
+
 def client(**kw: object) -> TrainingClient:
     return TrainingClient("tiny", config=small_cfg(), precision="fp32", seed=3, **kw)  # type: ignore[arg-type]
 
@@ -75,8 +82,7 @@ def test_only_the_last_word_tells_a_pause_from_a_statement() -> None:
     assert len(continued) >= 24, "finished statements should go on from the heads' own words"
 
 
-def test_episodes_are_seeded_and_labelled(cache: Path) -> None:
-    spk = Speaker()
+def test_episodes_are_seeded_and_labelled(cache: Path, spk: Speaker) -> None:
     a, b = make_episode(11, 60, spk), make_episode(11, 60, spk)
     assert np.array_equal(a.user, b.user) and a.scenes == b.scenes
     assert not np.array_equal(a.user, make_episode(12, 60, spk).user)
@@ -89,12 +95,11 @@ def test_episodes_are_seeded_and_labelled(cache: Path) -> None:
     assert mask.any() and data.arrays["mel"][mask].mean() > data.arrays["mel"][~mask].mean() + 1.0
 
 
-def test_mid_sentence_pauses_are_recorded_silent_and_scored(tmp_path: Path) -> None:
+def test_mid_sentence_pauses_are_recorded_silent_and_scored(tmp_path: Path, spk: Speaker) -> None:
     """A pause scene records its pause: every micro-turn of it is labelled silent with the user quiet, and
     train.evaluate counts a model that speaks in it as taking the floor there."""
     from train.evaluate import evaluate as heldout_eval
 
-    spk = Speaker()
     # The first seeds with a pause scene, found once by searching range(40) (episodes are seeded:
     # test_episodes_are_seeded_and_labelled): the search synthesised the speech of 10 episodes without
     # one, ~4 s a run. If the episodes change, search again: next(s for s in range(40) if make_episode(...).pauses).
@@ -115,11 +120,10 @@ def test_mid_sentence_pauses_are_recorded_silent_and_scored(tmp_path: Path) -> N
     assert 0.0 <= r["pause_taken_rate"] <= 1.0
 
 
-def test_a_redirect_into_silence_is_answered_and_a_hand_off_says_it_is_looking() -> None:
+def test_a_redirect_into_silence_is_answered_and_a_hand_off_says_it_is_looking(spk: Speaker) -> None:
     """A third of the barge-in scenes bring the "wait, ..." after a short reply has ended: nothing to stop,
     a reply after it. Most delegations say a holding phrase, and the found answer comes after it ends.
     Seeds 0 and 1 hold one of each (found by searching range(40), as the pause test's seed was)."""
-    spk = Speaker()
     speak, delegate = ACTIONS.index("speak"), ACTIONS.index("delegate")
     ep = make_episode(0, 100, spk)
     (d,) = np.flatnonzero(ep.control == delegate).tolist()
@@ -298,10 +302,9 @@ def test_rl_step_rolls_out_through_the_server_step(tmp_path: Path) -> None:
     assert timing_reward(torch.tensor([0, 1, 3]), torch.tensor([0, 0, 3])).tolist() == [1.0, -1.0, 2.0]
 
 
-def test_some_episodes_have_digital_silence_on_the_mic() -> None:
+def test_some_episodes_have_digital_silence_on_the_mic(spk: Speaker) -> None:
     """Exact zeros (a muted or file-fed mic) must be in the data: the first shipped checkpoint never saw
     them and spoke into them. Seeds 0-7 draw the noise level from a fixed set that includes 0.0."""
-    spk = Speaker()
     zero_turns = []
     for seed in range(8):
         user = make_episode(seed, 30, spk).user.reshape(30, -1)

@@ -206,8 +206,11 @@ BARGE_INS = [
     "Wait, is that the cheapest one?",
     "Hold on, why would I need that?",
 ]
-# The assistant's holding phrases while the background reasoner looks something up (in the phrase set).
+# The assistant's holding phrases while the background reasoner looks something up. They are replies of
+# the phrase set (the talker speaks nothing else), so an edit of TRAINED_REPLIES must not strand them.
 HOLDS = ["Please give me one moment.", "Okay, let me think about it."]
+if not set(HOLDS) <= set(REPLIES):
+    raise ValueError(f"holding phrases {sorted(set(HOLDS) - set(REPLIES))} are not in TRAINED_REPLIES")
 # User: backchannels while the assistant talks (the assistant keeps going).
 USER_BACKCHANNELS = ["Mm-hm.", "Yeah.", "Uh-huh.", "Right.", "Okay."]
 # Background talk not addressed to the assistant (another room, a radio): quieter.

@@ -2,7 +2,7 @@
 
 An episode is a chain of scenes on one timeline of exactly `ticks` micro-turns (200 ms each):
 
-    qa          the user asks, yields; the assistant replies a moment later
+    qa          the user asks, yields; the assistant replies a moment later (mostly two or three phrases)
     pause       an unfinished clause, 1.2-3 s of silence, its end; the assistant waits, then replies
     barge_in    the assistant gives a long answer; the user talks over it; it stops within a micro-turn
                 (a third of them: the "wait, ..." comes after a short reply ended; it answers)
@@ -201,8 +201,15 @@ def _question(b: _Builder) -> str:
 def scene_qa(b: _Builder) -> None:
     # Now and then a finished statement instead of a question: the same clauses end the pause scene's
     # unfinished heads, so only their last words tell the two apart.
-    text = b.rng.choice(tx.STATEMENTS) if b.rng.random() < 0.3 else _question(b)
-    b.reply_after(b.user_says(text))
+    if b.rng.random() < 0.3:
+        b.reply_after(b.user_says(b.rng.choice(tx.STATEMENTS)))
+        return
+    end = b.user_says(_question(b))
+    # Most questions get an answer of two or three phrases, as a person's would: with one phrase the
+    # reply ended before anything could overlap it, so the model never practised talking through a
+    # listener's "mm-hm" or stopping for a "wait" in the conversations it was served (FD-bench v1.5's
+    # overlaps come 2-3 s after the question; one phrase is over by then).
+    b.reply_after(end, b.long_reply() if b.rng.random() < 0.6 else None)
 
 
 def scene_pause(b: _Builder) -> None:
@@ -329,7 +336,7 @@ SCENES = {
     "overheard": (scene_overheard, 2),
     "story": (scene_story, 2),
     "typed": (scene_typed, 1),
-    "delegate": (scene_delegate, 2),
+    "delegate": (scene_delegate, 3),
     "quiet": (scene_quiet, 1),
 }
 

@@ -18,7 +18,7 @@ from train import _texts as train_texts
 from train.cli import evaluate
 from train.client import AdamParams, TrainingClient
 from train.data import EpisodeData
-from train.episodes import Speaker, make_episode
+from train.episodes import Speaker, _Builder, make_episode, scene_qa
 from train.features import build_cache
 from train.lora import LoRALin, apply_lora, merge_lora
 from train.losses import Batch, LossWeights, sft_loss
@@ -137,6 +137,22 @@ def test_a_redirect_into_silence_is_answered_and_a_hand_off_says_it_is_looking(s
     assert not (ep.control[first : last + 1] == speak).any(), "the redirect came while the assistant talked"
     assert any(seg.start + seg.ticks <= first for seg in ep.assistant), "no reply had ended before the redirect"
     assert speak in ep.control[last + 2 : last + 4], f"no reply 0.2-0.6 s after {text!r}"
+
+
+def test_most_questions_get_an_answer_of_several_phrases(spk: Speaker) -> None:
+    """A question's answer is mostly two or three phrases, so the model is still talking when a listener's
+    "mm-hm" or a "wait" comes (FD-bench v1.5's overlaps come 2-3 s after the question); a statement's
+    is one. Scene by scene from seeded builders; every phrase is one of the set the talker can speak."""
+    lengths = []
+    for seed in range(6):
+        b = _Builder(seed, 100, spk)
+        scene_qa(b)
+        (asked,), (reply,) = b.ep.user_text, b.ep.assistant
+        said = [p for p in train_texts.REPLIES if p in reply.text]
+        assert sum(map(len, said)) + len(said) - 1 == len(reply.text), f"not phrases of the set: {reply.text!r}"
+        lengths.append((asked[2] in train_texts.STATEMENTS, len(said)))
+    assert all(n == 1 for statement, n in lengths if statement), lengths
+    assert any(n >= 2 for _, n in lengths) and any(n == 1 for statement, n in lengths if not statement), lengths
 
 
 def test_hold_weight_counts_the_quiet_after_the_user_stops(cache: Path) -> None:

@@ -33,6 +33,7 @@ class NativeOptions:
     kv_budget_mb: float | None = None  # KV pool size; None = 512 MiB on a CPU, 85% of free GPU memory
     voice: str = "auto"  # flow = the model's own flow head; piper = its text spoken by Piper; auto = per metadata
     onset: float | None = None  # p(speak) a speech onset needs (models/interaction/onset.py); None = per metadata
+    delegate: float | None = None  # p(delegate) a hand-off needs (the same module); None = per metadata
 
     def __post_init__(self) -> None:
         if self.matmul not in MATMUL_MODES:
@@ -47,6 +48,8 @@ class NativeOptions:
             raise ValueError(f"--voice {self.voice!r} (DUPLEX_NATIVE_VOICE): use one of {', '.join(VOICE_MODES)}")
         if self.onset is not None:
             check_onset(self.onset)
+        if self.delegate is not None:
+            check_delegate(self.delegate)
         if self.kv_budget_mb is not None and self.kv_budget_mb <= 0:
             raise ValueError(f"--kv-budget-mb must be positive, got {self.kv_budget_mb}")
 
@@ -62,7 +65,8 @@ class NativeOptions:
                    graph_max_batch=_env_number("DUPLEX_GRAPH_MAX_BATCH", int) or 64,
                    kv_budget_mb=_env_number("DUPLEX_KV_BUDGET_MB", float),
                    voice=env.get("DUPLEX_NATIVE_VOICE") or "auto",
-                   onset=_env_number("DUPLEX_NATIVE_ONSET", float))
+                   onset=_env_number("DUPLEX_NATIVE_ONSET", float),
+                   delegate=_env_number("DUPLEX_NATIVE_DELEGATE", float))
 
 
 def check_onset(value: float) -> float:
@@ -70,6 +74,14 @@ def check_onset(value: float) -> float:
     Here, torch-free, so that options are checked where they are parsed."""
     if not 0.0 <= value < 1.0:
         raise ValueError(f"--native-onset {value} (DUPLEX_NATIVE_ONSET): a probability in [0, 1); 0 = greedy")
+    return value
+
+
+def check_delegate(value: float) -> float:
+    """The p(delegate) a hand-off needs (models/interaction/onset.py): a probability in [0, 1), 0 = argmax."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"--native-delegate {value} (DUPLEX_NATIVE_DELEGATE): a probability in [0, 1); "
+                         "0 = the argmax")
     return value
 
 

@@ -250,13 +250,18 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
                         help="p(speak) the native model needs to start speaking (it goes on greedily once it "
                         "speaks); default: the threshold calibrated into the checkpoint's metadata "
                         "(bench.native_onset), else 0 = greedy [$DUPLEX_NATIVE_ONSET]")
+    native.add_argument("--native-delegate", type=float, default=env.delegate, metavar="P",
+                        help="p(delegate) at which the native model, not speaking, hands the request to the "
+                        "background reasoner (a rare decision seldom the argmax); default: the threshold "
+                        "calibrated into the checkpoint's metadata (train.evaluate), else 0 = the argmax "
+                        "[$DUPLEX_NATIVE_DELEGATE]")
 
 
 def native_options(args: argparse.Namespace) -> NativeOptions:
     return NativeOptions(deterministic=args.native_deterministic, threads=args.torch_threads,
                          matmul=args.native_matmul, graphs=None if args.native_graphs == "auto" else args.native_graphs,
                          graph_max_batch=args.graph_max_batch, kv_budget_mb=args.kv_budget_mb, voice=args.voice,
-                         onset=args.native_onset)
+                         onset=args.native_onset, delegate=args.native_delegate)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

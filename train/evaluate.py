@@ -43,7 +43,7 @@ from models.interaction.checkpoint import build, checkpoint_metadata
 from models.interaction.config import ACTIONS, NO_BYTE
 from models.interaction.flow import turn_noise
 from models.interaction.model import InteractionTransformer
-from models.interaction.onset import choose_onset, decide
+from models.interaction.onset import choose_delegate, choose_onset, decide
 from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES, PhraseSet, PhraseWriter
 from models.speech.asr import transcribe_words
 from train.data import EpisodeData
@@ -74,6 +74,23 @@ def _vocode(gl: vocoder.GriffinLim, mel: torch.Tensor) -> np.ndarray:
 
 
 DELEGATE_SLACK = 2  # micro-turns either side of a labelled delegation in which taking it counts
+DELEGATE_CURVE = (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)  # p(delegate) thresholds the curve reports
+
+
+def _hand_offs(pred: np.ndarray, lab: np.ndarray) -> tuple[int, int, int]:
+    """(labelled delegations taken within DELEGATE_SLACK micro-turns, labelled, runs taken far from any).
+    A delegation is one event (the server sends the first micro-turn of a run of them): taken near its
+    label counts, however many micro-turns the run lasts; a run far from any label is spurious."""
+    d = ACTIONS.index("delegate")
+    near = np.zeros(len(lab), dtype=bool)
+    caught = labelled = 0
+    for t in np.flatnonzero(lab == d):
+        window = slice(max(0, t - DELEGATE_SLACK), t + DELEGATE_SLACK + 1)
+        near[window] = True
+        caught += int(np.any(pred[window] == d))
+        labelled += 1
+    starts = (pred == d) & np.concatenate([[True], pred[:-1] != d])
+    return caught, labelled, int(np.sum(starts & ~near))
 
 
 def _said(writer: PhraseWriter, text: torch.Tensor, background: torch.Tensor, start: int, ticks: int) -> bytes:
@@ -91,14 +108,19 @@ def _said(writer: PhraseWriter, text: torch.Tensor, background: torch.Tensor, st
 
 @torch.no_grad()
 def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voice: bool = True,
-             phrases: PhraseSet | None = None, onset_threshold: float = 0.0) -> dict[str, Any]:
-    """`onset_threshold`: the p(speak) an onset needs, as served (models/interaction/onset.py; 0 = greedy).
+             phrases: PhraseSet | None = None, onset_threshold: float = 0.0,
+             delegate_threshold: float = 0.0) -> dict[str, Any]:
+    """`onset_threshold`: the p(speak) an onset needs, as served (models/interaction/onset.py; 0 = greedy);
+    `delegate_threshold`: the p(delegate) a hand-off needs (the same module; 0 = the argmax). Beside the
+    decisions at those thresholds, `delegate_curve` gives the hand-offs at each of DELEGATE_CURVE: the
+    calibration of `--native-delegate` (look-ups caught against hand-offs elsewhere, per minute).
     Teacher-forced, the model heard itself speaking on a row exactly when the label before it is speech."""
     net.eval()
     phrases = phrases or PhraseSet(TRAINED_REPLIES, TRAINED_ANSWER_LEAD)
     said = {"reply": [0, 0], "answer": [0, 0]}  # [the label's words exactly, utterances]
     whole = 0  # replies that are one whole phrase of the set
     delegations = [0, 0, 0]  # [labelled ones it took within DELEGATE_SLACK micro-turns, labelled, taken elsewhere]
+    curve = np.zeros((len(DELEGATE_CURVE), 3), dtype=np.int64)  # the same, at each threshold of the curve
     na = len(ACTIONS)
     conf = np.zeros((na, na), dtype=np.int64)
     onsets = [0, 0]  # [taken on the labelled micro-turn, labelled onsets]
@@ -116,8 +138,11 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
         lab = b.control.numpy()
         speak, silent = ACTIONS.index("speak"), ACTIONS.index("silent")
         was_quiet = np.concatenate([[True], lab[:-1] != speak])  # the row before is not (labelled) speech
-        pred = decide(out.control[:, :na].float().softmax(-1), torch.from_numpy(~was_quiet), onset_threshold)
+        probs = out.control[:, :na].float().softmax(-1)
+        pred = decide(probs, torch.from_numpy(~was_quiet), onset_threshold, delegate_threshold)
         pr = pred.numpy()
+        for i, tau in enumerate(DELEGATE_CURVE):
+            curve[i] += _hand_offs(decide(probs, torch.from_numpy(~was_quiet), onset_threshold, tau).numpy(), lab)
         np.add.at(conf, (lab, pr), 1)
         onset = (lab == speak) & was_quiet
         onsets[0] += int(np.sum(onset & (pr == speak)))
@@ -138,16 +163,7 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
             if run.size and not (run[-1] + 1 < len(lab) and lab[run[-1] + 1] == ACTIONS.index("yield")):
                 overlaps[0] += int(np.all(pr[run] == speak))
                 overlaps[1] += 1
-        # A delegation is one event (the server sends the first micro-turn of a run of them): taken
-        # near its label counts, however many micro-turns the run lasts; a run far from any label is spurious.
-        d = ACTIONS.index("delegate")
-        near = np.zeros(len(lab), dtype=bool)
-        for t in np.flatnonzero(lab == d):
-            near[max(0, t - DELEGATE_SLACK) : t + DELEGATE_SLACK + 1] = True
-            delegations[0] += int(np.any(pr[max(0, t - DELEGATE_SLACK) : t + DELEGATE_SLACK + 1] == d))
-            delegations[1] += 1
-        starts_d = (pr == d) & np.concatenate([[True], pr[:-1] != d])
-        delegations[2] += int(np.sum(starts_d & ~near))
+        delegations = [x + y for x, y in zip(delegations, _hand_offs(pr, lab), strict=True)]
         for seg in meta[e]["assistant"]:
             if seg["kind"] != ACTIONS.index("speak") or not bool(np.all(lab[seg["start"] : seg["start"] + seg["turns"]]
                                                                      == speak)):
@@ -196,6 +212,11 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
     }
     result["delegations"] = f"{delegations[0]}/{delegations[1]} within {DELEGATE_SLACK} micro-turns"
     result["spurious_delegations"] = delegations[2]
+    minutes = conf.sum() * 0.2 / 60  # micro-turns of 200 ms
+    result["delegate_curve"] = [
+        {"threshold": tau, "caught": f"{c}/{n}", "elsewhere_per_minute": round(float(x / max(minutes, 1e-9)), 2)}
+        for tau, (c, n, x) in zip(DELEGATE_CURVE, curve.tolist(), strict=True)
+    ]
     result["answers_exact"] = f"{said['answer'][0]}/{said['answer'][1]}"
     result["replies_whole_phrase"] = f"{whole}/{said['reply'][1]}"
     result["replies_label_phrase"] = f"{said['reply'][0]}/{said['reply'][1]} (chance {1 / len(phrases.replies):.3f})"
@@ -264,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--onset", type=float, default=None, metavar="P",
                     help="p(speak) an onset needs, as `duplex serve --native-onset` (default: the checkpoint's "
                     "calibrated threshold, else 0 = greedy)")
+    ap.add_argument("--delegate", type=float, default=None, metavar="P",
+                    help="p(delegate) a hand-off needs, as `duplex serve --native-delegate` (default: the "
+                    "checkpoint's calibrated threshold, else 0 = the argmax); delegate_curve shows the others")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table and key: value lines")
     a = ap.parse_args(argv)
     if a.build:
@@ -272,9 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     data = EpisodeData(Path(a.heldout), net.cfg)
     meta = checkpoint_metadata(a.preset, a.checkpoint)
     threshold = choose_onset(a.onset, meta)[0]
+    hand_off = choose_delegate(a.delegate, meta)[0]
     r = evaluate(net, data, a.episodes, voice=not a.no_voice, phrases=PhraseSet.from_metadata(meta),
-                 onset_threshold=threshold)
+                 onset_threshold=threshold, delegate_threshold=hand_off)
     r["onset_threshold"] = threshold
+    r["delegate_threshold"] = hand_off
     if a.json:
         print(json.dumps(r))
         return 0

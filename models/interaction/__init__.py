@@ -3,8 +3,8 @@
 `load_native("tiny", options=...)` is what `duplex serve --model native:tiny [--checkpoint FILE]` calls;
 its serving options (`NativeOptions`, models/registry.py) are `duplex serve` options, whose defaults
 the environment variables DUPLEX_KV_BUDGET_MB, DUPLEX_NATIVE_DETERMINISTIC, DUPLEX_TORCH_THREADS,
-DUPLEX_NATIVE_MATMUL, DUPLEX_NATIVE_GRAPHS, DUPLEX_GRAPH_MAX_BATCH, DUPLEX_NATIVE_VOICE and DUPLEX_NATIVE_ONSET
-override.
+DUPLEX_NATIVE_MATMUL, DUPLEX_NATIVE_GRAPHS, DUPLEX_GRAPH_MAX_BATCH, DUPLEX_NATIVE_VOICE, DUPLEX_NATIVE_ONSET
+and DUPLEX_NATIVE_DELEGATE override.
 """
 
 import contextlib
@@ -18,7 +18,7 @@ from models.interaction.config import PRESETS, InteractionConfig, preset
 from models.interaction.kv import KVPool, PoolFullError
 from models.interaction.listener import Listener
 from models.interaction.model import InteractionTransformer, TurnFeatures, init_weights
-from models.interaction.onset import choose_onset
+from models.interaction.onset import choose_delegate, choose_onset
 from models.interaction.phrases import PhraseSet
 from models.interaction.serving import NativeModel, NativeSession, StepObserver
 from models.interaction.voice import choose_voice
@@ -101,6 +101,7 @@ def load_native(
     phrases = PhraseSet.from_metadata(meta)
     voice, why = choose_voice(opts.voice, meta)
     threshold, why_onset = choose_onset(opts.onset, meta)
+    hand_off, why_delegate = choose_delegate(opts.delegate, meta)
     log.info("native:%s speaks with %s (%s); its text is %s", preset_name,
              "its flow head" if voice == "flow" else "Piper (the talker)", why,
              f"decoded within its {len(phrases.replies)} trained phrases" if phrases else "decoded freely")
@@ -115,8 +116,10 @@ def load_native(
                  preset_name, net.cfg.heard_tokens)
     model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic, matmul=opts.matmul,
                         graphs=opts.graphs, graph_max_batch=opts.graph_max_batch, phrases=phrases, talker=talker,
-                        listener=listener, onset_threshold=threshold)
+                        listener=listener, onset_threshold=threshold, delegate_threshold=hand_off)
     log.info("native:%s takes the floor at p(speak) >= %.2f (%s)", preset_name, threshold, why_onset)
+    if hand_off > 0:
+        log.info("native:%s hands off at p(delegate) >= %.2f (%s)", preset_name, hand_off, why_delegate)
     log.info(
         "native:%s: %.1f M parameters on %s, %d KV slots of %.1f MiB, deterministic=%s",
         preset_name,

@@ -1,4 +1,4 @@
-"""Taking the floor: the control head's decision, except that starting to speak needs confidence.
+"""Taking the floor and handing off: the control head's decision, with two calibrated thresholds.
 
 Every micro-turn the control head scores the five actions. Greedy decoding (argmax) takes the floor as
 soon as `speak` outscores the rest, which with five classes can be at p(speak) 0.4: in a mid-sentence
@@ -12,6 +12,15 @@ The threshold is a property of a checkpoint (how its probabilities are calibrate
 on a tuning set (`bench.native_onset`) and, where it serves better than greedy decoding, recorded in
 the checkpoint's metadata under `ONSET_KEY` (`--write`); `--native-onset` overrides it, and 0 is plain
 greedy decoding (the default of a checkpoint that records none, the shipped one included: README).
+
+Handing a request to the background reasoner is the opposite case: `delegate` is one micro-turn per
+look-up in training (a rare class, weighted up in the loss and still seldom the argmax: at a held-out
+look-up's end p(delegate) peaks at 0.1-0.4 while p(speak) wins, its holding phrase being next). So
+where `delegate` > 0, a micro-turn that is not speaking hands off once p(delegate) >= `delegate`,
+whatever else scores higher: the usual decision rule for a rare class (a threshold on its own
+probability, not the argmax). It is calibrated like the onset threshold, on held-out episodes
+(`train.evaluate` prints the curve: look-ups caught against hand-offs elsewhere), recorded under
+`DELEGATE_KEY`, overridden by `--native-delegate`; 0 is the argmax.
 """
 
 from __future__ import annotations
@@ -22,11 +31,12 @@ import torch
 from torch import Tensor
 
 from models.interaction.config import ACTIONS
-from models.registry import check_onset
+from models.registry import check_delegate, check_onset
 
 ONSET_KEY = "onset_threshold"  # checkpoint metadata: p(speak) an onset needs, "0.65"
 ONSET_NOTE_KEY = "onset_calibration"  # checkpoint metadata: how it was measured (set, figures)
-SPEAK = ACTIONS.index("speak")
+DELEGATE_KEY = "delegate_threshold"  # checkpoint metadata: p(delegate) a hand-off needs, "0.2"
+SPEAK, DELEGATE = ACTIONS.index("speak"), ACTIONS.index("delegate")
 
 
 def onset_from_metadata(meta: dict[str, str]) -> tuple[float, str]:
@@ -49,15 +59,39 @@ def choose_onset(requested: float | None, meta: dict[str, str]) -> tuple[float, 
     return onset_from_metadata(meta)
 
 
-def decide(probs: Tensor, speaking: Sequence[bool] | Tensor, onset: float) -> Tensor:
+def delegate_from_metadata(meta: dict[str, str]) -> tuple[float, str]:
+    """(threshold, why) for handing off recorded in a checkpoint's metadata; 0 (the argmax) where none."""
+    raw = meta.get(DELEGATE_KEY)
+    if raw is None:
+        return 0.0, "argmax: the checkpoint records no calibrated delegate threshold"
+    try:
+        return check_delegate(float(raw)), f"the checkpoint's calibrated delegate threshold {float(raw):.2f}"
+    except ValueError:
+        raise ValueError(f"the checkpoint's metadata {DELEGATE_KEY}={raw!r} is not a probability in [0, 1); "
+                         "calibrate it with train.evaluate, or pass --native-delegate") from None
+
+
+def choose_delegate(requested: float | None, meta: dict[str, str]) -> tuple[float, str]:
+    """(threshold, why): `requested` (`--native-delegate`, `train.evaluate --delegate`) where given, else the
+    checkpoint's metadata (0 = the argmax where it records none)."""
+    if requested is not None:
+        return check_delegate(requested), "--native-delegate"
+    return delegate_from_metadata(meta)
+
+
+def decide(probs: Tensor, speaking: Sequence[bool] | Tensor, onset: float, delegate: float = 0.0) -> Tensor:
     """Actions [B] from action probabilities [B, len(ACTIONS)]; `speaking[b]`: row b spoke last micro-turn."""
     best = probs.argmax(-1)
-    if onset <= 0.0:
+    if onset <= 0.0 and delegate <= 0.0:
         return best
     was = torch.as_tensor(speaking, dtype=torch.bool, device=probs.device)
-    unsure = (best == SPEAK) & ~was & (probs[:, SPEAK] < onset)
-    if not bool(unsure.any()):
-        return best
-    other = probs.clone()
-    other[:, SPEAK] = -1.0
-    return torch.where(unsure, other.argmax(-1), best)
+    if onset > 0.0:
+        unsure = (best == SPEAK) & ~was & (probs[:, SPEAK] < onset)
+        if bool(unsure.any()):
+            other = probs.clone()
+            other[:, SPEAK] = -1.0
+            best = torch.where(unsure, other.argmax(-1), best)
+    if delegate > 0.0:
+        # Not while speaking: every hand-off of training starts from silence (its holding phrase follows).
+        best = torch.where(~was & (probs[:, DELEGATE] >= delegate), torch.full_like(best, DELEGATE), best)
+    return best

@@ -118,16 +118,19 @@ class NativeModel:
         talker: "PiperTalker | None" = None,
         listener: "Listener | None" = None,
         onset_threshold: float = 0.0,
+        delegate_threshold: float = 0.0,
     ) -> None:
         """`matmul`, `graphs`, `graph_max_batch`: see `NativeOptions` (models/registry.py). `phrases`: what
         the checkpoint was trained to say (its text is decoded within it); `talker`: Piper speaks instead
         of the flow head (`--voice`); `listener`: the recognisers of a checkpoint with the heard-words channel
         (listener.py), which it must have exactly when the checkpoint reads heard words; `onset_threshold`:
-        the p(speak) a speech onset needs (onset.py; 0 = greedy)."""
+        the p(speak) a speech onset needs (onset.py; 0 = greedy); `delegate_threshold`: the p(delegate) at
+        which it hands off while not speaking (onset.py; 0 = the argmax)."""
         if bool(net.cfg.heard_tokens) != (listener is not None):
             raise ValueError("a listener goes with a checkpoint that reads heard words (heard_tokens > 0), only then")
         self.phrases, self.talker, self.listener = phrases, talker, listener
         self.onset = onset.check_onset(onset_threshold)
+        self.delegate = onset.check_delegate(delegate_threshold)
         self.voice = "flow" if talker is None else "piper"
         self.net = net.eval()
         self.cfg = net.cfg
@@ -326,7 +329,7 @@ class NativeModel:
         # 2. decisions (greedy) and audio for every row
         control = heads.control.float()
         probs = control[:, : len(ACTIONS)].softmax(-1)
-        actions = onset.decide(probs, [s.speaking for s in states], self.onset).tolist()
+        actions = onset.decide(probs, [s.speaking for s in states], self.onset, self.delegate).tolist()
         voice = (control[:, len(ACTIONS)] > 0).tolist()
         text_ids = heads.text.argmax(-1).tolist()
         transcript_ids = heads.transcript.argmax(-1).tolist()

@@ -15,7 +15,14 @@ from models.interaction import InteractionTransformer, NativeModel, save_checkpo
 from models.interaction.checkpoint import checkpoint_metadata, update_metadata
 from models.interaction.config import ACTIONS
 from models.interaction.layers import Lin
-from models.interaction.onset import ONSET_KEY, choose_onset, decide, onset_from_metadata
+from models.interaction.onset import (
+    DELEGATE_KEY,
+    ONSET_KEY,
+    choose_delegate,
+    choose_onset,
+    decide,
+    onset_from_metadata,
+)
 from models.registry import NativeOptions
 from tests.models.test_interaction_core import one_thread, small_net  # noqa: F401 - fixture
 
@@ -92,6 +99,37 @@ def test_served_steps_hold_an_unsure_onset_back_and_never_cut_speech() -> None:
         assert st.speaking, "once speaking, p(speak) 0.5 (still the argmax) goes on"
     model.close(st)
     greedy.close(gst)
+
+
+def test_a_hand_off_needs_its_own_threshold_not_the_argmax() -> None:
+    """p(delegate) >= the threshold hands off from silence whatever scores higher; never while speaking;
+    the threshold comes from --native-delegate, else the checkpoint's metadata, else 0 (the argmax)."""
+    probs = torch.tensor([
+        [0.60, 0.15, 0.00, 0.00, 0.25],  # a look-up's end as the tiny model scores it: speak wins the argmax
+        [0.60, 0.15, 0.00, 0.00, 0.25],  # the same while speaking: it goes on
+        [0.10, 0.80, 0.00, 0.00, 0.10],  # below the threshold: silent
+        [0.45, 0.30, 0.00, 0.00, 0.25],  # an unsure onset held back, and a hand-off instead
+    ])
+    speaking = [False, True, False, False]
+    assert decide(probs, speaking, 0.0, 0.2).tolist() == [DELEGATE, SPEAK, SILENT, DELEGATE]
+    assert decide(probs, speaking, 0.6, 0.0).tolist() == [SPEAK, SPEAK, SILENT, SILENT], "0: the argmax"
+    assert decide(probs, speaking, 0.6, 0.3).tolist() == [SPEAK, SPEAK, SILENT, SILENT]
+    assert choose_delegate(None, {})[0] == 0.0 and choose_delegate(None, {DELEGATE_KEY: "0.2"})[0] == 0.2
+    assert choose_delegate(0.0, {DELEGATE_KEY: "0.2"}) == (0.0, "--native-delegate"), "given beats recorded"
+    with pytest.raises(ValueError, match="--native-delegate"):
+        NativeOptions(delegate=1.0)
+    with pytest.raises(ValueError, match=r"train\.evaluate"):
+        choose_delegate(None, {DELEGATE_KEY: "2"})
+    # Served: one "delegate" event with the typed request as its query, then no second one while it lasts.
+    net = small_net(seed=6)
+    model = NativeModel(net, "native:test", 2, torch.device("cpu"), deterministic=True, delegate_threshold=0.2)
+    st = model.open("d")
+    _set_probs(net, [0.6, 0.15, 0.0001, 0.0001, 0.2498])
+    outs = model.step([(st, TickInput(SILENCE, 4800, text=["when does the pool close?"]))])
+    outs += model.step([(st, TickInput(SILENCE, 4800))])
+    assert [e.data for o in outs for e in o.events if e.type == "delegate"] == [{"query": "when does the pool close?"}]
+    assert not st.speaking
+    model.close(st)
 
 
 def _run(kind: str, ref: float, spoke: str, seconds: float = 6.0) -> Run:

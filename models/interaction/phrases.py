@@ -29,6 +29,10 @@ PHRASES_KEY = "phrases"  # checkpoint metadata: JSON {"replies": [...], "answer_
 # fewer would leave the talker waiting for words the model has in effect already chosen.
 MIN_BYTES_PER_TURN = 3
 ANSWERS_KEPT = 4  # background results an answer may quote: the newest few
+# Phrases one utterance may chain, a space apart: training answers a question with up to three
+# (train/episodes.py `long_reply`), so a longer chain is nothing the model learnt to say, and the
+# bound keeps a text head that likes spaces from chaining while it holds the floor.
+MAX_CHAINED = 3
 
 TRAINED_REPLIES = (
     "Sure, I can help with that.",
@@ -83,7 +87,9 @@ class PhraseWriter:
     """One session's constrained text decoding: the utterance written so far and the results it may quote."""
 
     phrases: PhraseSet
-    prefix: bytearray = field(default_factory=bytearray)  # bytes of the current utterance written so far
+    prefix: bytearray = field(default_factory=bytearray)  # bytes of the current phrase written so far
+    done: bytearray = field(default_factory=bytearray)  # this utterance's finished phrases, each + " "
+    chained: int = 0  # phrases of this utterance finished before the current one
     answers: list[bytes] = field(default_factory=list)  # background results received (complete lines)
     _line: bytearray = field(default_factory=bytearray)  # a background line still arriving
     utterances: int = 0  # utterances begun so far
@@ -99,8 +105,13 @@ class PhraseWriter:
                 self.answers = [*self.answers, line.strip()][-ANSWERS_KEPT:]
 
     def allowed(self) -> list[bytes]:
+        """What the current phrase may become: a reply, or (first in its utterance) an answer. Training
+        chains replies only; an answer is an utterance of its own."""
+        replies = [p.encode() for p in self.phrases.replies]
+        if self.done:
+            return replies
         lead = self.phrases.answer_lead.encode()
-        return [p.encode() for p in self.phrases.replies] + [lead + b" " + a for a in self.answers]
+        return replies + [lead + b" " + a for a in self.answers]
 
     def _continuing(self) -> list[bytes]:
         return [u for u in self.allowed() if u.startswith(self.prefix)]
@@ -108,35 +119,52 @@ class PhraseWriter:
     def reset(self) -> None:
         """A new utterance starts (the model took the floor again, or stopped)."""
         self.prefix.clear()
+        self.done.clear()
+        self.chained = 0
         self.began_another = False
 
     @property
     def complete(self) -> bool:
-        """The utterance is one whole allowed phrase and no longer one continues it."""
+        """The current phrase is one whole allowed phrase and no longer one continues it."""
         left = self._continuing()
         return bool(left) and all(u == self.prefix for u in left)
 
     def committed(self) -> str | None:
-        """The whole utterance once only one allowed phrase continues what was written, else None:
-        the rest of it is then forced, so the talker can speak it as one phrase."""
+        """The utterance up to the end of its current phrase once only one allowed phrase continues what
+        was written, else None: the rest of that phrase is then forced, so the talker can speak it whole
+        (the utterance's earlier phrases, a space apart, come first: the talker speaks what is new)."""
         left = self._continuing()
-        return left[0].decode("utf-8", "replace") if len(left) == 1 and self.prefix else None
+        if len(left) != 1 or not self.prefix:
+            return None
+        return (bytes(self.done) + left[0]).decode("utf-8", "replace")
 
     def write(self, logits: torch.Tensor) -> list[int]:
         """logits [T, 257] (bytes and NO_BYTE) of one micro-turn -> the T bytes written (NO_BYTE padded).
 
         Each position takes the highest-scoring byte among those that continue an allowed utterance;
-        NO_BYTE may win only after `MIN_BYTES_PER_TURN` bytes, and is forced once the utterance is
-        complete (or nothing continues it: then nothing more is written)."""
+        NO_BYTE may win only after `MIN_BYTES_PER_TURN` bytes while a phrase is unfinished. Once the
+        phrase is complete the choice is a space, which begins another reply of the set (up to
+        `MAX_CHAINED` in an utterance, after a reply, not an answer: as trained), or NO_BYTE; where
+        nothing continues what was written, nothing more is."""
         out: list[int] = []
         scores = logits.float()
-        fresh = not self.prefix
+        fresh = not self.prefix and not self.done
+        space = ord(" ")
         for j in range(scores.shape[0]):
+            if self.complete:
+                answer = self.prefix.decode("utf-8", "replace") not in self.phrases.replies
+                if answer or self.chained + 1 >= MAX_CHAINED or scores[j, space] <= scores[j, NO_BYTE]:
+                    break
+                out.append(space)  # the phrase is done and the model goes on: another phrase follows
+                self.done += self.prefix + b" "
+                self.prefix.clear()
+                self.chained += 1
+                continue
             left = self._continuing()
             nxt = sorted({u[len(self.prefix)] for u in left if len(u) > len(self.prefix)})
             if not nxt:
                 break
-            options = nxt + ([NO_BYTE] if j >= MIN_BYTES_PER_TURN else [])
+            options = nxt + ([NO_BYTE] if j >= MIN_BYTES_PER_TURN and out[-1:] != [space] else [])
             best = options[int(scores[j, options].argmax())]
             if best == NO_BYTE:
                 break

@@ -8,8 +8,9 @@ as its own channel (serving.py), exactly as with the flow head's audio.
 
 Per micro-turn, after the model's decision (`turn`):
   speak        new words go to the speaker: a phrase the model has committed to (the phrase-constrained
-               writer, phrases.py, sees only one allowed continuation) as one whole phrase, else free
-               text up to its last clause mark or every few words
+               writer, phrases.py, sees only one allowed continuation) as one whole phrase, and each
+               phrase it chains after it likewise, else free text up to its last clause mark or every
+               few words
   yield/cancel the utterance stops within this micro-turn: queued and half-played audio is dropped
   silent, delegate  the model stopped writing: what it wrote (a committed phrase whole) plays to its end
   backchannel  a pre-rendered "Mm-hm." when nothing else is playing (the text stream has none for it)
@@ -62,7 +63,7 @@ class TalkerSession:
     speaker: Speaker  # the per-session queue of phrases, one micro-turn of audio per `play`
     written: bytearray = field(default_factory=bytearray)  # the current utterance as the model wrote it
     handed: int = 0  # bytes of `written` already given to the speaker (or covered by a committed phrase)
-    committed: bool = False  # the whole utterance was given to the speaker (a phrase of the set)
+    committed: bool = False  # a phrase of the set was given to the speaker (the rest goes phrase by phrase)
 
 
 class PiperTalker:
@@ -109,10 +110,14 @@ class PiperTalker:
             self._end(ts)
         elif speak:
             ts.written += new
-            if committed is not None and not ts.committed:
-                rest = committed.encode()[ts.handed :]
-                self._say(ts, rest)
-                ts.handed, ts.committed = len(committed.encode()), True
+            if committed is not None:
+                # The phrase set: `committed` is the utterance up to the end of the phrase now forced; what
+                # is new of it (a first phrase, or one chained after those already given) is spoken whole.
+                whole = committed.encode()
+                if len(whole) > ts.handed:
+                    self._say(ts, whole[ts.handed :])
+                    ts.handed = len(whole)
+                ts.committed = True
             elif not ts.committed:
                 self._say(ts, _ready(bytes(ts.written[ts.handed :])))
         else:

@@ -15,7 +15,13 @@ from models.interaction.checkpoint import checkpoint_metadata
 from models.interaction.config import ACTIONS, NO_BYTE
 from models.interaction.dmel import CONTEXT, DMelFrontend
 from models.interaction.model import HeadOutputs, TurnFeatures
-from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES, PhraseSet, PhraseWriter
+from models.interaction.phrases import (
+    MAX_CHAINED,
+    TRAINED_ANSWER_LEAD,
+    TRAINED_REPLIES,
+    PhraseSet,
+    PhraseWriter,
+)
 from models.interaction.talker import PiperTalker
 from models.interaction.voice import FLOW_MAX_WER, choose_voice
 from tests.models.test_interaction_core import one_thread, small_net  # noqa: F401 - fixture
@@ -51,9 +57,21 @@ def test_the_writer_keeps_the_model_within_its_phrases() -> None:
     space[:, ord(" ")] = 5.0  # what the shipped checkpoint's text head prefers: spaces
     space[:, ord("N")] = 1.0
     written = b""
-    for _ in range(8):
+    for _ in range(5):
         written += bytes(b for b in w.write(space) if b != NO_BYTE)
-    assert written == b"No problem at all." and w.complete and not w.began_another
+    # A space after a whole phrase begins another (4 bytes a micro-turn: "l.", the space, "N"); the
+    # utterance so far, to the end of the phrase now forced, is what the talker may speak.
+    assert written == b"No problem at all. N" and not w.began_another
+    assert w.committed() == "No problem at all. No problem at all."
+    for _ in range(12):
+        written += bytes(b for b in w.write(space) if b != NO_BYTE)
+    assert written == b" ".join([b"No problem at all."] * MAX_CHAINED), "never more phrases than training chains"
+    assert w.complete
+    w.reset()
+    ends = torch.full((4, NO_BYTE + 1), -5.0)
+    ends[:, ord("S")], ends[:, NO_BYTE] = 1.0, 2.0  # 3 bytes a micro-turn (the least), then it stops
+    said = b"".join(bytes(b for b in w.write(ends) if b != NO_BYTE) for _ in range(12))
+    assert said == b"Sure, I can help with that." and w.chained == 0, "NO_BYTE over a space: it ends there"
     w.reset()
     assert w.committed() is None and w.write(space)[0] == ord("N"), "no answer heard yet: only the replies"
     assert w.began_another, "a second utterance: the transcript puts a space before it"
@@ -74,6 +92,22 @@ def talker() -> Iterator[PiperTalker]:
         t.prerendered.join()
         yield t
         t.shutdown()
+
+
+def test_the_talker_speaks_each_chained_phrase_whole_as_it_is_settled(talker: PiperTalker) -> None:
+    """The writer's `committed` grows phrase by phrase; the talker queues exactly what is new of it, and
+    a stop drops the rest within the micro-turn."""
+    ts = talker.open()
+    first, second = PHRASES.replies[1], PHRASES.replies[0]
+    talker.turn(ts, speak=True, stop=False, backchannel=False, new=first[:4].encode(), committed=first)
+    talker.turn(ts, speak=True, stop=False, backchannel=False, new=b" Su", committed=None)  # not settled yet
+    assert [p.text for p in ts.speaker.queue] == [first]
+    talker.turn(ts, speak=True, stop=False, backchannel=False, new=b"re,", committed=f"{first} {second}")
+    talker.turn(ts, speak=True, stop=False, backchannel=False, new=b" I c", committed=f"{first} {second}")
+    assert [p.text for p in ts.speaker.queue] == [first, second], "the second phrase once, whole"
+    assert not talker.turn(ts, speak=False, stop=True, backchannel=False, new=b"", committed=None).any()
+    assert not ts.speaker.queue
+    talker.close(ts)
 
 
 def force(net: InteractionTransformer, action: str, byte: str | None = None) -> None:

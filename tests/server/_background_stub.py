@@ -10,7 +10,8 @@ parses a real server. The script is picked by a marker in the last user message:
   [hang]            headers, then silence (read timeout)
   [drop]            two words, then the connection is cut mid-body
   [malformed]       one word, then a `data:` line that is not JSON
-  anything else     "answer: <the task>" word by word
+  anything else     "answer: <the task>" word by word, or `answer` word by word where one was given
+                    (a look-up's result, whatever words the recogniser heard in the request)
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ _TOOL = re.compile(r"\[tool:(\w+):(\{.*?\})\]")
 
 
 class ScriptedOpenAI:
-    def __init__(self) -> None:
+    def __init__(self, answer: str | None = None) -> None:
+        self.answer = answer
         self.requests: list[dict[str, Any]] = []  # request bodies, in arrival order
         self.cut_connections = 0  # connections the client closed while we were still streaming
         self._loop = asyncio.new_event_loop()
@@ -111,6 +113,8 @@ class ScriptedOpenAI:
             await self._words(w, ["broken"], finish=False)
             await self._send(w, "data: {this is not json\n\n")
             await self._end(w)
+        elif self.answer is not None:
+            await self._words(w, self.answer.split(" "))
         else:
             await self._words(w, ("answer: " + task.split("Task:")[-1].strip()).split(" "))
 

@@ -1,6 +1,6 @@
 """The native model's Piper talker (models/interaction/talker.py) and its phrase-constrained text
 (phrases.py): real Piper, real model steps on a small seeded net. That the words are heard as words
-(Whisper) is checked through the real server, tests/server/test_native_talker_ws.py."""
+(Whisper) is checked through the real server, tests/train/test_shipped.py."""
 
 from collections.abc import Iterator
 from pathlib import Path

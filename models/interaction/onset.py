@@ -25,7 +25,8 @@ probability, not the argmax). It is calibrated like the onset threshold, on held
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -39,44 +40,53 @@ DELEGATE_KEY = "delegate_threshold"  # checkpoint metadata: p(delegate) a hand-o
 SPEAK, DELEGATE = ACTIONS.index("speak"), ACTIONS.index("delegate")
 
 
+@dataclass(frozen=True)
+class _Threshold:
+    """One calibrated decision threshold: where it lives in the metadata, and how it is named and set."""
+
+    key: str  # the checkpoint metadata entry
+    what: str  # "onset", "delegate"
+    unset: str  # the decision rule without one
+    option: str  # the serving option that overrides it
+    calibrate: str  # the tool that measures it
+    check: Callable[[float], float]
+
+    def from_metadata(self, meta: dict[str, str]) -> tuple[float, str]:
+        raw = meta.get(self.key)
+        if raw is None:
+            return 0.0, f"{self.unset}: the checkpoint records no calibrated {self.what} threshold"
+        try:
+            return self.check(float(raw)), f"the checkpoint's calibrated {self.what} threshold {float(raw):.2f}"
+        except ValueError:
+            raise ValueError(f"the checkpoint's metadata {self.key}={raw!r} is not a probability in [0, 1); "
+                             f"{self.calibrate}, or pass {self.option}") from None
+
+    def choose(self, requested: float | None, meta: dict[str, str]) -> tuple[float, str]:
+        if requested is not None:
+            return self.check(requested), self.option
+        return self.from_metadata(meta)
+
+
+_ONSET = _Threshold(ONSET_KEY, "onset", "greedy", "--native-onset", "re-run bench.native_onset --write", check_onset)
+_DELEGATE = _Threshold(DELEGATE_KEY, "delegate", "argmax", "--native-delegate", "calibrate it with train.evaluate",
+                       check_delegate)
+
+
 def onset_from_metadata(meta: dict[str, str]) -> tuple[float, str]:
     """(threshold, why) recorded in a checkpoint's metadata; 0 (greedy) where it records none."""
-    raw = meta.get(ONSET_KEY)
-    if raw is None:
-        return 0.0, "greedy: the checkpoint records no calibrated onset threshold"
-    try:
-        return check_onset(float(raw)), f"the checkpoint's calibrated onset threshold {float(raw):.2f}"
-    except ValueError:
-        raise ValueError(f"the checkpoint's metadata {ONSET_KEY}={raw!r} is not a probability in [0, 1); "
-                         "re-run bench.native_onset --write, or pass --native-onset") from None
+    return _ONSET.from_metadata(meta)
 
 
 def choose_onset(requested: float | None, meta: dict[str, str]) -> tuple[float, str]:
     """(threshold, why): `requested` (`--native-onset`, `train.evaluate --onset`) where given, else the
     checkpoint's metadata (0 = greedy where it records none)."""
-    if requested is not None:
-        return check_onset(requested), "--native-onset"
-    return onset_from_metadata(meta)
-
-
-def delegate_from_metadata(meta: dict[str, str]) -> tuple[float, str]:
-    """(threshold, why) for handing off recorded in a checkpoint's metadata; 0 (the argmax) where none."""
-    raw = meta.get(DELEGATE_KEY)
-    if raw is None:
-        return 0.0, "argmax: the checkpoint records no calibrated delegate threshold"
-    try:
-        return check_delegate(float(raw)), f"the checkpoint's calibrated delegate threshold {float(raw):.2f}"
-    except ValueError:
-        raise ValueError(f"the checkpoint's metadata {DELEGATE_KEY}={raw!r} is not a probability in [0, 1); "
-                         "calibrate it with train.evaluate, or pass --native-delegate") from None
+    return _ONSET.choose(requested, meta)
 
 
 def choose_delegate(requested: float | None, meta: dict[str, str]) -> tuple[float, str]:
-    """(threshold, why): `requested` (`--native-delegate`, `train.evaluate --delegate`) where given, else the
-    checkpoint's metadata (0 = the argmax where it records none)."""
-    if requested is not None:
-        return check_delegate(requested), "--native-delegate"
-    return delegate_from_metadata(meta)
+    """(threshold, why) for handing off: `requested` (`--native-delegate`, `train.evaluate --delegate`) where
+    given, else the checkpoint's metadata (0 = the argmax where it records none)."""
+    return _DELEGATE.choose(requested, meta)
 
 
 def decide(probs: Tensor, speaking: Sequence[bool] | Tensor, onset: float, delegate: float = 0.0) -> Tensor:

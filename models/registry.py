@@ -69,20 +69,21 @@ class NativeOptions:
                    delegate=_env_number("DUPLEX_NATIVE_DELEGATE", float))
 
 
+def _check_probability(value: float, option: str, variable: str, zero: str) -> float:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{option} {value} ({variable}): a probability in [0, 1); 0 = {zero}")
+    return value
+
+
 def check_onset(value: float) -> float:
     """The p(speak) a speech onset needs (models/interaction/onset.py): a probability in [0, 1), 0 = greedy.
     Here, torch-free, so that options are checked where they are parsed."""
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"--native-onset {value} (DUPLEX_NATIVE_ONSET): a probability in [0, 1); 0 = greedy")
-    return value
+    return _check_probability(value, "--native-onset", "DUPLEX_NATIVE_ONSET", "greedy")
 
 
 def check_delegate(value: float) -> float:
     """The p(delegate) a hand-off needs (models/interaction/onset.py): a probability in [0, 1), 0 = argmax."""
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"--native-delegate {value} (DUPLEX_NATIVE_DELEGATE): a probability in [0, 1); "
-                         "0 = the argmax")
-    return value
+    return _check_probability(value, "--native-delegate", "DUPLEX_NATIVE_DELEGATE", "the argmax")
 
 
 Number = TypeVar("Number", int, float)

@@ -88,8 +88,7 @@ class PhraseWriter:
 
     phrases: PhraseSet
     prefix: bytearray = field(default_factory=bytearray)  # bytes of the current phrase written so far
-    done: bytearray = field(default_factory=bytearray)  # this utterance's finished phrases, each + " "
-    chained: int = 0  # phrases of this utterance finished before the current one
+    done: list[bytes] = field(default_factory=list)  # this utterance's phrases finished before the current one
     answers: list[bytes] = field(default_factory=list)  # background results received (complete lines)
     _line: bytearray = field(default_factory=bytearray)  # a background line still arriving
     utterances: int = 0  # utterances begun so far
@@ -120,14 +119,17 @@ class PhraseWriter:
         """A new utterance starts (the model took the floor again, or stopped)."""
         self.prefix.clear()
         self.done.clear()
-        self.chained = 0
         self.began_another = False
+
+    @property
+    def chained(self) -> int:
+        """Phrases of this utterance finished before the current one."""
+        return len(self.done)
 
     @property
     def complete(self) -> bool:
         """The current phrase is one whole allowed phrase and no longer one continues it."""
-        left = self._continuing()
-        return bool(left) and all(u == self.prefix for u in left)
+        return _whole(self.prefix, self._continuing())
 
     def committed(self) -> str | None:
         """The utterance up to the end of its current phrase once only one allowed phrase continues what
@@ -136,7 +138,7 @@ class PhraseWriter:
         left = self._continuing()
         if len(left) != 1 or not self.prefix:
             return None
-        return (bytes(self.done) + left[0]).decode("utf-8", "replace")
+        return b" ".join([*self.done, left[0]]).decode("utf-8", "replace")
 
     def write(self, logits: torch.Tensor) -> list[int]:
         """logits [T, 257] (bytes and NO_BYTE) of one micro-turn -> the T bytes written (NO_BYTE padded).
@@ -151,16 +153,15 @@ class PhraseWriter:
         fresh = not self.prefix and not self.done
         space = ord(" ")
         for j in range(scores.shape[0]):
-            if self.complete:
+            left = self._continuing()
+            if _whole(self.prefix, left):
                 answer = self.prefix.decode("utf-8", "replace") not in self.phrases.replies
                 if answer or self.chained + 1 >= MAX_CHAINED or scores[j, space] <= scores[j, NO_BYTE]:
                     break
                 out.append(space)  # the phrase is done and the model goes on: another phrase follows
-                self.done += self.prefix + b" "
+                self.done.append(bytes(self.prefix))
                 self.prefix.clear()
-                self.chained += 1
                 continue
-            left = self._continuing()
             nxt = sorted({u[len(self.prefix)] for u in left if len(u) > len(self.prefix)})
             if not nxt:
                 break
@@ -174,6 +175,11 @@ class PhraseWriter:
         self.began_another = began and self.utterances > 0
         self.utterances += began
         return out + [NO_BYTE] * (scores.shape[0] - len(out))
+
+
+def _whole(prefix: bytearray, left: list[bytes]) -> bool:
+    """`prefix` is one whole allowed phrase and none of those still continuing it (`left`) is longer."""
+    return bool(left) and all(u == prefix for u in left)
 
 
 def written_text(rows: Sequence[int]) -> bytes:

@@ -77,7 +77,8 @@ def _runs(args: tuple[list[Sample], float, str | None]) -> list[Run]:
     samples, threshold, checkpoint = args
     torch.set_num_threads(1)
     model = load_native("tiny", checkpoint, device="cpu",
-                        options=NativeOptions(threads=1, kv_budget_mb=64, voice="piper", onset=threshold))
+                        options=NativeOptions(threads=1, kv_budget_mb=64, voice="piper", onset=threshold,
+                                              query="heard"))
     out = []
     try:
         for i, s in enumerate(samples):

@@ -15,6 +15,7 @@ from models.base import InteractionModel
 GRAPH_MODES = ("off", "eager", "cuda")
 MATMUL_MODES = ("fp32", "bf16")
 VOICE_MODES = ("auto", "flow", "piper")  # models/interaction/voice.py decides what auto means
+QUERY_MODES = ("auto", "whisper", "heard")  # a hand-off's words (models/interaction/query.py)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class NativeOptions:
     voice: str = "auto"  # flow = the model's own flow head; piper = its text spoken by Piper; auto = per metadata
     onset: float | None = None  # p(speak) a speech onset needs (models/interaction/onset.py); None = per metadata
     delegate: float | None = None  # p(delegate) a hand-off needs (the same module); None = per metadata
+    query: str = "auto"  # a hand-off's words: whisper | heard (the recogniser's) | auto = whisper where installed
 
     def __post_init__(self) -> None:
         if self.matmul not in MATMUL_MODES:
@@ -46,6 +48,9 @@ class NativeOptions:
             raise ValueError("--torch-threads must be 0 (every core) or more and --graph-max-batch at least 1")
         if self.voice not in VOICE_MODES:
             raise ValueError(f"--voice {self.voice!r} (DUPLEX_NATIVE_VOICE): use one of {', '.join(VOICE_MODES)}")
+        if self.query not in QUERY_MODES:
+            raise ValueError(f"--native-query {self.query!r} (DUPLEX_NATIVE_QUERY): use one of "
+                             f"{', '.join(QUERY_MODES)}")
         if self.onset is not None:
             check_onset(self.onset)
         if self.delegate is not None:
@@ -66,7 +71,8 @@ class NativeOptions:
                    kv_budget_mb=_env_number("DUPLEX_KV_BUDGET_MB", float),
                    voice=env.get("DUPLEX_NATIVE_VOICE") or "auto",
                    onset=_env_number("DUPLEX_NATIVE_ONSET", float),
-                   delegate=_env_number("DUPLEX_NATIVE_DELEGATE", float))
+                   delegate=_env_number("DUPLEX_NATIVE_DELEGATE", float),
+                   query=env.get("DUPLEX_NATIVE_QUERY") or "auto")
 
 
 def _check_probability(value: float, option: str, variable: str, zero: str) -> float:

@@ -20,7 +20,7 @@ from typing import Any
 
 import uvicorn
 
-from models.registry import DEFAULT_MODEL, GRAPH_MODES, MATMUL_MODES, VOICE_MODES, NativeOptions, available
+from models.registry import DEFAULT_MODEL, GRAPH_MODES, MATMUL_MODES, QUERY_MODES, VOICE_MODES, NativeOptions, available
 from server.config import ServerConfig
 from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
@@ -255,13 +255,17 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
                         "background reasoner (a rare decision seldom the argmax); default: the threshold "
                         "calibrated into the checkpoint's metadata (train.evaluate), else 0 = the argmax "
                         "[$DUPLEX_NATIVE_DELEGATE]")
+    native.add_argument("--native-query", choices=QUERY_MODES, default=env.query,
+                        help="the words a native hand-off gives the background reasoner: whisper = Whisper "
+                        "tiny.en on the user's last words, off the inference thread (0.8 s later); heard = "
+                        "what pocketsphinx streamed; auto = whisper where installed [$DUPLEX_NATIVE_QUERY]")
 
 
 def native_options(args: argparse.Namespace) -> NativeOptions:
     return NativeOptions(deterministic=args.native_deterministic, threads=args.torch_threads,
                          matmul=args.native_matmul, graphs=None if args.native_graphs == "auto" else args.native_graphs,
                          graph_max_batch=args.graph_max_batch, kv_budget_mb=args.kv_budget_mb, voice=args.voice,
-                         onset=args.native_onset, delegate=args.native_delegate)
+                         onset=args.native_onset, delegate=args.native_delegate, query=args.native_query)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

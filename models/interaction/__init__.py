@@ -20,6 +20,7 @@ from models.interaction.listener import Listener
 from models.interaction.model import InteractionTransformer, TurnFeatures, init_weights
 from models.interaction.onset import choose_delegate, choose_onset
 from models.interaction.phrases import PhraseSet
+from models.interaction.query import QueryTranscriber
 from models.interaction.serving import NativeModel, NativeSession, StepObserver
 from models.interaction.voice import choose_voice
 from models.registry import NativeOptions
@@ -114,9 +115,13 @@ def load_native(
     if listener is not None:
         log.info("native:%s reads the words pocketsphinx hears (heard_tokens=%d, models/interaction/heard.py)",
                  preset_name, net.cfg.heard_tokens)
+    query = QueryTranscriber.for_mode(opts.query)
+    log.info("native:%s hands off with %s", preset_name,
+             "Whisper's words for the user's last utterance (models/interaction/query.py)" if query is not None
+             else "the words the recogniser streamed (--native-query heard, or Whisper is not installed)")
     model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic, matmul=opts.matmul,
                         graphs=opts.graphs, graph_max_batch=opts.graph_max_batch, phrases=phrases, talker=talker,
-                        listener=listener, onset_threshold=threshold, delegate_threshold=hand_off)
+                        listener=listener, onset_threshold=threshold, delegate_threshold=hand_off, query=query)
     log.info("native:%s takes the floor at p(speak) >= %.2f (%s)", preset_name, threshold, why_onset)
     if hand_off > 0:
         log.info("native:%s hands off at p(delegate) >= %.2f (%s)", preset_name, hand_off, why_delegate)

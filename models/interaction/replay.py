@@ -22,6 +22,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import wait
 from typing import Any, Protocol
 
 import numpy as np
@@ -171,7 +172,13 @@ def replay(model: Stepping, state: Any, log: TickLog,
     if log.full:
         raise ValueError(f"the log stopped at {log.base + len(log)} micro-turns (its bound is {log.max_ticks}): "
                          "it cannot rebuild this session")
+    # Work started off the thread that a step uses at a fixed later micro-turn (the talker's phrases, a
+    # hand-off's transcription) is waited for, as the engine does in media pace: replayed back to back,
+    # steps come faster than it.
+    pending = getattr(model, "pending_work", None)
     for i, (record, digest) in enumerate(zip(log.records, log.digests, strict=True), log.base):
+        if pending is not None:
+            wait(pending(state))
         out = model.step([(state, decode_input(record))])[0]
         if output_digest(out) != digest:
             raise ReplayDiverged(f"micro-turn {i} of {log.base + len(log)} came out differently when replayed (another "

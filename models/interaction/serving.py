@@ -31,6 +31,7 @@ from models.interaction.kv import KVPool
 from models.interaction.layers import Lin
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
 from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
+from models.interaction.query import DUE_TICKS, PendingQuery, QueryTranscriber, UserAudio
 from models.interaction.replay import TickLog, replay
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
@@ -76,6 +77,8 @@ class NativeSession:
     talk: "TalkerSession | None" = None  # the Piper talker's queue (None: the flow head speaks)
     log: TickLog | None = None  # its micro-turns, when it may be rebuilt elsewhere (replay.py); None: not kept
     hear: "HeardSession | None" = None  # its recogniser, for a checkpoint with the heard-words channel
+    user_audio: UserAudio | None = None  # its recent microphone audio, where hand-offs are transcribed (query.py)
+    handing_off: PendingQuery | None = None  # a hand-off decided, its query being transcribed
 
 
 # Told, for each session of a step, what the model saw and what its heads said: (state, features row,
@@ -119,16 +122,18 @@ class NativeModel:
         listener: "Listener | None" = None,
         onset_threshold: float = 0.0,
         delegate_threshold: float = 0.0,
+        query: QueryTranscriber | None = None,
     ) -> None:
         """`matmul`, `graphs`, `graph_max_batch`: see `NativeOptions` (models/registry.py). `phrases`: what
         the checkpoint was trained to say (its text is decoded within it); `talker`: Piper speaks instead
         of the flow head (`--voice`); `listener`: the recognisers of a checkpoint with the heard-words channel
         (listener.py), which it must have exactly when the checkpoint reads heard words; `onset_threshold`:
         the p(speak) a speech onset needs (onset.py; 0 = greedy); `delegate_threshold`: the p(delegate) at
-        which it hands off while not speaking (onset.py; 0 = the argmax)."""
+        which it hands off while not speaking (onset.py; 0 = the argmax); `query`: Whisper for a hand-off's
+        words (query.py; None: the recogniser's words)."""
         if bool(net.cfg.heard_tokens) != (listener is not None):
             raise ValueError("a listener goes with a checkpoint that reads heard words (heard_tokens > 0), only then")
-        self.phrases, self.talker, self.listener = phrases, talker, listener
+        self.phrases, self.talker, self.listener, self.query = phrases, talker, listener, query
         self.onset = onset.check_onset(onset_threshold)
         self.delegate = onset.check_delegate(delegate_threshold)
         self.voice = "flow" if talker is None else "piper"
@@ -219,6 +224,7 @@ class NativeModel:
             writer=PhraseWriter(self.phrases) if self.phrases is not None else None,
             talk=self.talker.open() if self.talker is not None else None,
             hear=self.listener.open() if self.listener is not None else None,
+            user_audio=UserAudio() if self.query is not None else None,
         )
 
     def close(self, state: NativeSession) -> None:
@@ -228,18 +234,27 @@ class NativeModel:
                 self.talker.close(state.talk)
             if self.listener is not None and state.hear is not None:
                 self.listener.close(state.hear)
+            if state.handing_off is not None:
+                state.handing_off.words.cancel()
             state.closed = True
 
     def pending_work(self, state: NativeSession) -> list[Future[Any]]:
-        """The talker's synthesis the session's next micro-turn plays (`OffThreadWork`, models/base.py)."""
-        if self.talker is None or state.talk is None:
-            return []
-        return list(self.talker.pending_work(state.talk))
+        """The talker's synthesis the session's next micro-turn plays, and a hand-off's transcription
+        (`OffThreadWork`, models/base.py)."""
+        work: list[Future[Any]] = []
+        if self.talker is not None and state.talk is not None:
+            work += self.talker.pending_work(state.talk)
+        if state.handing_off is not None:
+            work.append(state.handing_off.words)
+        return work
 
     def shutdown(self) -> None:
-        """The talker's synthesis thread and the listener's ASR processes (`Shutdown`, models/base.py)."""
+        """The talker's synthesis thread, the listener's ASR processes and the hand-off transcriber
+        (`Shutdown`, models/base.py)."""
         if self.talker is not None:
             self.talker.shutdown()
+        if self.query is not None:
+            self.query.shutdown()
         if self.listener is not None:
             self.listener.shutdown()
 
@@ -338,6 +353,8 @@ class NativeModel:
         # 3. per session: gate, events, feedback
         outs, spoken = [], []
         for i, (st, tick) in enumerate(batch):
+            if st.user_audio is not None:
+                st.user_audio.add(st.tick, tick.audio)
             if st.writer is not None:
                 text_ids[i] = self._write(st.writer, tick, actions[i], heads.text[i])
             gate, text, user_text, events = self._decide(st, tick, actions[i], voice[i], text_ids[i], transcript_ids[i])
@@ -407,12 +424,22 @@ class NativeModel:
             events.append(Event("backchannel"))
         if action == YIELD and st.speaking:
             events.append(Event("yielded"))
-        if action == DELEGATE and st.last_action != DELEGATE:
+        if st.handing_off is not None and st.tick >= st.handing_off.due:
+            events.append(Event("delegate", {"query": st.handing_off.query()}))
+            st.handing_off = None
+        if action == DELEGATE and st.last_action != DELEGATE and st.handing_off is None:
             # What the recogniser heard, where the checkpoint has one (its words are real words; the tiny
-            # model's transcript head is not yet), else its transcript, else the last typed text.
+            # model's transcript head is not yet), else its transcript, else the last typed text; where
+            # Whisper is at hand, what it makes of the user's last words, a few micro-turns later (query.py).
             words = " ".join(st.hear.words) if st.hear is not None else ""
             query = words[-200:] or st.transcript[-200:] or st.last_typed
-            events.append(Event("delegate", {"query": query}))
+            if self.query is not None and st.user_audio is not None:
+                st.handing_off = PendingQuery(self.query.submit(st.user_audio.question(st.tick)), query,
+                                              st.tick + DUE_TICKS)
+            else:
+                events.append(Event("delegate", {"query": query}))
+        if action == SPEAK and st.user_audio is not None:
+            st.user_audio.spoke_at = st.tick
         st.speaking, st.last_action = action == SPEAK, action
         written = [b for b in text if b != NO_BYTE] if action == SPEAK else []
         st.own_text = written + [NO_BYTE] * (len(text) - len(written))

@@ -128,6 +128,10 @@ async def test_shipped_model_hands_a_look_up_to_the_reasoner_and_speaks_its_answ
     finally:
         reasoner.stop()
     assert reasoner.requests, "it never handed the request to the reasoner"
+    # The request is the user's words as Whisper heard them (--native-query auto: models/interaction/query.py),
+    # not pocketsphinx's guesses for an espeak voice.
+    asked = _words(reasoner.requests[0]["messages"][-1]["content"])
+    assert {"swimming", "pool", "closes"} <= set(asked), f"the reasoner was asked {asked!r}"
     assert "hands off at p(delegate) >= 0.20 (--native-delegate)" in server.log(), "start-up says it"
     end = int((0.6 * RATE + len(request)) // TURN)
     heard = transcribe(np.concatenate(played[end:]), RATE)

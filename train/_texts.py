@@ -83,8 +83,6 @@ LEADS = [
     "Okay, next thing.",
     "Listen to this.",
     "So here is my situation.",
-    "",
-    "",
 ]
 # User: unfinished clauses (ends on a word that promises more) and their continuations.
 HEADS = [

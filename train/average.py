@@ -79,7 +79,7 @@ def average(paths: Sequence[Path], weights: Sequence[float], out: Path, command:
     meta = {k: metas[0][k] for k in SHARED if k in metas[0]}
     meta["command"] = command
     meta["averaged_from"] = json.dumps([
-        {"file": p.name, "weight": round(w, 6), **{k: m[k] for k in PROVENANCE if k in m}}
+        {"file": str(p), "weight": round(w, 6), **{k: m[k] for k in PROVENANCE if k in m}}
         for p, w, m in zip(paths, ws, metas, strict=True)])
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.to(dtypes[k]).contiguous() for k, v in acc.items()}, str(out), metadata=meta)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"average: {e}", file=sys.stderr)
         return 2
-    parts = ", ".join(f"{d['weight']:.3f} x {d['file']}" for d in json.loads(meta["averaged_from"]))
+    parts = ", ".join(f"{d['weight']:.3f} x {d['file']}" for d in json.loads(meta["averaged_from"]))  # paths as given
     print(f"wrote {a.out}: {parts}; measure it before use (its phrase word error and thresholds are not carried over)")
     return 0
 

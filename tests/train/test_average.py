@@ -41,7 +41,7 @@ def test_the_average_is_the_weighted_sum_and_keeps_only_what_describes_it(tmp_pa
     assert PhraseSet.from_metadata(meta) == PHRASES and meta["preset"] == "tiny"
     parents = json.loads(meta["averaged_from"])
     assert [(p["file"], p["weight"], p["step"]) for p in parents] == [
-        ("a.safetensors", 0.25, "100"), ("b.safetensors", 0.75, "100 + 50")]
+        (str(a), 0.25, "100"), (str(b), 0.75, "100 + 50")]
     assert parents[0]["command"] == "duplex train --seed 1" and meta["command"].startswith("python -m train.average")
     build("tiny", str(out))  # a checkpoint the server loads like any other
 

@@ -83,6 +83,8 @@ LEADS = [
     "Okay, next thing.",
     "Listen to this.",
     "So here is my situation.",
+    "",
+    "",
 ]
 # User: unfinished clauses (ends on a word that promises more) and their continuations.
 HEADS = [

@@ -194,26 +194,8 @@ class _Builder:
         return " ".join(self.rng.sample(tx.REPLIES, self.rng.choice((2, 3))))
 
 
-# How often a request opens with a lead-in ("Hi there.", "So here is my situation."). Questions had one
-# three times in four and look-ups never, so a short request of one sentence, whatever its words (for
-# many voices the heard words are wrong), looked like a look-up: FD-bench's short one-sentence questions
-# split p(speak) and p(delegate) about evenly, and silence won (6 of 40 turns unanswered, every one a
-# single sentence). The same share on both now, so the sentence's shape says nothing about which it is.
-LEAD_P = 0.35
-
-
-def _lead(b: _Builder) -> str:
-    return b.rng.choice(tx.LEADS) + " " if b.rng.random() < LEAD_P else ""
-
-
 def _question(b: _Builder) -> str:
-    return _lead(b) + b.rng.choice(tx.QUESTIONS)
-
-
-def _lookup(b: _Builder) -> tuple[int, str]:
-    """A look-up request (its index in `tx.LOOKUPS`, for its result) and what the user says."""
-    i = b.rng.randrange(len(tx.LOOKUPS))
-    return i, _lead(b) + tx.LOOKUPS[i]
+    return (b.rng.choice(tx.LEADS) + " " + b.rng.choice(tx.QUESTIONS)).strip()
 
 
 def scene_qa(b: _Builder) -> None:
@@ -322,8 +304,8 @@ def scene_typed(b: _Builder) -> None:
 
 
 def scene_delegate(b: _Builder) -> None:
-    i, request = _lookup(b)
-    end = b.user_says(request)
+    i = b.rng.randrange(len(tx.LOOKUPS))
+    end = b.user_says(tx.LOOKUPS[i])
     tick = b.onset_after(end)
     if tick >= b.ep.ticks:
         b.t = b.end
@@ -348,7 +330,7 @@ def scene_quiet(b: _Builder) -> None:
 
 SCENES = {
     "qa": (scene_qa, 4),
-    "pause": (scene_pause, 5),  # 4 -> 6 made a checkpoint wait through pauses but answer less; 5 between
+    "pause": (scene_pause, 4),
     "barge_in": (scene_barge_in, 3),
     "user_bc": (scene_user_backchannel, 2),
     "overheard": (scene_overheard, 2),

@@ -18,7 +18,7 @@ from train import _texts as train_texts
 from train.cli import evaluate
 from train.client import AdamParams, TrainingClient
 from train.data import EpisodeData
-from train.episodes import LEAD_P, Speaker, _Builder, _lookup, _question, make_episode, scene_qa
+from train.episodes import Speaker, _Builder, make_episode, scene_qa
 from train.features import build_cache
 from train.lora import LoRALin, apply_lora, merge_lora
 from train.losses import Batch, LossWeights, sft_loss
@@ -153,27 +153,6 @@ def test_most_questions_get_an_answer_of_several_phrases(spk: Speaker) -> None:
         lengths.append((asked[2] in train_texts.STATEMENTS, len(said)))
     assert all(n == 1 for statement, n in lengths if statement), lengths
     assert any(n >= 2 for _, n in lengths) and any(n == 1 for statement, n in lengths if not statement), lengths
-
-
-def test_questions_and_look_ups_open_with_a_lead_in_alike(spk: Speaker) -> None:
-    """A lead-in ("Hi there.") is no cue to which of the two a request is: both open with one about as
-    often (a short single sentence used to be a look-up's shape), from the same leads."""
-    b = _Builder(0, 100, spk)
-    n = 600
-    questions = [_question(b) for _ in range(n)]
-    lookups = [_lookup(b)[1] for _ in range(n)]
-
-    def leads(said: list[str], bank: list[str]) -> list[str]:
-        """Each request's lead-in ("" for none); what follows it must be a whole request of `bank`."""
-        heads = [next((t for t in train_texts.LEADS if s.startswith(t + " ")), "") for s in said]
-        for s, h in zip(said, heads, strict=True):
-            assert (s[len(h) + 1:] if h else s) in bank, s
-        return heads
-
-    q, lk = leads(questions, train_texts.QUESTIONS), leads(lookups, train_texts.LOOKUPS)
-    rate_q, rate_l = sum(map(bool, q)) / n, sum(map(bool, lk)) / n
-    assert abs(rate_q - LEAD_P) < 0.06 and abs(rate_l - LEAD_P) < 0.06, (rate_q, rate_l)
-    assert {h for h in q if h} == {h for h in lk if h} == set(train_texts.LEADS)
 
 
 def test_hold_weight_counts_the_quiet_after_the_user_stops(cache: Path) -> None:

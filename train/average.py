@@ -12,11 +12,11 @@ like any checkpoint before it is shipped. No training, a second on a CPU.
 
 What the output records: the tensors averaged in fp32 and written in the inputs' dtype; the metadata
 the inputs must share (format, preset, config, the phrase set: averaging models that differ in any
-of them is refused, naming what differs); `command` (this one) and `averaged_from` (each input's
-weight and its own provenance: command, step, commit, data seeds). What was *measured on* an input's
-weights (its phrase word error, calibrated onset and delegate thresholds) is not carried over:
-it describes weights the output does not have. Measure and record it again (`train.cli --phrase-wer`
-via `update_metadata`, `bench.native_onset --write`).
+of them is refused, naming what differs); `command` (this one), `trainer` (where every input was
+trained) and `averaged_from` (each input's weight and its own provenance: command, step, commit, data
+seeds). What was *measured on* an input's weights (its phrase word error, calibrated onset and
+delegate thresholds) is not carried over: it describes weights the output does not have. Measure
+and record it again (`train.cli --phrase-wer` via `update_metadata`, `bench.native_onset --write`).
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ def average(paths: Sequence[Path], weights: Sequence[float], out: Path, command:
             acc[name] = acc.get(name, torch.zeros(t.shape, dtype=torch.float32)) + w * t.float()
     meta = {k: metas[0][k] for k in SHARED if k in metas[0]}
     meta["command"] = command
+    if all("trainer" in m for m in metas):
+        # Trained weights (models/interaction/voice.py: `--voice auto` gives untrained ones the flow head).
+        meta["trainer"] = "train.average"
     meta["averaged_from"] = json.dumps([
         {"file": str(p), "weight": round(w, 6), **{k: m[k] for k in PROVENANCE if k in m}}
         for p, w, m in zip(paths, ws, metas, strict=True)])

@@ -11,12 +11,12 @@ takes pauses; a point between them, chosen on a tuning set (`bench.native_onset`
 like any checkpoint before it is shipped. No training, a second on a CPU.
 
 What the output records: the tensors averaged in fp32 and written in the inputs' dtype; the metadata
-the inputs must share (format, preset, config, the phrase set: averaging models that differ in any
-of them is refused, naming what differs); `command` (this one), `trainer` (where every input was
-trained) and `averaged_from` (each input's weight and its own provenance: command, step, commit, data
-seeds). What was *measured on* an input's weights (its phrase word error, calibrated onset and
-delegate thresholds) is not carried over: it describes weights the output does not have. Measure
-and record it again (`train.cli --phrase-wer` via `update_metadata`, `bench.native_onset --write`).
+the inputs must share (format, preset, config, the phrase set, written out explicitly: averaging
+models that differ in any of them is refused, naming what differs); `command` (this one), `trainer`
+(where every input was trained) and `averaged_from` (each input's weight and its own provenance:
+command, step, commit, data seeds). What was *measured on* an input's weights (its phrase word
+error, calibrated onset and delegate thresholds) is not carried over: it describes weights the
+output does not have. Measure and record it again (`update_metadata`, `bench.native_onset --write`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from safetensors.torch import load_file, save_file
 
 from models.interaction.checkpoint import FORMAT, read_metadata
 from models.interaction.onset import DELEGATE_KEY, ONSET_KEY, ONSET_NOTE_KEY
-from models.interaction.phrases import PHRASES_KEY
+from models.interaction.phrases import PHRASES_KEY, PhraseSet
 from models.interaction.voice import PHRASE_WER_KEY
 
-SHARED = ("format", "preset", "config", PHRASES_KEY)  # must be equal: they say what the tensors mean
+SHARED = ("format", "preset", "config")  # must be equal (and the phrase set): they say what the tensors mean
 MEASURED = (PHRASE_WER_KEY, "phrase_word_error_how", ONSET_KEY, ONSET_NOTE_KEY, DELEGATE_KEY)  # per weights
 PROVENANCE = ("command", "step", "trained_minutes", "commit", "data", "data_seed", "data_episodes", "init_from")
 
@@ -64,6 +64,13 @@ def average(paths: Sequence[Path], weights: Sequence[float], out: Path, command:
         if differ:
             raise ValueError(f"{paths[0]} and {', '.join(differ)} differ in their {key!r}: only checkpoints of one "
                              "architecture and phrase set can be averaged")
+    # The phrase set each decodes its text within, resolved (a train.cli checkpoint without one has the
+    # training bank's) and written out explicitly: the average is no train.cli checkpoint.
+    phrase_sets = [PhraseSet.from_metadata(m) for m in metas]
+    differ = [str(p) for p, ps in zip(paths, phrase_sets, strict=True) if ps != phrase_sets[0]]
+    if differ:
+        raise ValueError(f"{paths[0]} and {', '.join(differ)} differ in their {PHRASES_KEY!r}: only checkpoints of "
+                         "one architecture and phrase set can be averaged")
     acc: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     for p, w in zip(paths, ws, strict=True):
@@ -77,6 +84,8 @@ def average(paths: Sequence[Path], weights: Sequence[float], out: Path, command:
             dtypes.setdefault(name, t.dtype)
             acc[name] = acc.get(name, torch.zeros(t.shape, dtype=torch.float32)) + w * t.float()
     meta = {k: metas[0][k] for k in SHARED if k in metas[0]}
+    if phrase_sets[0] is not None:
+        meta.update(phrase_sets[0].to_metadata())
     meta["command"] = command
     if all("trainer" in m for m in metas):
         # Trained weights (models/interaction/voice.py: `--voice auto` gives untrained ones the flow head).

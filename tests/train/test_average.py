@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from models.interaction import save_checkpoint
 from models.interaction.checkpoint import build, read_metadata
-from models.interaction.phrases import PhraseSet
+from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES, PhraseSet
 from tests.models.test_interaction_core import small_cfg, small_net
 from train.average import average, main
 
@@ -52,6 +52,17 @@ def test_a_weight_of_one_reproduces_that_checkpoint(tmp_path: Path) -> None:
     assert main([str(a), str(b), "--weights", "0", "1", "--out", str(tmp_path / "m.safetensors")]) == 0
     tb, tm = load_file(str(b)), load_file(str(tmp_path / "m.safetensors"))
     assert all(torch.equal(tm[k], tb[k]) for k in tb)
+
+
+def test_the_trained_phrase_set_of_train_cli_checkpoints_is_written_out(tmp_path: Path) -> None:
+    """A `duplex train` export without a phrase set decodes within the training bank (phrases.py); the
+    average is no train.cli checkpoint, so it records that set itself, or it would write freely."""
+    paths = []
+    for seed in (1, 2):
+        paths.append(tmp_path / f"{seed}.safetensors")
+        save_checkpoint(small_net(seed=seed), paths[-1], "tiny", extra={"trainer": "train.cli"})
+    meta = average(paths, [1, 1], tmp_path / "m.safetensors", "c")
+    assert PhraseSet.from_metadata(meta) == PhraseSet(TRAINED_REPLIES, TRAINED_ANSWER_LEAD)
 
 
 def test_checkpoints_that_cannot_be_averaged_are_refused_with_the_reason(tmp_path: Path,

@@ -4,7 +4,7 @@ When the native model hands a request to the background reasoner (`delegate`), t
 question. The model reads the words pocketsphinx streams (listener.py), and those are what a hand-off
 sent until now: for many voices mostly wrong words ("fi the heal far it that" for "Find out how far it
 is to the airport."), so the reasoner answered another question. Whisper tiny.en (the cascade's final
-recogniser, in a wheel) gets them right, at ~0.15 s of one core for a few seconds of speech: too
+recogniser, in a wheel) gets them right, at 0.17-0.58 s of one core for 2.5-8.6 s of speech: too
 slow for the micro-turn that every session shares, cheap once per hand-off on a thread of its own.
 
 So per session the last `KEEP_S` seconds of the user's audio are kept (int16, 0.5 MB a session); at a
@@ -89,7 +89,7 @@ class PendingQuery:
 
 class QueryTranscriber:
     """Whisper on one worker thread, shared by the sessions of a model (hand-offs are rare). The model
-    loads on that thread first (~0.7 s here): a server starts without waiting for it, and the first
+    loads on that thread first (0.54 s here): a server starts without waiting for it, and the first
     hand-off, seconds later at the earliest, finds it loaded (jobs run in order)."""
 
     def __init__(self, load: Callable[[], WhisperTranscriber] = WhisperTranscriber) -> None:

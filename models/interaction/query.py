@@ -32,6 +32,7 @@ import numpy as np
 
 from models.cascade.work import LATE
 from models.speech.asr import ASR_RATE, WhisperTranscriber, whisper_available
+from models.speech.vad import speech_segments
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
 
@@ -110,8 +111,14 @@ class QueryTranscriber:
         return self._pool.submit(self._transcribe, audio)
 
     def _transcribe(self, audio: np.ndarray) -> str:
+        """Whisper's words for the speech in `audio`; "" where Silero finds none (a typed request, a
+        silent or noisy mic: Whisper would make up "Thank you." there, and the fallback is right)."""
         clip = resample(audio.astype(np.float32) / 32767.0, SAMPLE_RATE, ASR_RATE)
-        return self._whisper.result().transcribe(clip).raw.strip()
+        spans = speech_segments(clip, ASR_RATE)
+        if not spans:
+            return ""
+        speech = clip[int(spans[0][0] * ASR_RATE) : int(spans[-1][1] * ASR_RATE)]
+        return self._whisper.result().transcribe(speech).raw.strip()
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

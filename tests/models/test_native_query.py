@@ -52,6 +52,21 @@ def test_a_late_or_failed_transcription_hands_off_the_recognisers_words() -> Non
     assert PendingQuery(empty, "heard words", 3).query() == "heard words", "Whisper heard nothing: no empty query"
 
 
+def test_no_speech_in_the_question_gives_no_words() -> None:
+    """A typed request, or a mic with only silence or noise in it: Whisper is not asked (it would make up
+    words there), so the recogniser's words or the typed text go instead."""
+    query = QueryTranscriber()
+    try:
+        noise = (np.random.default_rng(0).standard_normal(3 * SAMPLE_RATE) * 0.01 * 32767).astype(np.int16)
+        assert query.submit(np.zeros(3 * SAMPLE_RATE, dtype=np.int16)).result(timeout=30) == ""
+        assert query.submit(noise).result(timeout=30) == ""
+        typed: Future[str] = Future()
+        typed.set_result("")
+        assert PendingQuery(typed, "when does the pool close?", 3).query() == "when does the pool close?"
+    finally:
+        query.shutdown()
+
+
 def test_a_served_hand_off_carries_whisper_words_a_fixed_number_of_micro_turns_later() -> None:
     """Real speech in, a real Whisper: the `delegate` event comes DUE_TICKS after the decision (the engine
     waits for `pending_work` in media pace, as here), with the question's words."""

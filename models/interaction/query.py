@@ -80,10 +80,11 @@ class PendingQuery:
             self.words.cancel()
             LATE.note("hand-off transcription")
             return self.fallback
-        if self.words.cancelled() or self.words.exception() is not None:
-            if not self.words.cancelled():
-                log.warning("hand-off query: Whisper failed (%s); the recogniser's words go instead",
-                            self.words.exception())
+        if self.words.cancelled():  # the model shut down under it
+            return self.fallback
+        error = self.words.exception()
+        if error is not None:
+            log.warning("hand-off query: Whisper failed (%s); the recogniser's words go instead", error)
             return self.fallback
         return self.words.result()[-200:] or self.fallback
 

@@ -39,7 +39,7 @@ import numpy as np
 from bench.fdbench.layout import Sample, find_samples, interruption_span, turn_end
 from bench.fdbench.metrics import TURN_DURATION_S  # a take-over lasts this long (or has > 3 words)
 from models.interaction.onset import ONSET_KEY, ONSET_NOTE_KEY
-from models.registry import check_onset
+from models.registry import TURN_CHECK_MODES, check_onset
 from streaming.types import TICK_SECONDS
 
 THRESHOLDS = (0.0, 0.5, 0.55, 0.6, 0.65, 0.7)  # 0 = greedy
@@ -63,7 +63,7 @@ def _reference(s: Sample) -> float:
     return interruption_span(s)[1] if s.kind == "interruption" else 0.0
 
 
-def _runs(args: tuple[list[Sample], float, str | None]) -> list[Run]:
+def _runs(args: tuple[list[Sample], float, str | None, str]) -> list[Run]:
     """Every sample, closed loop, under one threshold (one process: one model, one Piper talker)."""
     import torch
 
@@ -74,11 +74,11 @@ def _runs(args: tuple[list[Sample], float, str | None]) -> list[Run]:
     from streaming.types import SAMPLE_RATE, TICK_SAMPLES
     from streaming.wav import read_wav
 
-    samples, threshold, checkpoint = args
+    samples, threshold, checkpoint, turn_check = args
     torch.set_num_threads(1)
     model = load_native("tiny", checkpoint, device="cpu",
                         options=NativeOptions(threads=1, kv_budget_mb=64, voice="piper", onset=threshold,
-                                              query="heard"))
+                                              query="heard", turn_check=turn_check))
     out = []
     try:
         for i, s in enumerate(samples):
@@ -151,14 +151,14 @@ def choose(rows: list[dict[str, Any]], max_pause: float = MAX_PAUSE) -> dict[str
 
 
 def sweep(data: Path, thresholds: tuple[float, ...], checkpoint: str | None, jobs: int,
-          limit: int | None = None) -> list[dict[str, Any]]:
+          limit: int | None = None, turn_check: str = "auto") -> list[dict[str, Any]]:
     samples = [s for s in find_samples(data) if s.kind in KINDS]
     if limit:
         samples = [s for kind in KINDS for s in [x for x in samples if x.kind == kind][:limit]]
     if not samples:
         raise SystemExit(f"{data} holds no pause, turn-taking or interruption samples; make a set with "
                          "`python -m bench.fdbench generate --out DIR --seed N`")
-    work = [(samples, th, checkpoint) for th in thresholds]
+    work = [(samples, th, checkpoint, turn_check) for th in thresholds]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
             results = list(pool.map(_runs, work))
@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: %(default)s)")
     ap.add_argument("--limit", type=int, default=None, help="at most this many samples per task (a quick look)")
     ap.add_argument("--write", action="store_true", help="record the chosen threshold in the checkpoint's metadata")
+    ap.add_argument("--turn-check", choices=TURN_CHECK_MODES, default="auto",
+                    help="the words' verdict on onsets, as `duplex serve --native-turn-check` (default: %(default)s, "
+                    "as served)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     a = ap.parse_args(argv)
     try:
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         raise SystemExit(f"--thresholds {a.thresholds!r}: comma-separated probabilities in [0, 1), e.g. 0,0.5,0.6; "
                          "0 = greedy") from None
-    rows = sweep(a.data, thresholds, a.checkpoint, max(1, a.jobs), a.limit)
+    rows = sweep(a.data, thresholds, a.checkpoint, max(1, a.jobs), a.limit, a.turn_check)
     chosen = choose(rows, a.max_pause_rate)
     if a.write:
         from models.interaction.checkpoint import shipped_checkpoint

@@ -16,6 +16,7 @@ GRAPH_MODES = ("off", "eager", "cuda")
 MATMUL_MODES = ("fp32", "bf16")
 VOICE_MODES = ("auto", "flow", "piper")  # models/interaction/voice.py decides what auto means
 QUERY_MODES = ("auto", "whisper", "heard")  # a hand-off's words (models/interaction/query.py)
+TURN_CHECK_MODES = ("auto", "words", "off")  # the words' verdict on an onset (models/interaction/turn_check.py)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class NativeOptions:
     onset: float | None = None  # p(speak) a speech onset needs (models/interaction/onset.py); None = per metadata
     delegate: float | None = None  # p(delegate) a hand-off needs (the same module); None = per metadata
     query: str = "auto"  # a hand-off's words: whisper | heard (the recogniser's) | auto = whisper where installed
+    turn_check: str = "auto"  # words = Whisper's verdict on the user's turn decides onsets with it | off | auto
 
     def __post_init__(self) -> None:
         if self.matmul not in MATMUL_MODES:
@@ -51,6 +53,9 @@ class NativeOptions:
         if self.query not in QUERY_MODES:
             raise ValueError(f"--native-query {self.query!r} (DUPLEX_NATIVE_QUERY): use one of "
                              f"{', '.join(QUERY_MODES)}")
+        if self.turn_check not in TURN_CHECK_MODES:
+            raise ValueError(f"--native-turn-check {self.turn_check!r} (DUPLEX_NATIVE_TURN_CHECK): use one of "
+                             f"{', '.join(TURN_CHECK_MODES)}")
         if self.onset is not None:
             check_onset(self.onset)
         if self.delegate is not None:
@@ -72,7 +77,8 @@ class NativeOptions:
                    voice=env.get("DUPLEX_NATIVE_VOICE") or "auto",
                    onset=_env_number("DUPLEX_NATIVE_ONSET", float),
                    delegate=_env_number("DUPLEX_NATIVE_DELEGATE", float),
-                   query=env.get("DUPLEX_NATIVE_QUERY") or "auto")
+                   query=env.get("DUPLEX_NATIVE_QUERY") or "auto",
+                   turn_check=env.get("DUPLEX_NATIVE_TURN_CHECK") or "auto")
 
 
 def _check_probability(value: float, option: str, variable: str, zero: str) -> float:

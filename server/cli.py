@@ -20,7 +20,16 @@ from typing import Any
 
 import uvicorn
 
-from models.registry import DEFAULT_MODEL, GRAPH_MODES, MATMUL_MODES, QUERY_MODES, VOICE_MODES, NativeOptions, available
+from models.registry import (
+    DEFAULT_MODEL,
+    GRAPH_MODES,
+    MATMUL_MODES,
+    QUERY_MODES,
+    TURN_CHECK_MODES,
+    VOICE_MODES,
+    NativeOptions,
+    available,
+)
 from server.config import ServerConfig
 from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
@@ -259,13 +268,20 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
                         help="the words a native hand-off gives the background reasoner: whisper = Whisper "
                         "tiny.en on the user's last words, off the inference thread (0.8 s later); heard = "
                         "what pocketsphinx streamed; auto = whisper where installed [$DUPLEX_NATIVE_QUERY]")
+    native.add_argument("--native-turn-check", choices=TURN_CHECK_MODES, default=env.turn_check,
+                        help="words = when the user stops, Whisper tiny.en and the text model judge whether "
+                        "their words are finished (off the inference thread, a micro-turn later): finished, "
+                        "the native model takes the turn when speaking and handing off together outscore "
+                        "silence; unfinished, it waits; off = the model alone; auto = words where Whisper is "
+                        "installed [$DUPLEX_NATIVE_TURN_CHECK]")
 
 
 def native_options(args: argparse.Namespace) -> NativeOptions:
     return NativeOptions(deterministic=args.native_deterministic, threads=args.torch_threads,
                          matmul=args.native_matmul, graphs=None if args.native_graphs == "auto" else args.native_graphs,
                          graph_max_batch=args.graph_max_batch, kv_budget_mb=args.kv_budget_mb, voice=args.voice,
-                         onset=args.native_onset, delegate=args.native_delegate, query=args.native_query)
+                         onset=args.native_onset, delegate=args.native_delegate, query=args.native_query,
+                         turn_check=args.native_turn_check)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

@@ -22,6 +22,7 @@ from models.interaction.onset import choose_delegate, choose_onset
 from models.interaction.phrases import PhraseSet
 from models.interaction.query import QueryTranscriber
 from models.interaction.serving import NativeModel, NativeSession, StepObserver
+from models.interaction.turn_check import TurnChecker
 from models.interaction.voice import choose_voice
 from models.registry import NativeOptions
 
@@ -119,9 +120,14 @@ def load_native(
     log.info("native:%s hands off with %s", preset_name,
              "Whisper's words for the user's last utterance (models/interaction/query.py)" if query is not None
              else "the words the recogniser streamed (--native-query heard, or Whisper is not installed)")
+    checker = TurnChecker.for_mode(opts.turn_check)
+    log.info("native:%s takes the turn %s", preset_name,
+             "with the verdict of Whisper and the text model on the user's words (models/interaction/turn_check.py)"
+             if checker is not None else "on its own decision (--native-turn-check off, or Whisper is not installed)")
     model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic, matmul=opts.matmul,
                         graphs=opts.graphs, graph_max_batch=opts.graph_max_batch, phrases=phrases, talker=talker,
-                        listener=listener, onset_threshold=threshold, delegate_threshold=hand_off, query=query)
+                        listener=listener, onset_threshold=threshold, delegate_threshold=hand_off, query=query,
+                        checker=checker)
     log.info("native:%s takes the floor at p(speak) >= %.2f (%s)", preset_name, threshold, why_onset)
     if hand_off > 0:
         log.info("native:%s hands off at p(delegate) >= %.2f (%s)", preset_name, hand_off, why_delegate)

@@ -89,10 +89,18 @@ def choose_delegate(requested: float | None, meta: dict[str, str]) -> tuple[floa
     return _DELEGATE.choose(requested, meta)
 
 
-def decide(probs: Tensor, speaking: Sequence[bool] | Tensor, onset: float, delegate: float = 0.0) -> Tensor:
-    """Actions [B] from action probabilities [B, len(ACTIONS)]; `speaking[b]`: row b spoke last micro-turn."""
+def decide(
+    probs: Tensor,
+    speaking: Sequence[bool] | Tensor,
+    onset: float,
+    delegate: float = 0.0,
+    verdicts: Sequence[str | None] | None = None,
+) -> Tensor:
+    """Actions [B] from action probabilities [B, len(ACTIONS)]; `speaking[b]`: row b spoke last micro-turn;
+    `verdicts[b]`: what the words of the user's turn say (turn_check.py: "finished", "unfinished",
+    "unclear" or None), for a row not speaking."""
     best = probs.argmax(-1)
-    if onset <= 0.0 and delegate <= 0.0:
+    if onset <= 0.0 and delegate <= 0.0 and not any(v in _JUDGED for v in verdicts or ()):
         return best
     was = torch.as_tensor(speaking, dtype=torch.bool, device=probs.device)
     if onset > 0.0:
@@ -104,4 +112,30 @@ def decide(probs: Tensor, speaking: Sequence[bool] | Tensor, onset: float, deleg
     if delegate > 0.0:
         # Not while speaking: every hand-off of training starts from silence (its holding phrase follows).
         best = torch.where(~was & (probs[:, DELEGATE] >= delegate), torch.full_like(best, DELEGATE), best)
+    if verdicts is not None:
+        best = _with_verdicts(probs, was, best, verdicts)
     return best
+
+
+_JUDGED = ("finished", "unfinished")
+
+
+def _with_verdicts(probs: Tensor, was: Tensor, best: Tensor, verdicts: Sequence[str | None]) -> Tensor:
+    """turn_check.py's rule, for rows not speaking: on a finished turn a row that would stay silent speaks
+    when speaking and handing off together outscore every other action (a hand-off it chose stays one:
+    the split between the two is the model's call); on an unfinished one it neither speaks nor hands off."""
+    take = probs[:, SPEAK] + probs[:, DELEGATE]
+    rest = probs.clone()
+    rest[:, SPEAK] = -1.0
+    rest[:, DELEGATE] = -1.0
+    other_best, other = rest.max(-1)
+    out = best.clone()
+    for b, v in enumerate(verdicts):
+        if bool(was[b]):
+            continue
+        chosen = int(best[b]) in (SPEAK, DELEGATE)
+        if v == "finished" and not chosen and bool(take[b] > other_best[b]):
+            out[b] = SPEAK
+        elif v == "unfinished" and chosen:
+            out[b] = other[b]
+    return out

@@ -66,6 +66,16 @@ class UserAudio:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
 
 
+def speech_clip(audio: np.ndarray) -> Audio | None:
+    """`UserAudio`'s int16 at `SAMPLE_RATE` -> the 16 kHz span from Silero's first speech to its last, or
+    None where it finds none (on silence or noise Whisper tiny.en makes up "you" or "Thank you.")."""
+    clip = resample(audio.astype(np.float32) / 32767.0, SAMPLE_RATE, ASR_RATE)
+    spans = speech_segments(clip, ASR_RATE)
+    if not spans:
+        return None
+    return clip[int(spans[0][0] * ASR_RATE) : int(spans[-1][1] * ASR_RATE)]
+
+
 @dataclass
 class PendingQuery:
     """A hand-off decided, its words still being transcribed."""
@@ -114,12 +124,8 @@ class QueryTranscriber:
     def _transcribe(self, audio: np.ndarray) -> str:
         """Whisper's words for the speech in `audio`; "" where Silero finds none (a typed request, a
         silent or noisy mic: Whisper would make up "Thank you." there, and the fallback is right)."""
-        clip = resample(audio.astype(np.float32) / 32767.0, SAMPLE_RATE, ASR_RATE)
-        spans = speech_segments(clip, ASR_RATE)
-        if not spans:
-            return ""
-        speech = clip[int(spans[0][0] * ASR_RATE) : int(spans[-1][1] * ASR_RATE)]
-        return self._whisper.result().transcribe(speech).raw.strip()
+        speech = speech_clip(audio)
+        return "" if speech is None else self._whisper.result().transcribe(speech).raw.strip()
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

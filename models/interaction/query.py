@@ -32,6 +32,7 @@ import numpy as np
 
 from models.cascade.work import LATE
 from models.speech.asr import ASR_RATE, WhisperTranscriber, whisper_available
+from models.speech.shared import Shared
 from models.speech.vad import speech_segments
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
@@ -46,6 +47,13 @@ LEAD_S = 0.4  # kept from before the model stopped speaking: a question may star
 # meanwhile; only the request waits.
 DUE_TICKS = 4
 KEEP_TICKS = round(KEEP_S / TICK_SECONDS)
+# One Whisper for the hand-off's words and the turn check (turn_check.py): thread-safe, ~100-190 MB each.
+_whisper: Shared[WhisperTranscriber] = Shared(WhisperTranscriber)
+
+
+def shared_whisper() -> WhisperTranscriber:
+    """The process's Whisper tiny.en for the native model's worker threads (loaded on first use)."""
+    return _whisper.get()
 
 
 @dataclass
@@ -104,7 +112,7 @@ class QueryTranscriber:
     loads on that thread first (0.54 s here): a server starts without waiting for it, and the first
     hand-off, seconds later at the earliest, finds it loaded (jobs run in order)."""
 
-    def __init__(self, load: Callable[[], WhisperTranscriber] = WhisperTranscriber) -> None:
+    def __init__(self, load: Callable[[], WhisperTranscriber] = shared_whisper) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="native-query")
         self._whisper = self._pool.submit(load)
 

@@ -21,7 +21,9 @@ query is (query.py). The model still proposes every onset; the verdict disposes 
               other action: the split between speaking and handing off no longer leaves the floor to
               silence (a hand-off it chooses, by the argmax or `--native-delegate`, stays one: it
               cannot tell a look-up from a question either, so that choice is not moved);
-  unfinished  it does not start speaking or hand off (a backchannel is still its to make);
+  unfinished  it does not start speaking or hand off (a backchannel is still its to make); words that
+              end on Whisper's "?" are never unfinished (unclear instead): the text model's doubt
+              about a question is mostly a word Whisper misheard;
   unclear     its own decision, as without the check.
 
 A verdict holds until the user speaks again, the model takes the turn, or `HOLD_TICKS` pass (after a
@@ -40,7 +42,7 @@ import numpy as np
 from models.cascade.hearing import Ears
 from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, verdict
 from models.cascade.work import LATE
-from models.interaction.query import speech_clip
+from models.interaction.query import shared_whisper, speech_clip
 from models.speech.asr import WhisperTranscriber, whisper_available
 from streaming.types import SAMPLE_RATE
 
@@ -95,7 +97,7 @@ class TurnChecker:
     thread first: a server starts without waiting for them, and a check asked before they are ready
     is late (unclear) rather than holding a step."""
 
-    def __init__(self, load: Callable[[], Ears] = lambda: _load_ears(WhisperTranscriber)) -> None:
+    def __init__(self, load: Callable[[], Ears] = lambda: _load_ears(shared_whisper)) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="native-turn-check")
         self._ears = self._pool.submit(load)
 
@@ -119,7 +121,12 @@ class TurnChecker:
         if speech is None:
             return UNCLEAR  # no speech found (noise, a hum the voice head took for words)
         heard = self._ears.result().hear(speech, judge=True)
-        return verdict(heard.transcript.raw, heard.p_text)
+        raw = heard.transcript.raw.strip()
+        said = verdict(raw, heard.p_text)
+        # A question mark is Whisper hearing a question end; the text model's doubt then is mostly a word
+        # Whisper got wrong ("Why do cats purr when they are happy?" as "... cats that when ...", P(finished)
+        # 0.003 in an espeak voice): not enough to hold back an onset the model chose. Unclear, not unfinished.
+        return UNCLEAR if said == UNFINISHED and raw.endswith("?") else said
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -23,7 +23,10 @@ model did earlier), so they measure the heads, not the closed loop (bench.fdbenc
   the utterance's micro-turns, and the phrase that commits it to (what the talker speaks). An answer
   ("Here is what I found. <the background result>") is right when it is that answer word for word;
   a reply is drawn at random from the set by the episodes, so its match with the label is chance
-  (1 in the set's size, reported beside it); what matters there is that it is one whole phrase.
+  (1 in the set's size, reported beside it); what matters there is that what it says is whole
+  phrases (`replies_whole_phrase`: written on while the model keeps speaking, as served, where it
+  chains up to three replies, and whole when its last phrase is settled; before, only the label's
+  micro-turns were read, and a second phrase begun in them counted as a broken one).
 """
 
 import argparse
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from models.interaction import vocoder
@@ -93,14 +97,19 @@ def _hand_offs(pred: np.ndarray, lab: np.ndarray) -> tuple[int, int, int]:
     return caught, labelled, int(np.sum(starts & ~near))
 
 
-def _said(writer: PhraseWriter, text: torch.Tensor, background: torch.Tensor, start: int, ticks: int) -> bytes:
-    """What the served decoding writes over micro-turns start..start+ticks-1 (text logits [N, T, 257]),
-    having read the background bytes [N, W] before them."""
+def _said(writer: PhraseWriter, text: torch.Tensor, background: torch.Tensor, start: int, ticks: int,
+          speaking: npt.NDArray[np.bool_] | None = None) -> bytes:
+    """What the served decoding writes from micro-turn `start` (text logits [N, T, 257]), having read the
+    background bytes [N, W] before it: over the label's `ticks` micro-turns, and on while the model keeps
+    speaking (`speaking[t]`, its decisions) as it would served, chaining replies; without `speaking`, up
+    to the first whole phrase in the label's span."""
     for row in background[: start + 1].tolist():
         writer.hear_background(bytes(b for b in row if b != NO_BYTE))
-    for t in range(start, start + ticks):
+    t = start
+    while t < text.shape[0] and (t < start + ticks or (speaking is not None and bool(speaking[t]))):
         writer.write(text[t])
-        if writer.complete:
+        t += 1
+        if speaking is None and writer.complete:
             break
     whole = writer.committed()  # the talker speaks the whole phrase once the written bytes settle it
     return whole.encode() if whole is not None else bytes(writer.prefix)
@@ -169,12 +178,17 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
                                                                      == speak)):
                 continue  # a backchannel, or cut short by a barge-in
             writer = PhraseWriter(phrases)
+            kind = "answer" if seg["text"].startswith(phrases.answer_lead) else "reply"
             got = _said(writer, out.text, b.feats.background, seg["start"], seg["turns"])
             want = max((u for u in writer.allowed() if seg["text"].encode().startswith(u)), key=len, default=b"")
-            kind = "answer" if seg["text"].startswith(phrases.answer_lead) else "reply"
             said[kind][0] += int(bool(want) and got == want)
             said[kind][1] += 1
-            whole += int(kind == "reply" and got in writer.allowed())
+            if kind == "reply":
+                # What it says served: written on while it keeps speaking, replies chained; whole when
+                # its last phrase is settled (the talker speaks it to its end), the ones before it whole.
+                served = PhraseWriter(phrases)
+                _said(served, out.text, b.feats.background, seg["start"], seg["turns"], pr == speak)
+                whole += int(served.committed() is not None)
         if voice:
             for seg in meta[e]["assistant"]:
                 ticks = [t for t in range(seg["start"], seg["start"] + seg["turns"]) if bool(b.mel_mask[t])]

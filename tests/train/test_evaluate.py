@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from models.interaction.checkpoint import build, read_metadata
-from models.interaction.config import ACTIONS, preset
+from models.interaction.config import ACTIONS, NO_BYTE, preset
+from models.interaction.phrases import PhraseSet, PhraseWriter
 from models.interaction.voice import PHRASE_WER_KEY, choose_voice
 from train import cli
 from train.data import EpisodeData
-from train.evaluate import confusion_table, evaluate
+from train.evaluate import _said, confusion_table, evaluate
 from train.features import build_cache
 
 TICKS = 20  # 4 s of one held-out-style episode: enough for a few control classes, fast on the real model
@@ -93,3 +94,21 @@ def test_duplex_train_export_records_the_phrase_wer_auto_reads(heldout: Path, tm
     assert choose_voice("auto", meta)[0] == "flow"
     del meta[PHRASE_WER_KEY]
     assert choose_voice("auto", meta)[0] == "piper"
+
+
+def test_a_reply_is_read_as_it_is_served_on_while_the_model_keeps_speaking() -> None:
+    """A model that chains replies ("Hi. Hi. Hi.", a space scored above "nothing more") writes a second
+    phrase inside a label one phrase long: read over the label's micro-turn alone it is a phrase begun and
+    not finished; read on while the model speaks, as the talker serves it, three whole phrases."""
+    phrases = PhraseSet(["Hi.", "Ok."], "Here is what I found.")
+    background = torch.full((6, 8), NO_BYTE)
+    chains = torch.zeros(6, 4, 257)
+    chains[:, :, ord(" ")] = 1.0
+    label_only = PhraseWriter(phrases)
+    assert _said(label_only, chains, background, 0, 1) == b"" and label_only.committed() is None
+    served = PhraseWriter(phrases)
+    speaking = np.array([True, True, True, False, False, False])
+    assert _said(served, chains, background, 0, 1, speaking) == b"Hi. Hi. Hi."
+    assert served.committed() == "Hi. Hi. Hi."
+    single = PhraseWriter(phrases)  # no chaining: the first whole phrase, as before
+    assert _said(single, torch.zeros(6, 4, 257), background, 0, 1) == b"Hi."

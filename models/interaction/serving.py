@@ -14,6 +14,7 @@ Piper, and the audio the talker plays is what the model hears back as its own.
 import codecs
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from models.interaction.query import DUE_TICKS, PendingQuery, QueryTranscriber, 
 from models.interaction.replay import TickLog, replay
 from models.interaction.turn_check import DUE_TICKS as CHECK_DUE_TICKS
 from models.interaction.turn_check import HOLD_TICKS, PendingCheck, TurnChecker
+from models.interaction.turn_check import WAIT_S as CHECK_WAIT_S
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
     from models.interaction.listener import HeardSession, Listener
@@ -358,7 +360,10 @@ class NativeModel:
         # 2. decisions (greedy) and audio for every row
         control = heads.control.float()
         probs = control[:, : len(ACTIONS)].softmax(-1)
-        verdicts = [self._verdict(s) for s in states] if self.checker is not None else None
+        verdicts: list[str | None] | None = None
+        if self.checker is not None:
+            deadline = time.monotonic() + CHECK_WAIT_S  # one wait for all the checks due this step
+            verdicts = [self._verdict(s, deadline) for s in states]
         actions = onset.decide(probs, [s.speaking for s in states], self.onset, self.delegate, verdicts).tolist()
         voice = (control[:, len(ACTIONS)] > 0).tolist()
         text_ids = heads.text.argmax(-1).tolist()
@@ -395,11 +400,12 @@ class NativeModel:
         return outs
 
     @staticmethod
-    def _verdict(st: NativeSession) -> str | None:
-        """The verdict on the user's turn this micro-turn decides with: one that comes due now, or the one
-        held since (turn_check.py)."""
+    def _verdict(st: NativeSession, deadline: float) -> str | None:
+        """The verdict on the user's turn this micro-turn decides with: one that comes due now (waited for
+        until `deadline` at most), or the one held since (turn_check.py)."""
         if st.checking is not None and st.tick >= st.checking.due:
-            st.verdict, st.verdict_until, st.checking = st.checking.take(), st.tick + HOLD_TICKS, None
+            verdict = st.checking.take(deadline - time.monotonic())
+            st.verdict, st.verdict_until, st.checking = verdict, st.tick + HOLD_TICKS, None
         if st.verdict is not None and st.tick >= st.verdict_until:
             st.verdict = None
         return st.verdict

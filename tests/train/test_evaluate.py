@@ -100,7 +100,7 @@ def test_a_reply_is_read_as_it_is_served_on_while_the_model_keeps_speaking() -> 
     """A model that chains replies ("Hi. Hi. Hi.", a space scored above "nothing more") writes a second
     phrase inside a label one phrase long: read over the label's micro-turn alone it is a phrase begun and
     not finished; read on while the model speaks, as the talker serves it, three whole phrases."""
-    phrases = PhraseSet(["Hi.", "Ok."], "Here is what I found.")
+    phrases = PhraseSet(("Hi.", "Ok."), "Here is what I found.")
     background = torch.full((6, 8), NO_BYTE)
     chains = torch.zeros(6, 4, 257)
     chains[:, :, ord(" ")] = 1.0

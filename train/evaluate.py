@@ -178,9 +178,9 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
                                                                      == speak)):
                 continue  # a backchannel, or cut short by a barge-in
             writer = PhraseWriter(phrases)
-            kind = "answer" if seg["text"].startswith(phrases.answer_lead) else "reply"
             got = _said(writer, out.text, b.feats.background, seg["start"], seg["turns"])
             want = max((u for u in writer.allowed() if seg["text"].encode().startswith(u)), key=len, default=b"")
+            kind = "answer" if seg["text"].startswith(phrases.answer_lead) else "reply"
             said[kind][0] += int(bool(want) and got == want)
             said[kind][1] += 1
             if kind == "reply":

@@ -112,27 +112,25 @@ def decide(
     if delegate > 0.0:
         # Not while speaking: every hand-off of training starts from silence (its holding phrase follows).
         best = torch.where(~was & (probs[:, DELEGATE] >= delegate), torch.full_like(best, DELEGATE), best)
-    if verdicts is not None:
-        best = _with_verdicts(probs, was, best, verdicts)
-    return best
+    judged = {b: v for b, v in enumerate(verdicts or ()) if v in _JUDGED and not bool(was[b])}
+    return _with_verdicts(probs, best, judged) if judged else best
 
 
 _JUDGED = ("finished", "unfinished")
 
 
-def _with_verdicts(probs: Tensor, was: Tensor, best: Tensor, verdicts: Sequence[str | None]) -> Tensor:
-    """turn_check.py's rule, for rows not speaking: on a finished turn a row that would stay silent speaks
-    when speaking and handing off together outscore every other action (a hand-off it chose stays one:
-    the split between the two is the model's call); on an unfinished one it neither speaks nor hands off."""
+def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, str]) -> Tensor:
+    """turn_check.py's rule, for the `judged` rows (not speaking; their verdicts): on a finished turn a row that would
+    stay silent speaks when speaking and handing off together outscore every other action (a hand-off it
+    chose stays one: the split between the two is the model's call); on an unfinished one it neither
+    speaks nor hands off."""
     take = probs[:, SPEAK] + probs[:, DELEGATE]
     rest = probs.clone()
     rest[:, SPEAK] = -1.0
     rest[:, DELEGATE] = -1.0
     other_best, other = rest.max(-1)
     out = best.clone()
-    for b, v in enumerate(verdicts):
-        if bool(was[b]):
-            continue
+    for b, v in judged.items():
         chosen = int(best[b]) in (SPEAK, DELEGATE)
         if v == "finished" and not chosen and bool(take[b] > other_best[b]):
             out[b] = SPEAK

@@ -46,10 +46,10 @@ from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, verdict
 from models.cascade.work import LATE
 from models.interaction.query import shared_whisper, speech_clip, wants_whisper
 from models.speech.asr import WhisperTranscriber
+from streaming.types import SAMPLE_RATE
 
 if TYPE_CHECKING:
     from models.speech.text_turn import TextTurn
-from streaming.types import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ MATMUL_MODES = ("fp32", "bf16")
 VOICE_MODES = ("auto", "flow", "piper")  # models/interaction/voice.py decides what auto means
 QUERY_MODES = ("auto", "whisper", "heard")  # a hand-off's words (models/interaction/query.py)
 TURN_CHECK_MODES = ("auto", "words", "off")  # the words' verdict on an onset (models/interaction/turn_check.py)
+OVERLAP_CHECK_MODES = ("auto", "words", "off")  # the cues that hold a stop (models/interaction/overlap_check.py)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class NativeOptions:
     delegate: float | None = None  # p(delegate) a hand-off needs (the same module); None = per metadata
     query: str = "auto"  # a hand-off's words: whisper | heard (the recogniser's) | auto = whisper where installed
     turn_check: str = "auto"  # words = Whisper's verdict on the user's turn decides onsets with it | off | auto
+    overlap_check: str = "auto"  # words = a stop under a backchannel is held | off | auto
 
     def __post_init__(self) -> None:
         if self.matmul not in MATMUL_MODES:
@@ -56,6 +58,9 @@ class NativeOptions:
         if self.turn_check not in TURN_CHECK_MODES:
             raise ValueError(f"--native-turn-check {self.turn_check!r} (DUPLEX_NATIVE_TURN_CHECK): use one of "
                              f"{', '.join(TURN_CHECK_MODES)}")
+        if self.overlap_check not in OVERLAP_CHECK_MODES:
+            raise ValueError(f"--native-overlap-check {self.overlap_check!r} (DUPLEX_NATIVE_OVERLAP_CHECK): use one "
+                             f"of {', '.join(OVERLAP_CHECK_MODES)}")
         if self.onset is not None:
             check_onset(self.onset)
         if self.delegate is not None:
@@ -78,7 +83,8 @@ class NativeOptions:
                    onset=_env_number("DUPLEX_NATIVE_ONSET", float),
                    delegate=_env_number("DUPLEX_NATIVE_DELEGATE", float),
                    query=env.get("DUPLEX_NATIVE_QUERY") or "auto",
-                   turn_check=env.get("DUPLEX_NATIVE_TURN_CHECK") or "auto")
+                   turn_check=env.get("DUPLEX_NATIVE_TURN_CHECK") or "auto",
+                   overlap_check=env.get("DUPLEX_NATIVE_OVERLAP_CHECK") or "auto")
 
 
 def _check_probability(value: float, option: str, variable: str, zero: str) -> float:

@@ -24,6 +24,7 @@ from models.registry import (
     DEFAULT_MODEL,
     GRAPH_MODES,
     MATMUL_MODES,
+    OVERLAP_CHECK_MODES,
     QUERY_MODES,
     TURN_CHECK_MODES,
     VOICE_MODES,
@@ -274,6 +275,11 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
                         "the native model takes the turn when speaking and handing off together outscore "
                         "silence; unfinished, it waits; off = the model alone; auto = words where Whisper is "
                         "installed [$DUPLEX_NATIVE_TURN_CHECK]")
+    native.add_argument("--native-overlap-check", choices=OVERLAP_CHECK_MODES, default=env.overlap_check,
+                        help="words = when the user speaks over the native model, the overlap probe (its first "
+                        "~100 ms) and Whisper tiny.en's words of it (a micro-turn later) hold a stop the model "
+                        "decides while they say backchannel (\"mm-hm\", \"okay\", \"oh, really?\"); off = the "
+                        "model alone; auto = words where Whisper is installed [$DUPLEX_NATIVE_OVERLAP_CHECK]")
 
 
 def native_options(args: argparse.Namespace) -> NativeOptions:
@@ -281,7 +287,7 @@ def native_options(args: argparse.Namespace) -> NativeOptions:
                          matmul=args.native_matmul, graphs=None if args.native_graphs == "auto" else args.native_graphs,
                          graph_max_batch=args.graph_max_batch, kv_budget_mb=args.kv_budget_mb, voice=args.voice,
                          onset=args.native_onset, delegate=args.native_delegate, query=args.native_query,
-                         turn_check=args.native_turn_check)
+                         turn_check=args.native_turn_check, overlap_check=args.native_overlap_check)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

@@ -19,6 +19,7 @@ from models.interaction.kv import KVPool, PoolFullError
 from models.interaction.listener import Listener
 from models.interaction.model import InteractionTransformer, TurnFeatures, init_weights
 from models.interaction.onset import choose_delegate, choose_onset
+from models.interaction.overlap_check import OverlapChecker
 from models.interaction.phrases import PhraseSet
 from models.interaction.query import QueryTranscriber
 from models.interaction.serving import NativeModel, NativeSession, StepObserver
@@ -124,10 +125,15 @@ def load_native(
     log.info("native:%s takes the turn %s", preset_name,
              "with the verdict of Whisper and the text model on the user's words (models/interaction/turn_check.py)"
              if checker is not None else "on its own decision (--native-turn-check off, or Whisper is not installed)")
+    overlaps = OverlapChecker.for_mode(opts.overlap_check)
+    log.info("native:%s %s", preset_name,
+             "goes on speaking through what the overlap probe and Whisper's words say is a backchannel "
+             "(models/interaction/overlap_check.py)" if overlaps is not None
+             else "stops for overlaps on its own decision (--native-overlap-check off, or Whisper is not installed)")
     model = NativeModel(net, f"native:{preset_name}", n_slots, dev, deterministic, matmul=opts.matmul,
                         graphs=opts.graphs, graph_max_batch=opts.graph_max_batch, phrases=phrases, talker=talker,
                         listener=listener, onset_threshold=threshold, delegate_threshold=hand_off, query=query,
-                        checker=checker)
+                        checker=checker, overlaps=overlaps)
     log.info("native:%s takes the floor at p(speak) >= %.2f (%s)", preset_name, threshold, why_onset)
     if hand_off > 0:
         log.info("native:%s hands off at p(delegate) >= %.2f (%s)", preset_name, hand_off, why_delegate)

@@ -67,6 +67,11 @@ class UserAudio:
         pcm = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)
         self.ticks.append((tick, (pcm * 32767.0).astype(np.int16)))
 
+    def since(self, tick: int) -> np.ndarray:
+        """The audio of micro-turns `tick` onwards, `SAMPLE_RATE` int16."""
+        parts = [a for t, a in self.ticks if t >= tick]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
+
     def question(self, tick: int) -> np.ndarray:
         """The user's audio up to micro-turn `tick` since the model last spoke, `SAMPLE_RATE` int16."""
         since = min(self.spoke_at + 1 - round(LEAD_S / TICK_SECONDS), tick - round(MIN_S / TICK_SECONDS))
@@ -74,11 +79,11 @@ class UserAudio:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
 
 
-def speech_clip(audio: np.ndarray) -> Audio | None:
+def speech_clip(audio: np.ndarray, min_speech_s: float = 0.25) -> Audio | None:
     """`UserAudio`'s int16 at `SAMPLE_RATE` -> the 16 kHz span from Silero's first speech to its last, or
     None where it finds none (on silence or noise Whisper tiny.en makes up "you" or "Thank you.")."""
     clip = resample(audio.astype(np.float32) / 32767.0, SAMPLE_RATE, ASR_RATE)
-    spans = speech_segments(clip, ASR_RATE)
+    spans = speech_segments(clip, ASR_RATE, min_speech_s=min_speech_s)
     if not spans:
         return None
     return clip[int(spans[0][0] * ASR_RATE) : int(spans[-1][1] * ASR_RATE)]

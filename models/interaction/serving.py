@@ -31,6 +31,7 @@ from models.interaction.flow import turn_noise
 from models.interaction.kv import KVPool
 from models.interaction.layers import Lin
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
+from models.interaction.overlap_check import HOLD, LEAD_TICKS, LONGEST_TICKS, STOP, Overlap, OverlapChecker, ruling
 from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
 from models.interaction.query import DUE_TICKS, PendingQuery, QueryTranscriber, UserAudio
 from models.interaction.replay import TickLog, replay
@@ -86,6 +87,7 @@ class NativeSession:
     checking: PendingCheck | None = None  # the words of the user's turn being judged (turn_check.py)
     verdict: str | None = None  # what they said, until the user speaks again or the model takes the turn
     verdict_until: int = 0  # the micro-turn a verdict stops counting (turn_check.HOLD_TICKS)
+    overlap: Overlap | None = None  # the user's speech over the model's, and what it says (overlap_check.py)
 
 
 # Told, for each session of a step, what the model saw and what its heads said: (state, features row,
@@ -131,6 +133,7 @@ class NativeModel:
         delegate_threshold: float = 0.0,
         query: QueryTranscriber | None = None,
         checker: TurnChecker | None = None,
+        overlaps: OverlapChecker | None = None,
     ) -> None:
         """`matmul`, `graphs`, `graph_max_batch`: see `NativeOptions` (models/registry.py). `phrases`: what
         the checkpoint was trained to say (its text is decoded within it); `talker`: Piper speaks instead
@@ -139,11 +142,12 @@ class NativeModel:
         the p(speak) a speech onset needs (onset.py; 0 = greedy); `delegate_threshold`: the p(delegate) at
         which it hands off while not speaking (onset.py; 0 = the argmax); `query`: Whisper for a hand-off's
         words (query.py; None: the recogniser's words); `checker`: the words' verdict when the user stops, which
-        an onset then follows (turn_check.py; None: the model decides alone)."""
+        an onset then follows (turn_check.py; None: the model decides alone); `overlaps`: the cues that hold a
+        stop under a backchannel (overlap_check.py; None: the model decides alone)."""
         if bool(net.cfg.heard_tokens) != (listener is not None):
             raise ValueError("a listener goes with a checkpoint that reads heard words (heard_tokens > 0), only then")
         self.phrases, self.talker, self.listener, self.query = phrases, talker, listener, query
-        self.checker = checker
+        self.checker, self.overlaps = checker, overlaps
         self.onset = onset.check_onset(onset_threshold)
         self.delegate = onset.check_delegate(delegate_threshold)
         self.voice = "flow" if talker is None else "piper"
@@ -234,7 +238,7 @@ class NativeModel:
             writer=PhraseWriter(self.phrases) if self.phrases is not None else None,
             talk=self.talker.open() if self.talker is not None else None,
             hear=self.listener.open() if self.listener is not None else None,
-            user_audio=UserAudio() if self.query is not None or self.checker is not None else None,
+            user_audio=UserAudio() if self.query or self.checker or self.overlaps else None,
         )
 
     def close(self, state: NativeSession) -> None:
@@ -248,6 +252,8 @@ class NativeModel:
                 state.handing_off.words.cancel()
             if state.checking is not None:
                 state.checking.verdict.cancel()
+            if state.overlap is not None:
+                state.overlap.cancel()
             state.closed = True
 
     def pending_work(self, state: NativeSession) -> list[Future[Any]]:
@@ -260,6 +266,8 @@ class NativeModel:
             work.append(state.handing_off.words)
         if state.checking is not None:
             work.append(state.checking.verdict)
+        if state.overlap is not None and state.overlap.job is not None:
+            work.append(state.overlap.job)
         return work
 
     def shutdown(self) -> None:
@@ -271,6 +279,8 @@ class NativeModel:
             self.query.shutdown()
         if self.checker is not None:
             self.checker.shutdown()
+        if self.overlaps is not None:
+            self.overlaps.shutdown()
         if self.listener is not None:
             self.listener.shutdown()
 
@@ -360,12 +370,17 @@ class NativeModel:
         # 2. decisions (greedy) and audio for every row
         control = heads.control.float()
         probs = control[:, : len(ACTIONS)].softmax(-1)
+        voice = (control[:, len(ACTIONS)] > 0).tolist()
+        deadline = time.monotonic() + CHECK_WAIT_S  # one wait for all the checks due this step
         verdicts: list[str | None] | None = None
         if self.checker is not None:
-            deadline = time.monotonic() + CHECK_WAIT_S  # one wait for all the checks due this step
             verdicts = [self._verdict(s, deadline) for s in states]
         actions = onset.decide(probs, [s.speaking for s in states], self.onset, self.delegate, verdicts).tolist()
-        voice = (control[:, len(ACTIONS)] > 0).tolist()
+        for i, (st, tick) in enumerate(batch):
+            if st.user_audio is not None:
+                st.user_audio.add(st.tick, tick.audio)
+            if self.overlaps is not None and not tick.cancel:
+                actions[i] = self._overlap(st, voice[i], deadline, actions[i])
         text_ids = heads.text.argmax(-1).tolist()
         transcript_ids = heads.transcript.argmax(-1).tolist()
         if self.talker is None:
@@ -373,8 +388,6 @@ class NativeModel:
         # 3. per session: gate, events, feedback
         outs, spoken = [], []
         for i, (st, tick) in enumerate(batch):
-            if st.user_audio is not None:
-                st.user_audio.add(st.tick, tick.audio)
             if st.writer is not None:
                 text_ids[i] = self._write(st.writer, tick, actions[i], heads.text[i])
             gate, text, user_text, events = self._decide(st, tick, actions[i], voice[i], text_ids[i], transcript_ids[i])
@@ -390,6 +403,8 @@ class NativeModel:
                 st.log.add(tick, outs[-1])
             if observe is not None:
                 observe(st, feats.row(i), HeadOutputs(*(x[i : i + 1] for x in vars(heads).values())))
+            if st.overlap is not None and st.user_speaking and st.speaking and st.user_audio and self.overlaps:
+                self.overlaps.ask(st.overlap, st.tick, st.user_audio.since(st.overlap.opened - LEAD_TICKS))
         # 4. the model hears itself: dMel of what it actually said becomes next micro-turn's self audio
         own = torch.stack([torch.cat([st.self_tail, a]) for st, a in zip(states, spoken, strict=True)])
         self_dmel = self.frontend(own, self.deterministic)
@@ -409,6 +424,36 @@ class NativeModel:
         if st.verdict is not None and st.tick >= st.verdict_until:
             st.verdict = None
         return st.verdict
+
+    def _overlap(self, st: NativeSession, voice: bool, deadline: float, action: int) -> int:
+        """Open, follow and close `st`'s overlap with this micro-turn's voice flag, and the action once its cues
+        ruled on the model's (overlap_check.py). Only while it speaks: once it stopped, the floor is the user's."""
+        assert self.overlaps is not None and st.user_audio is not None
+        ov = st.overlap
+        if ov is None:
+            if not (voice and not st.user_speaking and st.speaking):
+                return action
+            ov = st.overlap = self.overlaps.open(st.tick, st.user_audio.since(st.tick - LEAD_TICKS - 2))
+        elif not st.speaking:
+            ov.cancel()
+            st.overlap = None
+            return action
+        ov.collect(st.tick, deadline - time.monotonic())
+        ov.ended = None if voice else (st.tick if ov.ended is None else ov.ended)
+        said = ruling(ov, st.tick)
+        log.debug("session %s micro-turn %d: overlap since %d, P(interruption) %s, words %r: %s",
+                  st.session_id, st.tick, ov.opened, ov.p_interrupt, ov.words, said)
+        if said == HOLD and action != SPEAK:
+            ov.held_stop = True
+            return SPEAK  # a stop under a backchannel is held: it goes on speaking
+        if said == STOP:
+            st.overlap = None
+            ov.cancel()
+            return YIELD if action == SPEAK else action  # the stop it was held from
+        if said != HOLD and (ov.ended is not None or st.tick - ov.opened >= 2 * LONGEST_TICKS):
+            ov.cancel()
+            st.overlap = None  # over, or past telling: the model decides
+        return action
 
     @staticmethod
     def _write(writer: PhraseWriter, tick: TickInput, action: int, logits: Tensor) -> list[int]:

@@ -96,6 +96,7 @@ async def test_shipped_model_replies_to_a_question_with_words_and_not_before(nat
     assert any(spoken[end : end + 10]), f"no reply within 2 s after the question: {spoken}"
     assert "speaks with Piper (the talker) (auto:" in native.log(), "start-up says which voice and why"
     assert "takes the turn with the verdict of Whisper" in native.log(), "the turn check is on by default"
+    assert "goes on speaking through what the overlap probe" in native.log(), "so is the overlap check"
     heard = transcribe(np.concatenate(played), RATE)
     # The model picks its phrases (a reply chains up to MAX_CHAINED of them); whichever they are, Whisper
     # tiny.en must hear their words.

@@ -1,0 +1,188 @@
+"""Is the user's speech over the model's a backchannel? The words' evidence, asked while it is said.
+
+The shipped `native:tiny` stops for a listener's "mm-hm" as it stops for "wait, stop": on the 24 v1.5
+backchannel samples of two held-out sets where it was speaking, its control head gave p(yield)
+0.54-0.71 one or two micro-turns into "Right.", "Okay.", "Got it." and stopped in 6, at the same
+point and with the same probabilities as it yields to interruptions (0.55-0.75, one to three
+micro-turns in). Their first few hundred ms sound alike; what differs is what is said, and the
+backchannels of English are a small closed set.
+
+So when the model's voice head says the user started speaking while the model speaks, an *overlap*
+opens, and two cues the cascade already uses (models/cascade/overlaps.py) are gathered for it:
+
+- the overlap probe (models.speech.overlap: a logistic probe on Whisper's encoder over the overlap's
+  first ~100 ms, trained by train/overlap.py), once, inline: ~10-40 ms of a core, once per overlap;
+- Whisper tiny.en's words of the overlap so far (Silero-trimmed), asked every micro-turn the user goes
+  on speaking, on a worker thread, used the micro-turn after (`DUE_TICKS`; the step waits for them as
+  for the turn check, turn_check.WAIT_S, and a media-pace engine and a replay through `pending_work`).
+
+While the model speaks and the overlap is young, a stop the model decides is *held* (it goes on
+speaking) when the cues say backchannel (`holds`): its latest words are only backchannel words and
+phrases (`models.cascade.text.only_backchannel`: "okay", "mm-hm, I see", "oh, really?"), or, before any
+words are in, the probe gives P(interruption) < `EARLY_P`. Words that say anything else ("wait",
+"hang on", "okay, stop"), a probe that hears an interruption with no words yet, or an overlap past
+`LONGEST_TICKS` (twice that while its words are only backchannels) leave the decision to the model,
+as without the check. A hold lasts `GRACE_TICKS` after the user falls silent: the model's own urge to
+yield peaks a micro-turn after the sound it answers. The model never starts speaking because of it,
+and a stop the client asks for (`response.cancel`) is never held.
+
+What it costs an interruption: one that opens like a backchannel ("Okay, stop ...") or that the probe
+misses waits for the words that tell (a micro-turn or two). Measured: README, *Backchannels*.
+`--native-overlap-check off` serves the model alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.cascade.text import only_backchannel
+from models.cascade.work import LATE
+from models.interaction.query import shared_whisper, speech_clip, wants_whisper
+from models.speech.asr import ASR_RATE, WhisperTranscriber
+from models.speech.overlap import OverlapProbe, OverlapProbeError
+from models.speech.vad import speech_segments
+from streaming.resample import resample
+from streaming.types import SAMPLE_RATE, TICK_SECONDS
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DUE_TICKS", "EARLY_P", "FREE", "GRACE_TICKS", "HOLD", "LONGEST_TICKS", "STOP", "Overlap", "OverlapChecker",
+           "ruling"]
+
+DUE_TICKS = 1  # Whisper's words of the overlap so far, used the micro-turn after they are asked
+# The cascade's `barge_in_early_p`: at 100 ms it caught 0.85 of held-out interruptions and flagged 0.19 of
+# backchannels (train/overlap.py, voices held out); here it only decides before the words are in.
+EARLY_P = 0.5
+# An overlap longer than 1 s is not a listener's "mm-hm" (the cascade's `barge_in_max_ms`); twice that
+# while its words are only backchannels ("Mm-hmm, I see." runs 1.1-1.4 s in the espeak voices).
+LONGEST_TICKS = round(1.0 / TICK_SECONDS)
+GRACE_TICKS = 2
+LEAD_TICKS = 1  # audio kept from before the voice head's onset: it flags speech up to a micro-turn late
+PROBE_S = 0.8  # the audio searched for the overlap's onset (Silero) for the probe
+# Silero's shortest speech: a backchannel heard a micro-turn in is 0.1-0.3 s of it, and the default 0.25 s
+# (for whole utterances) found none in "Right." or "Got it." at the micro-turn the voice head flagged them.
+MIN_SPEECH_S = 0.06
+# Whisper on the first 0.1-0.2 s of a word makes up another ("Run." for the start of "Right.", "Go!" for "Got
+# it", "And" for "Mm-hmm", measured on the shipped model's overlaps): words count once they come from this
+# much speech ("Okay", "Wait", "Hang on." read right from 0.3 s after the onset).
+WORDS_MIN_S = 0.3
+
+
+@dataclass
+class Overlap:
+    """The user's speech over the model's, from the micro-turn the voice head heard it begin."""
+
+    opened: int
+    p_interrupt: float | None  # the probe's P(interruption); None where the probe is not at hand
+    words: str = ""  # Whisper's latest non-empty words of it
+    job: Future[str] | None = None  # Whisper on the overlap so far, due at `due`
+    due: int = 0
+    ended: int | None = None  # the micro-turn the user fell silent (None: still speaking)
+    held_stop: bool = False  # a stop the model decided was held
+
+    def collect(self, tick: int, wait: float) -> None:
+        """Take the words due by `tick` (waiting up to `wait` seconds); late or failed words change nothing."""
+        job = self.job
+        if job is None or tick < self.due:
+            return
+        self.job = None
+        if not job.done():
+            futures.wait([job], timeout=max(0.0, wait))
+        if not job.done():
+            job.cancel()
+            LATE.note("overlap words")
+            return
+        if job.cancelled():
+            return
+        error = job.exception()
+        if error is not None:
+            log.warning("overlap words failed (%s); the model decides alone", error)
+            return
+        words = job.result().strip()
+        if words:
+            self.words = words
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+            self.job = None
+
+
+HOLD, STOP, FREE = "hold", "stop", "free"
+
+
+def ruling(ov: Overlap, tick: int) -> str:
+    """What the overlap's cues say at micro-turn `tick` of a stop the model decides (module docstring):
+    HOLD it (young, and the cues say backchannel); STOP, where a stop was held and the user is still at it or
+    said something else ("Okay, stop.", "Hang on."): the stop the model wanted, now; FREE: the model decides."""
+    bc_words = bool(ov.words) and only_backchannel(ov.words)
+    young = tick - ov.opened < LONGEST_TICKS * (2 if bc_words else 1)
+    backchannel = bc_words if ov.words else ov.p_interrupt is not None and ov.p_interrupt < EARLY_P
+    if young and (ov.ended is None or tick - ov.ended <= GRACE_TICKS) and backchannel:
+        return HOLD
+    if ov.held_stop and (ov.ended is None or (bool(ov.words) and not bc_words)):
+        return STOP
+    return FREE
+
+
+class OverlapChecker:
+    """The probe (inline, once per overlap) and Whisper on the overlap's words (one worker thread, shared by
+    a model's sessions). Whisper loads on the worker: until it is ready the probe is skipped and words are
+    late, and the model decides alone."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="native-overlap-check")
+        self._ready: Future[tuple[WhisperTranscriber, OverlapProbe | None]] = self._pool.submit(self._load)
+
+    @staticmethod
+    def _load() -> tuple[WhisperTranscriber, OverlapProbe | None]:
+        whisper = shared_whisper()
+        try:
+            return whisper, OverlapProbe(whisper)
+        except OverlapProbeError as e:
+            log.warning("overlap check without the probe (%s): the words alone hold a stop", e)
+            return whisper, None
+
+    @staticmethod
+    def for_mode(mode: str) -> OverlapChecker | None:
+        """`--native-overlap-check`: words (an error if Whisper is not installed), off (None), auto (words
+        where Whisper is installed)."""
+        return OverlapChecker() if wants_whisper(mode, "--native-overlap-check", "words", "off") else None
+
+    def open(self, tick: int, recent: np.ndarray) -> Overlap:
+        """An overlap heard beginning at `tick`; `recent`: the user's last audio, int16 at `SAMPLE_RATE`,
+        ending now (what the probe judges from Silero's onset in it)."""
+        return Overlap(opened=tick, p_interrupt=self._probe(recent))
+
+    def _probe(self, recent: np.ndarray) -> float | None:
+        if not self._ready.done() or self._ready.exception() is not None:
+            return None
+        _, probe = self._ready.result()
+        if probe is None:
+            return None
+        clip = resample(recent[-int(PROBE_S * SAMPLE_RATE) :].astype(np.float32) / 32767.0, SAMPLE_RATE, ASR_RATE)
+        spans = speech_segments(clip, ASR_RATE, min_speech_s=MIN_SPEECH_S)
+        if not spans:
+            return None  # Silero hears no speech yet: no early cue; the words will tell
+        return probe.probability(clip, int(spans[-1][0] * ASR_RATE))
+
+    def ask(self, ov: Overlap, tick: int, audio: np.ndarray) -> None:
+        """Whisper on the overlap so far (`audio`: int16 at `SAMPLE_RATE`, from just before its onset to
+        now), due the micro-turn after `tick`."""
+        ov.cancel()
+        ov.job, ov.due = self._pool.submit(self._words, audio), tick + DUE_TICKS
+
+    def _words(self, audio: np.ndarray) -> str:
+        speech = speech_clip(audio, MIN_SPEECH_S)
+        if speech is None or len(speech) < WORDS_MIN_S * ASR_RATE:
+            return ""  # too little to read yet: the probe decides meanwhile
+        whisper, _ = self._ready.result()
+        return whisper.transcribe(speech).raw
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -132,8 +132,7 @@ def ruling(ov: Overlap, tick: int) -> str:
 
 class OverlapChecker:
     """The probe (inline, once per overlap) and Whisper on the overlap's words (one worker thread, shared by
-    a model's sessions). Whisper loads on the worker: until it is ready the probe is skipped and words are
-    late, and the model decides alone."""
+    a model's sessions). Both load on the worker at start-up; where they fail to, the model decides alone."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="native-overlap-check")
@@ -160,7 +159,9 @@ class OverlapChecker:
         return Overlap(opened=tick, p_interrupt=self._probe(recent))
 
     def _probe(self, recent: np.ndarray) -> float | None:
-        if not self._ready.done() or self._ready.exception() is not None:
+        # Waited for, not skipped while loading: a replay of the session (replay.py) must hear the same cues.
+        # It loads at start-up (Whisper 0.5 s), long before a model has spoken enough to be talked over.
+        if self._ready.exception() is not None:
             return None
         _, probe = self._ready.result()
         if probe is None:

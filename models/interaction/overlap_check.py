@@ -1,11 +1,10 @@
 """Is the user's speech over the model's a backchannel? The words' evidence, asked while it is said.
 
-The shipped `native:tiny` stops for a listener's "mm-hm" as it stops for "wait, stop": on the 24 v1.5
-backchannel samples of two held-out sets where it was speaking, its control head gave p(yield)
-0.54-0.71 one or two micro-turns into "Right.", "Okay.", "Got it." and stopped in 6, at the same
-point and with the same probabilities as it yields to interruptions (0.55-0.75, one to three
-micro-turns in). Their first few hundred ms sound alike; what differs is what is said, and the
-backchannels of English are a small closed set.
+The shipped `native:tiny` stops for a listener's "mm-hm" as it stops for "wait, stop": under 8 of the 20
+v1.5 backchannels of two sets that came while it spoke, it yielded one or two micro-turns into "Right.",
+"Okay.", "Got it." at p(yield) 0.54-0.72, the point and the probabilities at which it yields to
+interruptions (0.55-0.75, one to three micro-turns in). Their first few hundred ms sound alike; what
+differs is what is said, and the backchannels of English are a small closed set.
 
 So when the model's voice head says the user started speaking while the model speaks, an *overlap*
 opens, and two cues the cascade already uses (models/cascade/overlaps.py) are gathered for it:
@@ -16,15 +15,17 @@ opens, and two cues the cascade already uses (models/cascade/overlaps.py) are ga
   on speaking, on a worker thread, used the micro-turn after (`DUE_TICKS`; the step waits for them as
   for the turn check, turn_check.WAIT_S, and a media-pace engine and a replay through `pending_work`).
 
-While the model speaks and the overlap is young, a stop the model decides is *held* (it goes on
-speaking) when the cues say backchannel (`holds`): its latest words are only backchannel words and
-phrases (`models.cascade.text.only_backchannel`: "okay", "mm-hm, I see", "oh, really?"), or, before any
-words are in, the probe gives P(interruption) < `EARLY_P`. Words that say anything else ("wait",
-"hang on", "okay, stop"), a probe that hears an interruption with no words yet, or an overlap past
-`LONGEST_TICKS` (twice that while its words are only backchannels) leave the decision to the model,
-as without the check. A hold lasts `GRACE_TICKS` after the user falls silent: the model's own urge to
-yield peaks a micro-turn after the sound it answers. The model never starts speaking because of it,
-and a stop the client asks for (`response.cancel`) is never held.
+While the model speaks and the overlap is young, a stop the model decides (a yield; with the flow head
+any action but speak, which gates its voice to silence; with the talker, silent or a backchannel let the
+phrase under way play out) is *held*, and it goes on speaking, when the cues say backchannel (`ruling`):
+its latest words are only backchannel words and phrases (`models.cascade.text.only_backchannel`:
+"okay", "mm-hm, I see", "oh, really?"), or, before any words are in, the probe gives P(interruption) <
+`EARLY_P`. Words that say anything else ("hang on", "okay, stop"), or the user still talking when the
+hold ends (`LONGEST_TICKS`; twice that while the words are only backchannels), give the held stop back
+at once; with no stop held, the model decides as without the check. A hold lasts `GRACE_TICKS` after
+the user falls silent: the model's own urge to yield peaks a micro-turn after the sound it answers.
+The model never starts speaking because of it, and a stop the client asks for (`response.cancel`) is
+never held.
 
 What it costs an interruption: one that opens like a backchannel ("Okay, stop ...") or that the probe
 misses waits for the words that tell (a micro-turn or two). Measured: README, *Backchannels*.

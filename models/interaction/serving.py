@@ -443,13 +443,16 @@ class NativeModel:
         said = ruling(ov, st.tick)
         log.debug("session %s micro-turn %d: overlap since %d, P(interruption) %s, words %r: %s",
                   st.session_id, st.tick, ov.opened, ov.p_interrupt, ov.words, said)
-        if said == HOLD and action != SPEAK:
+        # What cuts the model's voice: a yield; with the flow head, any action but speak (gated to silence).
+        # With the talker, silent or a backchannel only stop the writing: the phrase under way plays out.
+        cut = action == YIELD or (self.talker is None and action != SPEAK)
+        if said == HOLD and cut:
             ov.held_stop = True
             return SPEAK  # a stop under a backchannel is held: it goes on speaking
         if said == STOP:
             st.overlap = None
             ov.cancel()
-            return YIELD if action == SPEAK else action  # the stop it was held from
+            return YIELD  # the stop it was held from
         if said != HOLD and (ov.ended is not None or st.tick - ov.opened >= 2 * LONGEST_TICKS):
             ov.cancel()
             st.overlap = None  # over, or past telling: the model decides

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from bench.fdbench.generate import generate
-from models.base import TickInput
 from models.interaction import NativeModel, load_native
 from models.interaction.overlap_check import (
     FREE,
@@ -24,8 +23,9 @@ from models.interaction.overlap_check import (
 )
 from models.registry import NativeOptions
 from streaming.resample import resample
-from streaming.types import TICK_SAMPLES, TICK_SECONDS
+from streaming.types import TICK_SECONDS
 from streaming.wav import read_wav
+from tests.models.native_steps import step_through
 from train.episodes import Speaker
 
 RATE = 24_000
@@ -85,22 +85,8 @@ def test_real_whisper_reads_the_overlap_once_there_is_enough_of_it(checker: Over
 
 
 def _stepped(model: NativeModel, wav: Path, name: str) -> str:
-    """Step a session through `wav` as the media-pace engine does; per micro-turn S (speaking) or ."""
     audio, sr = read_wav(wav)
-    audio = resample(audio, sr, RATE)
-    n = -(-len(audio) // TICK_SAMPLES)
-    audio = np.pad(audio, (0, n * TICK_SAMPLES - len(audio))).astype(np.float32)
-    st = model.open(name)
-    out = ""
-    try:
-        for k in range(n):
-            for job in model.pending_work(st):
-                job.result(timeout=60)
-            model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES))])
-            out += "S" if st.speaking else "."
-    finally:
-        model.close(st)
-    return out
+    return step_through(model, resample(audio, sr, RATE), name)
 
 
 def _span(sample: Path) -> tuple[int, int]:

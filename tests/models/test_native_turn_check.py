@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from models.base import TickInput
 from models.cascade.work import LATE
-from models.interaction import NativeModel, load_native
+from models.interaction import load_native
 from models.interaction.config import ACTIONS
 from models.interaction.onset import decide
 from models.interaction.turn_check import FINISHED, UNCLEAR, UNFINISHED, PendingCheck, TurnChecker
 from models.registry import NativeOptions
 from streaming.types import TICK_SAMPLES
+from tests.models.native_steps import step_through
 from train.episodes import Speaker
 
 SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = range(len(ACTIONS))
@@ -82,24 +82,6 @@ def test_real_whisper_and_the_text_model_judge_a_question_finished_and_a_cut_cla
     assert hum.result(timeout=60) == UNCLEAR, "no speech in it: no verdict (Whisper would make words up)"
 
 
-def _steps(model: NativeModel, audio: np.ndarray, name: str) -> str:
-    """Step a session through `audio` as the media-pace engine does; per micro-turn S (speaking), D (a
-    hand-off) or . (neither)."""
-    n = -(-len(audio) // TICK_SAMPLES)
-    audio = np.pad(audio, (0, n * TICK_SAMPLES - len(audio)))
-    st = model.open(name)
-    out = ""
-    try:
-        for k in range(n):
-            for job in model.pending_work(st):
-                job.result(timeout=60)
-            model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES))])
-            out += "S" if st.speaking else "D" if st.last_action == DELEGATE else "."
-    finally:
-        model.close(st)
-    return out
-
-
 @pytest.mark.timeout(300)
 def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_without() -> None:
     """The failure the check is for (README, *Whether the user finished*): one short sentence alone, the
@@ -117,9 +99,9 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
         opts = NativeOptions(threads=1, kv_budget_mb=64, voice="piper", query="heard", turn_check=mode)
         model = load_native("tiny", None, device="cpu", options=opts)
         try:
-            runs[mode] = _steps(model, q_audio, f"q-{mode}")
+            runs[mode] = step_through(model, q_audio, f"q-{mode}")
             if mode == "words":
-                paused = _steps(model, p_audio, "p-words")
+                paused = step_through(model, p_audio, "p-words")
         finally:
             model.shutdown()
     assert "S" not in runs["off"], f"the model alone answered; the test no longer shows the failure: {runs['off']}"

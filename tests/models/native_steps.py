@@ -1,0 +1,28 @@
+"""Stepping a native-model session through audio in process, as the media-pace engine does."""
+
+import numpy as np
+
+from models.base import TickInput
+from models.interaction import NativeModel
+from models.interaction.config import ACTIONS
+from streaming.types import TICK_SAMPLES
+
+DELEGATE = ACTIONS.index("delegate")
+
+
+def step_through(model: NativeModel, audio: np.ndarray, name: str) -> str:
+    """Step a fresh session through `audio` (24 kHz), waiting for the work each micro-turn uses as the
+    media-pace engine does; per micro-turn S (speaking), D (a hand-off) or . (neither)."""
+    n = -(-len(audio) // TICK_SAMPLES)
+    audio = np.pad(audio, (0, n * TICK_SAMPLES - len(audio))).astype(np.float32)
+    st = model.open(name)
+    out = ""
+    try:
+        for k in range(n):
+            for job in model.pending_work(st):
+                job.result(timeout=60)
+            model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES))])
+            out += "S" if st.speaking else "D" if st.last_action == DELEGATE else "."
+    finally:
+        model.close(st)
+    return out

@@ -10,9 +10,12 @@ from streaming.types import TICK_SAMPLES
 DELEGATE = ACTIONS.index("delegate")
 
 
-def step_through(model: NativeModel, audio: np.ndarray, name: str) -> str:
-    """Step a fresh session through `audio` (24 kHz), waiting for the work each micro-turn uses as the
-    media-pace engine does; per micro-turn S (speaking), D (a hand-off) or . (neither)."""
+def step_through(model: NativeModel, audio: np.ndarray, name: str, ticks: int | None = None) -> str:
+    """Step a fresh session through `audio` (24 kHz), or its first `ticks` micro-turns, waiting for the work
+    each micro-turn uses as the media-pace engine does; per micro-turn S (speaking), D (a hand-off) or .
+    (neither)."""
+    if ticks is not None:
+        audio = audio[: ticks * TICK_SAMPLES]
     n = -(-len(audio) // TICK_SAMPLES)
     audio = np.pad(audio, (0, n * TICK_SAMPLES - len(audio))).astype(np.float32)
     st = model.open(name)

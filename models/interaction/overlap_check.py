@@ -35,15 +35,13 @@ misses waits for the words that tell (a micro-turn or two). Measured: README, *B
 from __future__ import annotations
 
 import logging
-from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from models.cascade.text import only_backchannel
-from models.cascade.work import LATE
-from models.interaction.query import shared_whisper, speech_clip, wants_whisper
+from models.interaction.query import settle, shared_whisper, speech_clip, wants_whisper
 from models.speech.asr import ASR_RATE, WhisperTranscriber
 from models.speech.overlap import OverlapProbe, OverlapProbeError
 from models.speech.vad import speech_segments
@@ -64,7 +62,7 @@ EARLY_P = 0.5
 LONGEST_TICKS = round(1.0 / TICK_SECONDS)
 GRACE_TICKS = 2
 LEAD_TICKS = 1  # audio kept from before the voice head's onset: it flags speech up to a micro-turn late
-PROBE_S = 0.8  # the audio searched for the overlap's onset (Silero) for the probe
+PROBE_TICKS = 4  # the audio searched for the overlap's onset (Silero) for the probe: 0.8 s
 # Silero's shortest speech: a backchannel heard a micro-turn in is 0.1-0.3 s of it, and the default 0.25 s
 # (for whole utterances) found none in "Right." or "Got it." at the micro-turn the voice head flagged them.
 MIN_SPEECH_S = 0.06
@@ -92,19 +90,7 @@ class Overlap:
         if job is None or tick < self.due:
             return
         self.job = None
-        if not job.done():
-            futures.wait([job], timeout=max(0.0, wait))
-        if not job.done():
-            job.cancel()
-            LATE.note("overlap words")
-            return
-        if job.cancelled():
-            return
-        error = job.exception()
-        if error is not None:
-            log.warning("overlap words failed (%s); the model decides alone", error)
-            return
-        words = job.result().strip()
+        words = (settle(job, wait, "overlap words") or "").strip()
         if words:
             self.words = words
 
@@ -161,8 +147,8 @@ class OverlapChecker:
         return OverlapChecker() if wants_whisper(mode, "--native-overlap-check", "words", "off") else None
 
     def open(self, tick: int, recent: np.ndarray) -> Overlap:
-        """An overlap heard beginning at `tick`; `recent`: the user's last audio, int16 at `SAMPLE_RATE`,
-        ending now (what the probe judges from Silero's onset in it)."""
+        """An overlap heard beginning at `tick`; `recent`: the user's last `PROBE_TICKS` micro-turns, int16 at
+        `SAMPLE_RATE` (what the probe judges from Silero's onset in it)."""
         return Overlap(opened=tick, p_interrupt=self._probe(recent))
 
     def _probe(self, recent: np.ndarray) -> float | None:
@@ -173,7 +159,7 @@ class OverlapChecker:
         _, probe = self._ready.result()
         if probe is None:
             return None
-        clip = resample(recent[-int(PROBE_S * SAMPLE_RATE) :].astype(np.float32) / 32767.0, SAMPLE_RATE, ASR_RATE)
+        clip = resample(recent.astype(np.float32) / 32767.0, SAMPLE_RATE, ASR_RATE)
         spans = speech_segments(clip, ASR_RATE, min_speech_s=MIN_SPEECH_S)
         if not spans:
             return None  # Silero hears no speech yet: no early cue; the words will tell

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -89,6 +90,24 @@ def speech_clip(audio: np.ndarray, min_speech_s: float = 0.25) -> Audio | None:
     return clip[int(spans[0][0] * ASR_RATE) : int(spans[-1][1] * ASR_RATE)]
 
 
+def settle(job: Future[str], wait: float, what: str) -> str | None:
+    """A worker's answer due now, waited for up to `wait` seconds: None where it is late (then cancelled and
+    counted with the late work as `what`), was cancelled, or failed (logged); the caller decides without it."""
+    if not job.done():
+        futures.wait([job], timeout=max(0.0, wait))
+    if not job.done():
+        job.cancel()
+        LATE.note(what)
+        return None
+    if job.cancelled():  # the model shut down under it
+        return None
+    error = job.exception()
+    if error is not None:
+        log.warning("%s failed (%s); decided without it", what, error)
+        return None
+    return job.result()
+
+
 def wants_whisper(mode: str, option: str, on: str, off: str) -> bool:
     """Whether a `--native-*` mode uses Whisper: `on` (a ValueError saying what to install if it is not
     installed), `off`, or auto (where it is installed)."""
@@ -110,17 +129,7 @@ class PendingQuery:
 
     def query(self) -> str:
         """Whisper's words where they are ready (never waited for), else the fallback."""
-        if not self.words.done():
-            self.words.cancel()
-            LATE.note("hand-off transcription")
-            return self.fallback
-        if self.words.cancelled():  # the model shut down under it
-            return self.fallback
-        error = self.words.exception()
-        if error is not None:
-            log.warning("hand-off query: Whisper failed (%s); the recogniser's words go instead", error)
-            return self.fallback
-        return self.words.result()[-200:] or self.fallback
+        return (settle(self.words, 0.0, "hand-off transcription") or "")[-200:] or self.fallback
 
 
 class QueryTranscriber:

@@ -31,7 +31,16 @@ from models.interaction.flow import turn_noise
 from models.interaction.kv import KVPool
 from models.interaction.layers import Lin
 from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
-from models.interaction.overlap_check import HOLD, LEAD_TICKS, LONGEST_TICKS, STOP, Overlap, OverlapChecker, ruling
+from models.interaction.overlap_check import (
+    HOLD,
+    LEAD_TICKS,
+    LONGEST_TICKS,
+    PROBE_TICKS,
+    STOP,
+    Overlap,
+    OverlapChecker,
+    ruling,
+)
 from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
 from models.interaction.query import DUE_TICKS, PendingQuery, QueryTranscriber, UserAudio
 from models.interaction.replay import TickLog, replay
@@ -433,7 +442,7 @@ class NativeModel:
         if ov is None:
             if not (voice and not st.user_speaking and st.speaking):
                 return action
-            ov = st.overlap = self.overlaps.open(st.tick, st.user_audio.since(st.tick - LEAD_TICKS - 2))
+            ov = st.overlap = self.overlaps.open(st.tick, st.user_audio.since(st.tick - PROBE_TICKS + 1))
         elif not st.speaking:
             ov.cancel()
             st.overlap = None

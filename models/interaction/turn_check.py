@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -43,8 +42,7 @@ import numpy as np
 
 from models.cascade.hearing import Ears
 from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, verdict
-from models.cascade.work import LATE
-from models.interaction.query import shared_whisper, speech_clip, wants_whisper
+from models.interaction.query import settle, shared_whisper, speech_clip, wants_whisper
 from models.speech.asr import WhisperTranscriber
 from streaming.types import SAMPLE_RATE
 
@@ -79,19 +77,7 @@ class PendingCheck:
 
     def take(self, wait: float = 0.0) -> str:
         """The verdict where it is ready within `wait` seconds; unclear where it is late or failed."""
-        if not self.verdict.done():
-            futures.wait([self.verdict], timeout=max(0.0, wait))
-        if not self.verdict.done():
-            self.verdict.cancel()
-            LATE.note("turn check")
-            return UNCLEAR
-        if self.verdict.cancelled():
-            return UNCLEAR
-        error = self.verdict.exception()
-        if error is not None:
-            log.warning("turn check failed (%s); the model decides alone", error)
-            return UNCLEAR
-        return self.verdict.result()
+        return settle(self.verdict, wait, "turn check") or UNCLEAR
 
 
 def _text_turn() -> TextTurn | None:

@@ -17,6 +17,7 @@ _ACTIVE_DB = 25.0
 _FLOOR = 1e-12
 # Mostly-speech micro-turns a turn needs before its level says whose voice it is (`bystander_turn`).
 LEVEL_TICKS = 2
+SILENT_DB = -60.0  # a chunk whose loudest frame is under this is silence, not part of a speech level
 
 
 def _frame_power(x: Audio) -> npt.NDArray[np.float64]:
@@ -68,7 +69,7 @@ def speech_db(x: Audio, tick: int = 3200) -> float | None:
     level = SpeechLevel()
     for i in range(0, len(x), tick):
         chunk = x[i : i + tick]
-        if peak_db(chunk) > -60.0:  # silence between utterances is not part of the level
+        if peak_db(chunk) > SILENT_DB:  # silence between utterances is not part of the level
             level.add(chunk)
     return level.db
 

@@ -25,7 +25,9 @@ hold ends (`LONGEST_TICKS`; twice that while the words are only backchannels), g
 at once; with no stop held, the model decides as without the check. A hold lasts `GRACE_TICKS` after
 the user falls silent: the model's own urge to yield peaks a micro-turn after the sound it answers.
 The model never starts speaking because of it, and a stop the client asks for (`response.cancel`) is
-never held.
+never held. One stop it brings sooner: where the probe is sure the overlap is an interruption (`STOP_P`)
+and its level is not a bystander's, the model stops the micro-turn the overlap opens rather than the one
+to four after it that the model alone takes.
 
 What it costs an interruption: one that opens like a backchannel ("Okay, stop ...") or that the probe
 misses waits for the words that tell (a micro-turn or two). Measured: README, *Backchannels*.
@@ -40,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.cascade.level import speech_db
+from models.cascade.options import CascadeOptions
 from models.cascade.text import only_backchannel
 from models.interaction.query import settle, shared_whisper, speech_clip, wants_whisper
 from models.speech.asr import ASR_RATE, WhisperTranscriber
@@ -50,13 +54,25 @@ from streaming.types import SAMPLE_RATE, TICK_SECONDS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DUE_TICKS", "EARLY_P", "FREE", "GRACE_TICKS", "HOLD", "LONGEST_TICKS", "STOP", "Overlap", "OverlapChecker",
-           "ruling"]
+__all__ = ["BYSTANDER_DB", "DUE_TICKS", "EARLY_P", "FREE", "GRACE_TICKS", "HOLD", "LONGEST_TICKS", "STOP", "STOP_P",
+           "Overlap", "OverlapChecker", "ruling"]
 
 DUE_TICKS = 1  # Whisper's words of the overlap so far, used the micro-turn after they are asked
 # The cascade's `barge_in_early_p`: at 100 ms it caught 0.85 of held-out interruptions and flagged 0.19 of
 # backchannels (train/overlap.py, voices held out); here it only decides before the words are in.
 EARLY_P = 0.5
+# And where it is sure, the stop comes at once rather than when the model gets to it (it yields one to four
+# micro-turns after the onset it heard: 2.5 on average, 26 interruptions of three FD-bench sets, alone). A stop
+# cannot be taken back as the cascade's pause is, so the bar is higher: `python -m train.overlap --threshold
+# 0.9` (voices held out) caught 0.64 of interruptions and stopped 0.035 of backchannels (texts held out: 0.41,
+# 0.20: a backchannel word it never heard may sound like an interruption).
+STOP_P = 0.9
+# ... but not for a bystander: television speech mixed well under the user sounds like an interruption to the
+# probe too (on the v1.5 background lines of seed 6363 it stopped 4 of 12 sooner than the model alone), so an
+# overlap this much quieter than the user's own voice (`UserAudio.level`) is left to the model. The cascade's
+# `background_db` (models/cascade/options.py: the user's own overlaps sit -4.1 to +1.3 dB from their level,
+# television 3.3-10.2 dB under it).
+BYSTANDER_DB = CascadeOptions().background_db
 # An overlap longer than 1 s is not a listener's "mm-hm" (the cascade's `barge_in_max_ms`); twice that
 # while its words are only backchannels ("Mm-hmm, I see." runs 1.1-1.4 s in the espeak voices).
 LONGEST_TICKS = round(1.0 / TICK_SECONDS)
@@ -78,6 +94,7 @@ class Overlap:
 
     opened: int
     p_interrupt: float | None  # the probe's P(interruption); None where the probe is not at hand
+    bystander: bool = False  # its speech is `BYSTANDER_DB` quieter than the user's own: no stop at once
     words: str = ""  # Whisper's latest non-empty words of it
     job: Future[str] | None = None  # Whisper on the overlap so far, due at `due`
     due: int = 0
@@ -105,8 +122,11 @@ HOLD, STOP, FREE = "hold", "stop", "free"
 
 def ruling(ov: Overlap, tick: int) -> str:
     """What the overlap's cues say at micro-turn `tick` of a stop the model decides (module docstring):
-    HOLD it (young, and the cues say backchannel); STOP, where a stop was held and the user is still at it or
-    said something else ("Okay, stop.", "Hang on."): the stop the model wanted, now; FREE: the model decides."""
+    HOLD it (young, and the cues say backchannel); STOP, where before any words the probe is sure it is an
+    interruption (`STOP_P`), or a stop was held and the user is still at it or said something else ("Okay,
+    stop.", "Hang on."): the stop the model wanted, or would want, now; FREE: the model decides."""
+    if not ov.words and not ov.bystander and ov.p_interrupt is not None and ov.p_interrupt >= STOP_P:
+        return STOP
     bc_words = bool(ov.words) and only_backchannel(ov.words)
     young = tick - ov.opened < LONGEST_TICKS * (2 if bc_words else 1)
     backchannel = bc_words if ov.words else ov.p_interrupt is not None and ov.p_interrupt < EARLY_P
@@ -146,24 +166,23 @@ class OverlapChecker:
         where Whisper is installed)."""
         return OverlapChecker() if wants_whisper(mode, "--native-overlap-check", "words", "off") else None
 
-    def open(self, tick: int, recent: np.ndarray) -> Overlap:
+    def open(self, tick: int, recent: np.ndarray, user_db: float | None = None) -> Overlap:
         """An overlap heard beginning at `tick`; `recent`: the user's last `PROBE_TICKS` micro-turns, int16 at
-        `SAMPLE_RATE` (what the probe judges from Silero's onset in it)."""
-        return Overlap(opened=tick, p_interrupt=self._probe(recent))
-
-    def _probe(self, recent: np.ndarray) -> float | None:
+        `SAMPLE_RATE` (what the probe judges from Silero's onset in it); `user_db`: the user's own speech
+        level (None: not heard yet)."""
         # Waited for, not skipped while loading: a replay of the session (replay.py) must hear the same cues.
         # It loads at start-up (Whisper 0.5 s), long before a model has spoken enough to be talked over.
-        if self._ready.exception() is not None:
-            return None
-        _, probe = self._ready.result()
+        probe = None if self._ready.exception() is not None else self._ready.result()[1]
         if probe is None:
-            return None
+            return Overlap(opened=tick, p_interrupt=None)
         clip = resample(recent.astype(np.float32) / 32767.0, SAMPLE_RATE, ASR_RATE)
         spans = speech_segments(clip, ASR_RATE, min_speech_s=MIN_SPEECH_S)
         if not spans:
-            return None  # Silero hears no speech yet: no early cue; the words will tell
-        return probe.probability(clip, int(spans[-1][0] * ASR_RATE))
+            return Overlap(opened=tick, p_interrupt=None)  # Silero hears no speech yet: the words will tell
+        onset = int(spans[-1][0] * ASR_RATE)
+        level = speech_db(clip[onset:])
+        bystander = user_db is not None and level is not None and level < user_db - BYSTANDER_DB
+        return Overlap(opened=tick, p_interrupt=probe.probability(clip, onset), bystander=bystander)
 
     def ask(self, ov: Overlap, tick: int, audio: np.ndarray) -> None:
         """Whisper on the overlap so far (`audio`: int16 at `SAMPLE_RATE`, from just before its onset to

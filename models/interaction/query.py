@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from models.cascade.level import SpeechLevel
 from models.cascade.work import LATE
 from models.speech.asr import ASR_RATE, WhisperTranscriber, whisper_available
 from models.speech.shared import Shared
@@ -63,6 +64,9 @@ class UserAudio:
 
     ticks: deque[tuple[int, np.ndarray]] = field(default_factory=lambda: deque(maxlen=KEEP_TICKS))
     spoke_at: int = -1  # the last micro-turn the model was speaking
+    # The user's own speech level: the micro-turns the voice head heard them while the model was silent
+    # (what tells a bystander's quieter talk over the model from theirs: overlap_check.py).
+    level: SpeechLevel = field(default_factory=SpeechLevel)
 
     def add(self, tick: int, audio: Audio) -> None:
         pcm = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from models.base import BackgroundChunk, Event, TickInput, TickOutput, check_slot_batch
+from models.cascade.level import SILENT_DB, peak_db
 from models.interaction import dmel, onset, vocoder
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
 from models.interaction.cuda_graphs import BucketedStep
@@ -388,6 +389,8 @@ class NativeModel:
         for i, (st, tick) in enumerate(batch):
             if st.user_audio is not None:
                 st.user_audio.add(st.tick, tick.audio)
+                if self.overlaps is not None and voice[i] and not st.speaking and peak_db(tick.audio) > SILENT_DB:
+                    st.user_audio.level.add(tick.audio)  # their own voice, for telling a bystander's from it
             if self.overlaps is not None and not tick.cancel:
                 actions[i] = self._overlap(st, voice[i], deadline, actions[i])
         text_ids = heads.text.argmax(-1).tolist()
@@ -442,7 +445,8 @@ class NativeModel:
         if ov is None:
             if not (voice and not st.user_speaking and st.speaking):
                 return action
-            ov = st.overlap = self.overlaps.open(st.tick, st.user_audio.since(st.tick - PROBE_TICKS + 1))
+            ov = st.overlap = self.overlaps.open(st.tick, st.user_audio.since(st.tick - PROBE_TICKS + 1),
+                                                 st.user_audio.level.db)
         elif not st.speaking:
             ov.cancel()
             st.overlap = None

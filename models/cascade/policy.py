@@ -49,9 +49,9 @@ import numpy.typing as npt
 
 from models.cascade.options import EAGERNESS, CascadeOptions
 from models.cascade.text import (
-    BACKCHANNEL_WORDS,
     FINISHED,
     UNCLEAR,
+    backchannel_word,
     clearly_backchannel,
     looks_complete,
     only_backchannel,
@@ -224,7 +224,7 @@ class TurnPolicy:
                 # (< OVERLAP_END_MS) and belong to it ("Wait, stop.").
                 spoken = s.now_ms - s.turn_started_ms
                 # Single letters are how pocketsphinx spells hums ("mm-hm" -> "m m h"): not words.
-                content = [w for w in partial.split() if len(w) > 1 and w not in BACKCHANNEL_WORDS]
+                content = [w for w in partial.split() if len(w) > 1 and not backchannel_word(w)]
                 words_ok = 0 < o.barge_in_words <= len(content) and not echo_like
                 # What the overlap's words say so far (rule 2c): only backchannels give it twice as long
                 # before it counts as a barge-in; clearly a backchannel also holds off the pause by length.

@@ -42,6 +42,16 @@ BACKCHANNEL_WORDS = _wordset(
     """
 )
 
+# A hum, however Whisper spells it ("mmm", "MmMmM", "mm-mm", "hmm-mm", "mhmm"): letters m and h only, at
+# least one m. Said over a speaker it is a listener's, yes or no; the list above cannot hold every spelling
+# (on the synthetic "Mm-hmm, I see." of the FD-bench generator Whisper tiny.en wrote "MmMmM" and "Mm-mm.").
+_HUM = re.compile(r"[mh]*m[mh]*(?:-[mh]*m[mh]*)*")
+
+
+def backchannel_word(word: str) -> bool:
+    """A word a listener says without taking the floor (`word`: lower case, no punctuation but ' and -)."""
+    return word in BACKCHANNEL_WORDS or _HUM.fullmatch(word) is not None
+
 
 def looks_complete(transcript: str) -> bool:
     """True when the transcript does not end on a word that needs a continuation."""
@@ -122,14 +132,14 @@ def _backchannel_parts(transcript: str) -> tuple[list[str], int]:
 def only_backchannel(transcript: str) -> bool:
     """True for an empty transcript or one made only of backchannel words and phrases."""
     words, _ = _backchannel_parts(transcript)
-    return all(w in BACKCHANNEL_WORDS for w in words)
+    return all(backchannel_word(w) for w in words)
 
 
 def clearly_backchannel(transcript: str) -> bool:
     """Only backchannel words and phrases, and at least one that does not also open a turn: "mm-hm",
     "oh, really?", "uh-huh, yeah", "I see" are; "okay", "yeah", "oh" (or nothing) are not."""
     words, phrases = _backchannel_parts(transcript)
-    return all(w in BACKCHANNEL_WORDS for w in words) and (phrases > 0 or any(w not in OPENERS for w in words))
+    return all(backchannel_word(w) for w in words) and (phrases > 0 or any(w not in OPENERS for w in words))
 
 
 def words_of(text: str) -> list[str]:

@@ -123,6 +123,11 @@ def test_a_turn_of_backchannel_phrases_only_is_not_a_question() -> None:
     for said in ("That's wrong.", "It's okay, stop.", "That's", "All right, so what now?"):
         assert not only_backchannel(said), said
     assert clearly_backchannel("That makes sense.") and not clearly_backchannel("That's all right.")
+    # A hum is one however it is spelt, yes or no; letters that are not a hum's are not.
+    for said in ("MmMmM.", "Mm-mm.", "Hmm-mm, I see.", "Mhmm", "Mmmm, okay."):
+        assert only_backchannel(said) and clearly_backchannel(said), said
+    for said in ("Mm, hang on.", "Him.", "M M M M I C", "Hm? Ham."):
+        assert not only_backchannel(said), said
 
 
 def test_streamed_answers_are_cut_into_sentences_clauses_and_bounded_runs() -> None:

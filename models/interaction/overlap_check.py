@@ -26,8 +26,8 @@ at once; with no stop held, the model decides as without the check. A hold lasts
 the user falls silent: the model's own urge to yield peaks a micro-turn after the sound it answers.
 The model never starts speaking because of it, and a stop the client asks for (`response.cancel`) is
 never held. One stop it brings sooner: where the probe is sure the overlap is an interruption (`STOP_P`)
-and its level is not a bystander's, the model stops the micro-turn the overlap opens rather than the one
-to four after it that the model alone takes.
+and its level is not a bystander's, the model stops the micro-turn the overlap opens rather than the
+0-8 after it (2.5 on average) that the model alone takes.
 
 What it costs an interruption: one that opens like a backchannel ("Okay, stop ...") or that the probe
 misses waits for the words that tell (a micro-turn or two). Measured: README, *Backchannels*.
@@ -61,8 +61,8 @@ DUE_TICKS = 1  # Whisper's words of the overlap so far, used the micro-turn afte
 # The cascade's `barge_in_early_p`: at 100 ms it caught 0.85 of held-out interruptions and flagged 0.19 of
 # backchannels (train/overlap.py, voices held out); here it only decides before the words are in.
 EARLY_P = 0.5
-# And where it is sure, the stop comes at once rather than when the model gets to it (it yields one to four
-# micro-turns after the onset it heard: 2.5 on average, 26 interruptions of three FD-bench sets, alone). A stop
+# And where it is sure, the stop comes at once rather than when the model gets to it (it yields 0-8
+# micro-turns after the onset it heard: 2.5 on average, 26 interruptions of two FD-bench sets, alone). A stop
 # cannot be taken back as the cascade's pause is, so the bar is higher: `python -m train.overlap --threshold
 # 0.9` (voices held out) caught 0.64 of interruptions and stopped 0.035 of backchannels (texts held out: 0.41,
 # 0.20: a backchannel word it never heard may sound like an interruption).

@@ -17,20 +17,12 @@ _ACTIVE_DB = 25.0
 _FLOOR = 1e-12
 # Mostly-speech micro-turns a turn needs before its level says whose voice it is (`bystander_turn`).
 LEVEL_TICKS = 2
-SILENT_DB = -60.0  # a chunk whose loudest frame is under this is silence, not part of a speech level
+_SILENT_DB = -60.0  # a chunk whose loudest frame is under this is silence, not part of a speech level
 
 
 def _frame_power(x: Audio) -> npt.NDArray[np.float64]:
     n = len(x) // FRAME * FRAME
     return np.mean(np.square(x[:n].astype(np.float64)).reshape(-1, FRAME), axis=1)
-
-
-def peak_db(x: Audio) -> float:
-    """The loudest 20 ms frame of a 16 kHz chunk, in dBFS (-120 for silence)."""
-    power = _frame_power(x)
-    if not len(power):
-        return -120.0
-    return float(10.0 * np.log10(max(float(power.max()), _FLOOR)))
 
 
 @dataclass
@@ -47,10 +39,12 @@ class SpeechLevel:
     frames: int = 0
     ticks: int = 0  # micro-turns added
 
-    def add(self, x: Audio) -> None:
-        """Add one micro-turn of speech."""
+    def add(self, x: Audio, skip_silent: bool = False) -> None:
+        """Add one micro-turn of speech; with `skip_silent`, not a chunk that is silence (the gaps between
+        utterances of a stream that is not only speech)."""
         power = _frame_power(x)
-        if not len(power) or power.max() <= _FLOOR:
+        least = 10 ** (_SILENT_DB / 10) if skip_silent else _FLOOR
+        if not len(power) or power.max() <= least:
             return
         active = power[power >= power.max() * 10 ** (-_ACTIVE_DB / 10)]
         self.power += float(active.sum())
@@ -68,9 +62,7 @@ def speech_db(x: Audio, tick: int = 3200) -> float | None:
     """The active speech level of a whole 16 kHz clip, measured tick by tick as the cascade does."""
     level = SpeechLevel()
     for i in range(0, len(x), tick):
-        chunk = x[i : i + tick]
-        if peak_db(chunk) > SILENT_DB:  # silence between utterances is not part of the level
-            level.add(chunk)
+        level.add(x[i : i + tick], skip_silent=True)
     return level.db
 
 

@@ -172,17 +172,19 @@ class OverlapChecker:
         level (None: not heard yet)."""
         # Waited for, not skipped while loading: a replay of the session (replay.py) must hear the same cues.
         # It loads at start-up (Whisper 0.5 s), long before a model has spoken enough to be talked over.
+        ov = Overlap(opened=tick, p_interrupt=None)
         probe = None if self._ready.exception() is not None else self._ready.result()[1]
         if probe is None:
-            return Overlap(opened=tick, p_interrupt=None)
+            return ov
         clip = resample(recent.astype(np.float32) / 32767.0, SAMPLE_RATE, ASR_RATE)
         spans = speech_segments(clip, ASR_RATE, min_speech_s=MIN_SPEECH_S)
         if not spans:
-            return Overlap(opened=tick, p_interrupt=None)  # Silero hears no speech yet: the words will tell
+            return ov  # Silero hears no speech yet: no early cue; the words will tell
         onset = int(spans[-1][0] * ASR_RATE)
+        ov.p_interrupt = probe.probability(clip, onset)
         level = speech_db(clip[onset:])
-        bystander = user_db is not None and level is not None and level < user_db - BYSTANDER_DB
-        return Overlap(opened=tick, p_interrupt=probe.probability(clip, onset), bystander=bystander)
+        ov.bystander = user_db is not None and level is not None and level < user_db - BYSTANDER_DB
+        return ov
 
     def ask(self, ov: Overlap, tick: int, audio: np.ndarray) -> None:
         """Whisper on the overlap so far (`audio`: int16 at `SAMPLE_RATE`, from just before its onset to

@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from models.base import BackgroundChunk, Event, TickInput, TickOutput, check_slot_batch
-from models.cascade.level import SILENT_DB, peak_db
 from models.interaction import dmel, onset, vocoder
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
 from models.interaction.cuda_graphs import BucketedStep
@@ -389,8 +388,8 @@ class NativeModel:
         for i, (st, tick) in enumerate(batch):
             if st.user_audio is not None:
                 st.user_audio.add(st.tick, tick.audio)
-                if self.overlaps is not None and voice[i] and not st.speaking and peak_db(tick.audio) > SILENT_DB:
-                    st.user_audio.level.add(tick.audio)  # their own voice, for telling a bystander's from it
+                if self.overlaps is not None and voice[i] and not st.speaking:
+                    st.user_audio.level.add(tick.audio, skip_silent=True)  # their own voice, to tell a bystander's
             if self.overlaps is not None and not tick.cancel:
                 actions[i] = self._overlap(st, voice[i], deadline, actions[i])
         text_ids = heads.text.argmax(-1).tolist()

@@ -90,7 +90,7 @@ def test_real_whisper_reads_the_overlap_once_there_is_enough_of_it(checker: Over
     assert checker.open(5, np.zeros(RATE, np.int16)).p_interrupt is None, "no speech: no early cue"
     # The same words 10 dB under the user's own voice (a television's level in FD-bench) are a bystander's.
     clip = stop[: len(lead) + RATE // 2]
-    user_db = speech_db(resample(clip.astype(np.float32) / 32767, RATE, ASR_RATE))
+    user_db = speech_db(resample(clip.astype(np.float32) / np.float32(32767), RATE, ASR_RATE))
     assert user_db is not None
     assert not checker.open(5, clip, user_db).bystander
     assert checker.open(5, (clip * 10 ** (-10 / 20)).astype(np.int16), user_db).bystander

@@ -21,6 +21,15 @@ whatever else scores higher: the usual decision rule for a rare class (a thresho
 probability, not the argmax). It is calibrated like the onset threshold, on held-out episodes
 (`train.evaluate` prints the curve: look-ups caught against hand-offs elsewhere), recorded under
 `DELEGATE_KEY`, overridden by `--native-delegate`; 0 is the argmax.
+
+Where the user's words are at hand (turn_check.py: `Words`) they settle more than the onset: whether the
+model, once it takes the floor, hands off or speaks. Its own split between the two does not carry past
+the training texts: on held-out episodes (training's sentences in new voices) a look-up's end gives
+p(delegate) a median share of 0.5 of p(speak) + p(delegate), a question's 0.02; on requests no training
+text holds (`bench.native_handoff`) it handed off 2 of 48 look-ups as served before, and a bar on that
+share handed off plain questions more often than look-ups (0.5: 32 and 21 of 48). A look-up is what
+training says it is, a request in so many words to look up, find, check or search (train/_texts.py), and
+that is in the words (`turn_check.asks_to_look_up`); the model still decides when it takes the floor.
 """
 
 from __future__ import annotations
@@ -89,18 +98,28 @@ def choose_delegate(requested: float | None, meta: dict[str, str]) -> tuple[floa
     return _DELEGATE.choose(requested, meta)
 
 
+@dataclass(frozen=True)
+class Words:
+    """What the words of the user's turn say (turn_check.py): `turn`, whether it is "finished",
+    "unfinished" or "unclear"; `lookup`, whether they ask for something looked up (None: no words heard)."""
+
+    turn: str
+    lookup: bool | None = None
+
+
 def decide(
     probs: Tensor,
     speaking: Sequence[bool] | Tensor,
     onset: float,
     delegate: float = 0.0,
-    verdicts: Sequence[str | None] | None = None,
+    verdicts: Sequence[Words | None] | None = None,
 ) -> Tensor:
     """Actions [B] from action probabilities [B, len(ACTIONS)]; `speaking[b]`: row b spoke last micro-turn;
-    `verdicts[b]`: what the words of the user's turn say (turn_check.py: "finished", "unfinished",
-    "unclear" or None), for a row not speaking."""
+    `verdicts[b]`: what the words of the user's turn say (None: nothing judged), for a row not speaking."""
     best = probs.argmax(-1)
-    if onset <= 0.0 and delegate <= 0.0 and not any(v in _JUDGED for v in verdicts or ()):
+    judged = {b: v for b, v in enumerate(verdicts or ())
+              if v is not None and (v.turn in _JUDGED or v.lookup is not None)}
+    if onset <= 0.0 and delegate <= 0.0 and not judged:
         return best
     was = torch.as_tensor(speaking, dtype=torch.bool, device=probs.device)
     if onset > 0.0:
@@ -112,18 +131,20 @@ def decide(
     if delegate > 0.0:
         # Not while speaking: every hand-off of training starts from silence (its holding phrase follows).
         best = torch.where(~was & (probs[:, DELEGATE] >= delegate), torch.full_like(best, DELEGATE), best)
-    judged = {b: v for b, v in enumerate(verdicts or ()) if v in _JUDGED and not bool(was[b])}
+    judged = {b: v for b, v in judged.items() if not bool(was[b])}
     return _with_verdicts(probs, best, judged) if judged else best
 
 
 _JUDGED = ("finished", "unfinished")
 
 
-def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, str]) -> Tensor:
-    """turn_check.py's rule, for the `judged` rows (not speaking; their verdicts): on a finished turn a row that would
-    stay silent speaks when speaking and handing off together outscore every other action (a hand-off it
-    chose stays one: the split between the two is the model's call); on an unfinished one it neither
-    speaks nor hands off."""
+def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, Words]) -> Tensor:
+    """turn_check.py's rule, for the `judged` rows (not speaking; their words): on a finished turn a row that would
+    stay silent takes the floor when speaking and handing off together outscore every other action, and so
+    on an unclear one whose words ask for a look-up (a request that names what to look up is one: Whisper
+    leaves "Check what time the concert starts on Friday" unpunctuated); on an unfinished one it neither
+    speaks nor hands off; on any other unclear one it decides alone. Where it takes the floor and the words
+    were heard, they settle how: a hand-off where they ask for a look-up, else speech."""
     take = probs[:, SPEAK] + probs[:, DELEGATE]
     rest = probs.clone()
     rest[:, SPEAK] = -1.0
@@ -132,8 +153,8 @@ def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, str]) -> Tenso
     out = best.clone()
     for b, v in judged.items():
         chosen = int(best[b]) in (SPEAK, DELEGATE)
-        if v == "finished" and not chosen and bool(take[b] > other_best[b]):
-            out[b] = SPEAK
-        elif v == "unfinished" and chosen:
-            out[b] = other[b]
+        if v.turn == "unfinished":
+            out[b] = other[b] if chosen else best[b]
+        elif chosen or ((v.turn == "finished" or v.lookup) and bool(take[b] > other_best[b])):
+            out[b] = best[b] if v.lookup is None and chosen else DELEGATE if v.lookup else SPEAK
     return out

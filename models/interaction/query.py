@@ -28,6 +28,7 @@ from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -38,6 +39,8 @@ from models.speech.shared import Shared
 from models.speech.vad import speech_segments
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
+
+T = TypeVar("T")  # what a worker's job answers
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +97,7 @@ def speech_clip(audio: np.ndarray, min_speech_s: float = 0.25) -> Audio | None:
     return clip[int(spans[0][0] * ASR_RATE) : int(spans[-1][1] * ASR_RATE)]
 
 
-def settle(job: Future[str], wait: float, what: str) -> str | None:
+def settle(job: Future[T], wait: float, what: str) -> T | None:
     """A worker's answer due now, waited for up to `wait` seconds: None where it is late (then cancelled and
     counted with the late work as `what`), was cancelled, or failed (logged); the caller decides without it."""
     if not job.done():

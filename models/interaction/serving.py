@@ -45,7 +45,7 @@ from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
 from models.interaction.query import DUE_TICKS, PendingQuery, QueryTranscriber, UserAudio
 from models.interaction.replay import TickLog, replay
 from models.interaction.turn_check import DUE_TICKS as CHECK_DUE_TICKS
-from models.interaction.turn_check import HOLD_TICKS, PendingCheck, TurnChecker
+from models.interaction.turn_check import HOLD_TICKS, PendingCheck, TurnChecker, Words
 from models.interaction.turn_check import WAIT_S as CHECK_WAIT_S
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
@@ -94,7 +94,7 @@ class NativeSession:
     user_audio: UserAudio | None = None  # its recent microphone audio, where hand-offs are transcribed (query.py)
     handing_off: PendingQuery | None = None  # a hand-off decided, its query being transcribed
     checking: PendingCheck | None = None  # the words of the user's turn being judged (turn_check.py)
-    verdict: str | None = None  # what they said, until the user speaks again or the model takes the turn
+    verdict: Words | None = None  # what they said, until the user speaks again or the model takes the turn
     verdict_until: int = 0  # the micro-turn a verdict stops counting (turn_check.HOLD_TICKS)
     overlap: Overlap | None = None  # the user's speech over the model's, and what it says (overlap_check.py)
 
@@ -381,7 +381,7 @@ class NativeModel:
         probs = control[:, : len(ACTIONS)].softmax(-1)
         voice = (control[:, len(ACTIONS)] > 0).tolist()
         deadline = time.monotonic() + CHECK_WAIT_S  # one wait for all the checks due this step
-        verdicts: list[str | None] | None = None
+        verdicts: list[Words | None] | None = None
         if self.checker is not None:
             verdicts = [self._verdict(s, deadline) for s in states]
         actions = onset.decide(probs, [s.speaking for s in states], self.onset, self.delegate, verdicts).tolist()
@@ -426,7 +426,7 @@ class NativeModel:
         return outs
 
     @staticmethod
-    def _verdict(st: NativeSession, deadline: float) -> str | None:
+    def _verdict(st: NativeSession, deadline: float) -> Words | None:
         """The verdict on the user's turn this micro-turn decides with: one that comes due now (waited for
         until `deadline` at most), or the one held since (turn_check.py)."""
         if st.checking is not None and st.tick >= st.checking.due:

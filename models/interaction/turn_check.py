@@ -26,6 +26,11 @@ query is (query.py). The model still proposes every onset; the verdict disposes 
               about a question is mostly a word Whisper misheard;
   unclear     its own decision, as without the check.
 
+Where it takes the floor, the words also settle how (onset.py, `Words.lookup`): it hands off to the
+background reasoner where they ask in so many words for something looked up, found, checked or searched
+(`asks_to_look_up`: training's definition of a look-up, train/_texts.py), and speaks otherwise. Its own
+split between the two was learnt from training's sentences and does not carry to others (onset.py).
+
 A verdict holds until the user speaks again, the model takes the turn, or `HOLD_TICKS` pass (after a
 long silence the model's own decision stands). `--native-turn-check off` serves the model alone.
 """
@@ -33,6 +38,7 @@ long silence the model's own decision stands). `--native-turn-check off` serves 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +48,7 @@ import numpy as np
 
 from models.cascade.hearing import Ears
 from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, verdict
+from models.interaction.onset import Words
 from models.interaction.query import settle, shared_whisper, speech_clip, wants_whisper
 from models.speech.asr import WhisperTranscriber
 from streaming.types import SAMPLE_RATE
@@ -51,7 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DUE_TICKS", "FINISHED", "HOLD_TICKS", "UNCLEAR", "UNFINISHED", "WAIT_S", "PendingCheck", "TurnChecker"]
+__all__ = ["DUE_TICKS", "FINISHED", "HOLD_TICKS", "UNCLEAR", "UNFINISHED", "WAIT_S", "PendingCheck", "TurnChecker",
+           "Words", "asks_to_look_up"]
 
 # One micro-turn, as the cascade's Whisper verdict (`whisper_ticks`): the model's voice head says the
 # user stopped one micro-turn after the speech ends, and training's replies start 2-3 after it, so the
@@ -67,17 +75,33 @@ WAIT_S = 0.1
 HOLD_TICKS = 15  # 3 s: the cascade's longest wait after a pause whose words trail off (eagerness medium)
 CLIP_S = 8.0  # what is judged: the user's last 8 s (Smart Turn's window; Whisper's cost grows with it)
 
+# A request for a look-up: one of its verbs where a clause starts (after words of address: "please",
+# "okay", "hey", a name-less "so"), bare ("Look up ...", "Please find out ...") or asked of the listener
+# ("can you ...", "would you mind ...", "I need you to ..."). The verb alone is not one: "How do I find
+# time to read?" and "Should I check the oil?" ask for the model's own reply.
+_LEAD = r"(?:(?:please|okay|ok|so|hey|now|and|also|oh|well|just|quickly|then|right),?\s+)*"
+_ASK = (r"(?:(?:can|could|would|will)\s+you|would\s+you\s+mind|do\s+you\s+mind|i\s+(?:need|want|would\s+like)\s+"
+        r"you\s+to|i'd\s+like\s+you\s+to|you\s+(?:could|should)|go\s+and)\s+" + _LEAD)
+_VERB = (r"(?:look(?:ing)?\s+(?:(?:it|that|this|them)\s+)?up|look\s+(?:for|into)|find(?:ing)?|search(?:ing)?|"
+         r"check(?:ing)?|google|research)\b")
+_LOOKUP = re.compile(r"(?:^|[.!?,;:]\s*)" + _LEAD + r"(?:" + _ASK + r")?" + _VERB, re.IGNORECASE)
+
+
+def asks_to_look_up(words: str) -> bool:
+    """The words ask the listener, in so many words, to look something up, find, check or search it."""
+    return _LOOKUP.search(words.strip()) is not None
+
 
 @dataclass
 class PendingCheck:
     """A verdict asked, due at micro-turn `due`."""
 
-    verdict: Future[str]
+    verdict: Future[Words]
     due: int
 
-    def take(self, wait: float = 0.0) -> str:
-        """The verdict where it is ready within `wait` seconds; unclear where it is late or failed."""
-        return settle(self.verdict, wait, "turn check") or UNCLEAR
+    def take(self, wait: float = 0.0) -> Words:
+        """The verdict where it is ready within `wait` seconds; unclear (no words) where it is late or failed."""
+        return settle(self.verdict, wait, "turn check") or Words(UNCLEAR)
 
 
 def _text_turn() -> TextTurn | None:
@@ -109,21 +133,22 @@ class TurnChecker:
         where Whisper is installed)."""
         return TurnChecker() if wants_whisper(mode, "--native-turn-check", "words", "off") else None
 
-    def submit(self, audio: np.ndarray) -> Future[str]:
+    def submit(self, audio: np.ndarray) -> Future[Words]:
         """Judge the user's turn ending with `audio` (int16 at `SAMPLE_RATE`, as `UserAudio` keeps it)."""
         return self._pool.submit(self._judge, audio[-int(CLIP_S * SAMPLE_RATE) :])
 
-    def _judge(self, audio: np.ndarray) -> str:
+    def _judge(self, audio: np.ndarray) -> Words:
         speech = speech_clip(audio)
         if speech is None:
-            return UNCLEAR  # no speech found (noise, a hum the voice head took for words)
+            return Words(UNCLEAR)  # no speech found (noise, a hum the voice head took for words)
         heard = self._ears.result().hear(speech, judge=True)
         raw = heard.transcript.raw.strip()
         said = verdict(raw, heard.p_text)
         # A question mark is Whisper hearing a question end; the text model's doubt then is mostly a word
         # Whisper got wrong ("Why do cats purr when they are happy?" as "... cats that when ...", P(finished)
         # 0.003 in an espeak voice): not enough to hold back an onset the model chose. Unclear, not unfinished.
-        return UNCLEAR if said == UNFINISHED and raw.endswith("?") else said
+        said = UNCLEAR if said == UNFINISHED and raw.endswith("?") else said
+        return Words(said, asks_to_look_up(raw) if raw else None)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

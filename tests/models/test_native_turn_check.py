@@ -12,7 +12,15 @@ from models.cascade.work import LATE
 from models.interaction import load_native
 from models.interaction.config import ACTIONS
 from models.interaction.onset import decide
-from models.interaction.turn_check import FINISHED, UNCLEAR, UNFINISHED, PendingCheck, TurnChecker
+from models.interaction.turn_check import (
+    FINISHED,
+    UNCLEAR,
+    UNFINISHED,
+    PendingCheck,
+    TurnChecker,
+    Words,
+    asks_to_look_up,
+)
 from models.registry import NativeOptions
 from streaming.types import TICK_SAMPLES
 from tests.models.native_steps import step_through
@@ -30,29 +38,65 @@ def test_a_finished_turn_is_taken_where_speaking_and_handing_off_together_outsco
         [0.20, 0.60, 0.00, 0.00, 0.20],  # finished, but silence outscores both together: silent
         [0.55, 0.30, 0.00, 0.00, 0.15],  # unfinished words hold back an onset the model chose
         [0.20, 0.35, 0.00, 0.00, 0.45],  # ... and a hand-off
-        [0.20, 0.30, 0.00, 0.00, 0.50],  # finished: the hand-off the model chose stays one
+        [0.20, 0.30, 0.00, 0.00, 0.50],  # finished, no words: the hand-off the model chose stays one
         [0.30, 0.40, 0.00, 0.00, 0.30],  # already speaking: no verdict counts
         [0.35, 0.10, 0.45, 0.00, 0.10],  # unfinished: a backchannel is still the model's to make
     ])
-    verdicts = [FINISHED, UNFINISHED, None, FINISHED, UNFINISHED, UNFINISHED, FINISHED, FINISHED, UNFINISHED]
+    verdicts = [Words(v) if v else None for v in
+                (FINISHED, UNFINISHED, None, FINISHED, UNFINISHED, UNFINISHED, FINISHED, FINISHED, UNFINISHED)]
     speaking = [False] * 7 + [True, False]
     got = decide(probs, speaking, 0.0, 0.0, verdicts).tolist()
     assert got == [SPEAK, SILENT, SILENT, SILENT, SILENT, SILENT, DELEGATE, SILENT, BACKCHANNEL]
-    assert decide(probs, speaking, 0.0, 0.0, [UNCLEAR] * 9).tolist() == decide(probs, speaking, 0.0).tolist()
+    assert decide(probs, speaking, 0.0, 0.0, [Words(UNCLEAR)] * 9).tolist() == decide(probs, speaking, 0.0).tolist()
     assert decide(probs[:1], [False], 0.0, 0.0, [None]).tolist() == [SILENT]
 
 
+def test_where_it_takes_the_floor_the_words_settle_whether_it_hands_off() -> None:
+    """Words that ask for a look-up make the floor it takes a hand-off, any other words make it speech; an
+    unclear turn is taken only where the model takes it, or the words ask for a look-up; an unfinished never."""
+    probs = torch.tensor([
+        [0.30, 0.40, 0.00, 0.00, 0.30],  # finished, a look-up: taken, as a hand-off
+        [0.20, 0.30, 0.00, 0.00, 0.50],  # finished, no look-up: the hand-off the model chose becomes speech
+        [0.60, 0.20, 0.00, 0.00, 0.20],  # unclear, a look-up: the model took the floor, the words hand it off
+        [0.30, 0.40, 0.00, 0.00, 0.30],  # unclear, a look-up: taken as a finished one is, as a hand-off
+        [0.25, 0.20, 0.00, 0.00, 0.55],  # unclear, no look-up: speech
+        [0.30, 0.40, 0.00, 0.00, 0.30],  # unclear, no look-up: the model stays silent, so do the words
+        [0.20, 0.60, 0.00, 0.00, 0.20],  # finished, a look-up, but silence outscores both: silent
+        [0.20, 0.35, 0.00, 0.00, 0.45],  # unfinished, a look-up: silent
+    ])
+    verdicts = [Words(FINISHED, True), Words(FINISHED, False), Words(UNCLEAR, True), Words(UNCLEAR, True),
+                Words(UNCLEAR, False), Words(UNCLEAR, False), Words(FINISHED, True), Words(UNFINISHED, True)]
+    got = decide(probs, [False] * 8, 0.0, 0.0, verdicts).tolist()
+    assert got == [DELEGATE, SPEAK, DELEGATE, DELEGATE, SPEAK, SILENT, SILENT, SILENT]
+
+
+@pytest.mark.parametrize(("words", "lookup"), [
+    ("Could you look up the train times to Leeds?", True),
+    ("Please find out if the post office is open on Sunday.", True),
+    ("Hey, would you mind checking the forecast?", True),
+    ("Okay, and search for a cheap hotel in Madrid.", True),
+    ("I need you to look it up.", True),
+    ("How do I find time to read?", False),  # the verb, asked of no listener
+    ("Should I check the oil?", False),
+    ("Did you check the door?", False),
+    ("Can you tell me what time the bakery opens?", False),  # a fact it cannot know, not asked as a look-up
+    ("Help me choose a book for the holiday.", False),
+])
+def test_a_look_up_is_a_request_to_look_up_find_check_or_search(words: str, lookup: bool) -> None:
+    assert asks_to_look_up(words) is lookup
+
+
 def test_a_late_or_failed_verdict_leaves_the_decision_to_the_model() -> None:
-    late: Future[str] = Future()
+    late: Future[Words] = Future()
     before = LATE.count
-    assert PendingCheck(late, 3).take() == UNCLEAR and late.cancelled()
+    assert PendingCheck(late, 3).take() == Words(UNCLEAR) and late.cancelled()
     assert LATE.count == before + 1, "counted with the other late work"
-    failed: Future[str] = Future()
+    failed: Future[Words] = Future()
     failed.set_exception(RuntimeError("model gone"))
-    assert PendingCheck(failed, 3).take() == UNCLEAR
-    done: Future[str] = Future()
-    done.set_result(FINISHED)
-    assert PendingCheck(done, 3).take() == FINISHED
+    assert PendingCheck(failed, 3).take() == Words(UNCLEAR)
+    done: Future[Words] = Future()
+    done.set_result(Words(FINISHED, False))
+    assert PendingCheck(done, 3).take() == Words(FINISHED, False)
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +119,14 @@ def test_real_whisper_and_the_text_model_judge_a_question_finished_and_a_cut_cla
     lead = np.zeros(RATE // 2, dtype=np.float32)
     asked = checker.submit(_pcm(np.concatenate([lead, _say("What is the tallest mountain in Europe?")])))
     cut = checker.submit(_pcm(np.concatenate([lead, _say("I was hoping that my brother could")])))
+    request = _say("Could you look up when the museum opens?", "espeak:en-us")
+    look = checker.submit(_pcm(np.concatenate([lead, request])))
     noise = (np.random.default_rng(3).standard_normal(2 * RATE) * 0.003).astype(np.float32)
     hum = checker.submit(_pcm(noise))
-    assert asked.result(timeout=60) == FINISHED
-    assert cut.result(timeout=60) == UNFINISHED
-    assert hum.result(timeout=60) == UNCLEAR, "no speech in it: no verdict (Whisper would make words up)"
+    assert asked.result(timeout=60) == Words(FINISHED, False)
+    assert cut.result(timeout=60) == Words(UNFINISHED, False)
+    assert look.result(timeout=60) == Words(FINISHED, True)
+    assert hum.result(timeout=60) == Words(UNCLEAR), "no speech in it: no verdict (Whisper would make words up)"
 
 
 @pytest.mark.timeout(300)

@@ -263,8 +263,8 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
     native.add_argument("--native-delegate", type=float, default=env.delegate, metavar="P",
                         help="p(delegate) at which the native model, not speaking, hands the request to the "
                         "background reasoner (a rare decision seldom the argmax); default: the threshold "
-                        "calibrated into the checkpoint's metadata (train.evaluate), else 0 = the argmax "
-                        "[$DUPLEX_NATIVE_DELEGATE]")
+                        "calibrated into the checkpoint's metadata (train.evaluate), else 0 = the argmax; where "
+                        "the turn check heard the user's words, they settle it instead [$DUPLEX_NATIVE_DELEGATE]")
     native.add_argument("--native-query", choices=QUERY_MODES, default=env.query,
                         help="the words a native hand-off gives the background reasoner: whisper = Whisper "
                         "tiny.en on the user's last words, off the inference thread (0.8 s later); heard = "
@@ -273,8 +273,9 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
                         help="words = when the user stops, Whisper tiny.en and the text model judge whether "
                         "their words are finished (off the inference thread, a micro-turn later): finished, "
                         "the native model takes the turn when speaking and handing off together outscore "
-                        "silence; unfinished, it waits; off = the model alone; auto = words where Whisper is "
-                        "installed [$DUPLEX_NATIVE_TURN_CHECK]")
+                        "silence; unfinished, it waits; a turn it takes is a hand-off to the reasoner where the "
+                        "words ask to look up, find, check or search something, else speech; off = the model "
+                        "alone; auto = words where Whisper is installed [$DUPLEX_NATIVE_TURN_CHECK]")
     native.add_argument("--native-overlap-check", choices=OVERLAP_CHECK_MODES, default=env.overlap_check,
                         help="words = when the user speaks over the native model, the overlap probe (its first "
                         "~100 ms) and Whisper tiny.en's words of it (a micro-turn later) hold a stop the model "

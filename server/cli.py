@@ -267,8 +267,9 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
                         "the turn check heard the user's words, they settle it instead [$DUPLEX_NATIVE_DELEGATE]")
     native.add_argument("--native-query", choices=QUERY_MODES, default=env.query,
                         help="the words a native hand-off gives the background reasoner: whisper = Whisper "
-                        "tiny.en on the user's last words, off the inference thread (0.8 s later); heard = "
-                        "what pocketsphinx streamed; auto = whisper where installed [$DUPLEX_NATIVE_QUERY]")
+                        "tiny.en on the user's last words, off the inference thread (0.8 s later; at once where "
+                        "the turn check heard them); heard = what pocketsphinx streamed; auto = whisper where "
+                        "installed [$DUPLEX_NATIVE_QUERY]")
     native.add_argument("--native-turn-check", choices=TURN_CHECK_MODES, default=env.turn_check,
                         help="words = when the user stops, Whisper tiny.en and the text model judge whether "
                         "their words are finished (off the inference thread, a micro-turn later): finished, "

@@ -35,7 +35,7 @@ that is in the words (`turn_check.asks_to_look_up`); the model still decides whe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -101,10 +101,12 @@ def choose_delegate(requested: float | None, meta: dict[str, str]) -> tuple[floa
 @dataclass(frozen=True)
 class Words:
     """What the words of the user's turn say (turn_check.py): `turn`, whether it is "finished",
-    "unfinished" or "unclear"; `lookup`, whether they ask for something looked up (None: no words heard)."""
+    "unfinished" or "unclear"; `lookup`, whether they ask for something looked up (None: no words heard);
+    `text`, the words (a hand-off's request: query.py), not part of the verdict."""
 
     turn: str
     lookup: bool | None = None
+    text: str = field(default="", compare=False)
 
 
 def decide(

@@ -16,7 +16,10 @@ are due a fixed number of micro-turns later): a media-pace session, which the en
 the work its next step uses is done (`pending_work`), and a real-time one hand off the same words at
 the same micro-turn, and a replay (which waits the same way) reproduces both.
 
-The decision stays the model's; only the words it hands on change. `--native-query heard` keeps the
+Where the turn check (turn_check.py) heard the words, it transcribed the same stretch when the user
+stopped, on its own worker thread, before the decision; those words go out at once, on the decision's
+micro-turn (serving.py), and this transcription is not asked for. The decision stays the model's; only
+the words it hands on change. `--native-query heard` keeps the
 recogniser's words (no Whisper); `auto` (the default) uses Whisper where it is installed.
 """
 

@@ -522,10 +522,15 @@ class NativeModel:
         if action == DELEGATE and st.last_action != DELEGATE and st.handing_off is None:
             # What the recogniser heard, where the checkpoint has one (its words are real words; the tiny
             # model's transcript head is not yet), else its transcript, else the last typed text; where
-            # Whisper is at hand, what it makes of the user's last words, a few micro-turns later (query.py).
+            # Whisper is at hand, what it makes of the user's last words: the turn check's, which heard the same
+            # clip (the user's words since the model last spoke) and settled this hand-off, at once; else its
+            # own transcription, a few micro-turns later (query.py).
             words = " ".join(st.hear.words) if st.hear is not None else ""
             query = words[-200:] or st.transcript[-200:] or st.last_typed
-            if self.query is not None and st.user_audio is not None:
+            checked = st.verdict.text if st.verdict is not None and self.query is not None else ""
+            if checked:
+                events.append(Event("delegate", {"query": checked[-200:]}))
+            elif self.query is not None and st.user_audio is not None:
                 st.handing_off = PendingQuery(self.query.submit(st.user_audio.question(st.tick)), query,
                                               st.tick + DUE_TICKS)
             else:

@@ -148,7 +148,7 @@ class TurnChecker:
         # Whisper got wrong ("Why do cats purr when they are happy?" as "... cats that when ...", P(finished)
         # 0.003 in an espeak voice): not enough to hold back an onset the model chose. Unclear, not unfinished.
         said = UNCLEAR if said == UNFINISHED and raw.endswith("?") else said
-        return Words(said, asks_to_look_up(raw) if raw else None)
+        return Words(said, asks_to_look_up(raw) if raw else None, raw)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from models.base import TickInput
+from models.base import Event, TickInput
 from models.interaction import NativeModel
 from models.interaction.config import ACTIONS
 from streaming.types import TICK_SAMPLES
@@ -10,10 +10,11 @@ from streaming.types import TICK_SAMPLES
 DELEGATE = ACTIONS.index("delegate")
 
 
-def step_through(model: NativeModel, audio: np.ndarray, name: str, ticks: int | None = None) -> str:
+def step_through(model: NativeModel, audio: np.ndarray, name: str, ticks: int | None = None,
+                 events: list[tuple[int, Event]] | None = None) -> str:
     """Step a fresh session through `audio` (24 kHz), or its first `ticks` micro-turns, waiting for the work
     each micro-turn uses as the media-pace engine does; per micro-turn S (speaking), D (a hand-off) or .
-    (neither)."""
+    (neither). `events` collects (micro-turn, event) of what the steps emitted."""
     if ticks is not None:
         audio = audio[: ticks * TICK_SAMPLES]
     n = -(-len(audio) // TICK_SAMPLES)
@@ -24,7 +25,9 @@ def step_through(model: NativeModel, audio: np.ndarray, name: str, ticks: int | 
         for k in range(n):
             for job in model.pending_work(st):
                 job.result(timeout=60)
-            model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES))])
+            tick = model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES))])[0]
+            if events is not None:
+                events.extend((k, e) for e in tick.events)
             out += "S" if st.speaking else "D" if st.last_action == DELEGATE else "."
     finally:
         model.close(st)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from models.base import Event
 from models.cascade.work import LATE
 from models.interaction import load_native
 from models.interaction.config import ACTIONS
@@ -133,25 +134,35 @@ def test_real_whisper_and_the_text_model_judge_a_question_finished_and_a_cut_cla
 def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_without() -> None:
     """The failure the check is for (README, *Whether the user finished*): one short sentence alone, the
     first thing said, in an espeak voice. Alone, the shipped checkpoint leaves it unanswered; with the
-    verdict it answers within 0.6 s of its end, and still waits through an unfinished clause."""
+    verdict it answers within 0.6 s of its end, and still waits through an unfinished clause. A request to
+    look something up is handed off instead, and the `delegate` event carries the words the check heard
+    on the micro-turn the model decides it (no second transcription to wait for: query.py)."""
     torch.set_num_threads(1)
     question = _say("What is the tallest mountain in Europe?")
     head = _say("I was hoping that my brother could")
     lead, after = np.zeros(RATE // 2, np.float32), np.zeros(3 * RATE, np.float32)
+    request = _say("Could you look up when the museum opens?", "espeak:en-us")
     q_audio, p_audio = np.concatenate([lead, question, after]), np.concatenate([lead, head, after])
+    r_end = (len(lead) + len(request)) // TICK_SAMPLES
+    handed: list[tuple[int, Event]] = []
     q_end = (len(lead) + len(question)) // TICK_SAMPLES
     p_end = (len(lead) + len(head)) // TICK_SAMPLES
     runs = {}
     for mode in ("off", "words"):
-        opts = NativeOptions(threads=1, kv_budget_mb=64, voice="piper", query="heard", turn_check=mode)
+        opts = NativeOptions(threads=1, kv_budget_mb=64, voice="piper", query="whisper", turn_check=mode)
         model = load_native("tiny", None, device="cpu", options=opts)
         try:
             runs[mode] = step_through(model, q_audio, f"q-{mode}")
             if mode == "words":
                 paused = step_through(model, p_audio, "p-words")
+                looked = step_through(model, np.concatenate([lead, request, after]), "r-words", events=handed)
         finally:
             model.shutdown()
     assert "S" not in runs["off"], f"the model alone answered; the test no longer shows the failure: {runs['off']}"
     on = runs["words"]
     assert "S" not in on[: q_end - 1] and "S" in on[q_end : q_end + 4], f"no answer within 0.6 s: {on}"
     assert "S" not in paused[p_end:] and "D" not in paused[p_end:], f"did not wait after 'could': {paused}"
+    assert "D" in looked[r_end : r_end + 4], f"no hand-off within 0.8 s of the request: {looked}"
+    sent = [(k, e.data["query"]) for k, e in handed if e.type == "delegate"]
+    assert [k for k, _ in sent] == [looked.index("D")], f"the request went out late or twice: {sent} {looked}"
+    assert {"look", "museum", "opens"} <= set(sent[0][1].lower().strip("?.").split()), sent

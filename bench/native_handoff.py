@@ -1,6 +1,6 @@
 """Whether the native model hands a request to the background reasoner or answers it itself, closed loop.
 
-    python -m bench.native_handoff                      # with the turn check and without, every voice
+    python -m bench.native_handoff --typed              # with the turn check and without, every voice, typed
     python -m bench.native_handoff --turn-check words --voices 2 --json
 
 `train.evaluate` measures hand-offs teacher-forced on held-out episodes, whose requests are training's
@@ -12,7 +12,8 @@ the server steps it at media pace (Piper speaks its text and it hears that back;
 and text model on their worker thread, waited for as a media-pace engine waits; one torch thread), once
 per `--native-turn-check` mode: `words` (as served where Whisper is installed: the words settle whether a
 turn is finished and whether it asks for a look-up, models/interaction/turn_check.py) and `off` (the
-model alone).
+model alone). `--typed` also types every request (the text whole in one micro-turn, a silent mic, 6 s to
+answer it in), reported apart.
 
 Per mode: look-ups handed off (a `delegate` event between the request's last 0.4 s and the end of the
 silence after it), questions handed off (the false ones: the reasoner answers what the model should
@@ -76,6 +77,8 @@ MODES = ("words", "off")
 HOLDING = "Please give me one moment."  # training's holding phrase (train/episodes.py), a hand-off's
 LEAD_S, TAIL_S = 0.6, 4.0
 EARLY_TICKS = 2  # a hand-off counts from the request's last 0.4 s (the voice head hears the end late or early)
+TYPED = "typed"  # the requests typed instead (`--typed`): no voice, the text whole in one micro-turn
+TYPED_TAIL_S = 6.0  # the model reads typed text a few bytes a micro-turn: a long request takes ~3 s to read
 
 
 @dataclass
@@ -89,8 +92,9 @@ class Outcome:
     said: str  # what it said after the request
 
 
-def _requests(voices: int) -> list[tuple[str, str, str, float]]:
-    return [(kind, text, v, rate) for v, rate in VOICES[:voices]
+def _requests(voices: int, typed: bool) -> list[tuple[str, str, str, float]]:
+    ways = [*VOICES[:voices], *([(TYPED, 1.0)] if typed else [])]
+    return [(kind, text, v, rate) for v, rate in ways
             for kind, texts in (("lookup", LOOKUPS), ("question", QUESTIONS)) for text in texts]
 
 
@@ -114,21 +118,24 @@ def _runs(args: tuple[str, list[tuple[str, str, str, float]], str | None]) -> li
     out = []
     try:
         for i, (kind, text, voice, rate) in enumerate(requests):
-            speech = spk.say(text, voice, rate)
+            # Typed: the text arrives whole after the lead, over a silent mic; it counts from its arrival.
+            speech = np.zeros(0, np.float32) if voice == TYPED else spk.say(text, voice, rate)
             lead = np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32)
-            audio = np.concatenate([lead, speech, np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)])
+            tail = TYPED_TAIL_S if voice == TYPED else TAIL_S
+            audio = np.concatenate([lead, speech, np.zeros(int(tail * SAMPLE_RATE), np.float32)])
             n = -(-len(audio) // TICK_SAMPLES)
             audio = np.pad(audio, (0, n * TICK_SAMPLES - len(audio)))
             end = (len(lead) + len(speech)) / SAMPLE_RATE
-            after = int(end / TICK_SECONDS) - EARLY_TICKS
+            after = int(end / TICK_SECONDS) - (0 if voice == TYPED else EARLY_TICKS)
             st = model.open(f"handoff-{i}")
             handed, spoke, first, said = False, False, None, ""
             try:
                 for k in range(n):
                     for job in model.pending_work(st):  # as the media-pace engine: due synthesis and checks
                         job.result(timeout=60)
+                    typed = [text] if voice == TYPED and k == after else []
                     tick = model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES],
-                                                      TICK_SAMPLES))])[0]
+                                                      TICK_SAMPLES, text=typed))])[0]
                     if k < after:
                         continue
                     took = any(e.type == "delegate" for e in tick.events)
@@ -149,7 +156,10 @@ def _runs(args: tuple[str, list[tuple[str, str, str, float]], str | None]) -> li
 def summarise(mode: str, runs: list[Outcome]) -> dict[str, Any]:
     row: dict[str, Any] = {"turn_check": mode}
     for kind in ("lookup", "question"):
-        rs = [r for r in runs if r.kind == kind]
+        typed = [r for r in runs if r.kind == kind and r.voice == TYPED]
+        if typed:
+            row[f"typed_{kind}s_handed_off"] = f"{sum(r.handed_off for r in typed)}/{len(typed)}"
+        rs = [r for r in runs if r.kind == kind and r.voice != TYPED]
         row[f"{kind}s_handed_off"] = f"{sum(r.handed_off for r in rs)}/{len(rs)}"
         row[f"{kind}s_unanswered"] = sum(not (r.handed_off or r.spoke) for r in rs)
         firsts = [r.first_s for r in rs if r.first_s is not None]
@@ -167,12 +177,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="`--native-turn-check` modes to serve in, one process each")
     ap.add_argument("--voices", type=int, default=len(VOICES), choices=range(1, len(VOICES) + 1),
                     help=f"how many of the {len(VOICES)} voices to say every request in")
+    ap.add_argument("--typed", action="store_true", help="also type every request (the text whole, a silent mic)")
     ap.add_argument("--checkpoint", default=None, help="native checkpoint (default: the shipped one)")
     ap.add_argument("--jobs", type=int, default=2, help="modes run in parallel, one process each")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     a = ap.parse_args(argv)
     modes = list(dict.fromkeys(a.turn_check))
-    requests = _requests(a.voices)
+    requests = _requests(a.voices, a.typed)
     t0 = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, min(a.jobs, len(modes)))) as pool:
         results = list(pool.map(_runs, [(m, requests, a.checkpoint) for m in modes]))
@@ -180,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps({"requests": len(requests), "voices": [v for v, _ in VOICES[: a.voices]], "rows": rows}))
         return 0
-    print(f"{len(requests)} requests ({len(requests) // 2} look-ups, {len(requests) // 2} questions), "
-          f"{time.monotonic() - t0:.0f} s")
+    print(f"{len(requests)} requests ({len(requests) // 2} look-ups, {len(requests) // 2} questions, "
+          f"{'typed too' if a.typed else 'said'}), {time.monotonic() - t0:.0f} s")
     print("| turn check | look-ups handed off | questions handed off | unanswered (look-ups, questions) |"
           " first response s (look-ups, questions) | questions answered with the holding phrase |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -189,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['turn_check']} | {r['lookups_handed_off']} | {r['questions_handed_off']} | "
               f"{r['lookups_unanswered']}, {r['questions_unanswered']} | "
               f"{r['lookup_first_response_s']}, {r['question_first_response_s']} | {r['questions_holding_phrase']} |")
+    for r in rows:
+        if a.typed:
+            print(f"turn check {r['turn_check']}: typed look-ups handed off {r['typed_lookups_handed_off']}, "
+                  f"typed questions {r['typed_questions_handed_off']}")
     for r in rows:
         print(f"turn check {r['turn_check']}: missed look-ups {r['missed_lookups']}; "
               f"questions handed off {r['handed_off_questions']}")

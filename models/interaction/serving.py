@@ -45,7 +45,7 @@ from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
 from models.interaction.query import DUE_TICKS, PendingQuery, QueryTranscriber, UserAudio
 from models.interaction.replay import TickLog, replay
 from models.interaction.turn_check import DUE_TICKS as CHECK_DUE_TICKS
-from models.interaction.turn_check import HOLD_TICKS, PendingCheck, TurnChecker, Words
+from models.interaction.turn_check import FINISHED, HOLD_TICKS, PendingCheck, TurnChecker, Words, asks_to_look_up
 from models.interaction.turn_check import WAIT_S as CHECK_WAIT_S
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
@@ -305,6 +305,13 @@ class NativeModel:
             for text in tick.text:
                 st.last_typed = text
                 _enqueue(st.typed, text.encode() + b"\n", "typed", st.session_id)
+                if self.checker is not None and text.strip():
+                    # A typed message is a finished turn whose words are known as it arrives (the model reads
+                    # it a few bytes a micro-turn, and often answers before its end): with the turn check on,
+                    # they settle a hand-off as a spoken turn's do (turn_check.py), held until HOLD_TICKS
+                    # after its last byte is read.
+                    st.verdict = Words(FINISHED, asks_to_look_up(text), text.strip())
+                    st.verdict_until = st.tick + -(-len(st.typed) // cfg.typed_tokens) + HOLD_TICKS
             for chunk in tick.background:
                 _enqueue(st.background, _background_bytes(chunk), "background", st.session_id)
                 if st.writer is not None:

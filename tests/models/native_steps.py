@@ -11,10 +11,11 @@ DELEGATE = ACTIONS.index("delegate")
 
 
 def step_through(model: NativeModel, audio: np.ndarray, name: str, ticks: int | None = None,
-                 events: list[tuple[int, Event]] | None = None) -> str:
+                 events: list[tuple[int, Event]] | None = None, typed: dict[int, str] | None = None) -> str:
     """Step a fresh session through `audio` (24 kHz), or its first `ticks` micro-turns, waiting for the work
     each micro-turn uses as the media-pace engine does; per micro-turn S (speaking), D (a hand-off) or .
-    (neither). `events` collects (micro-turn, event) of what the steps emitted."""
+    (neither). `events` collects (micro-turn, event) of what the steps emitted; `typed[k]` is text typed in
+    micro-turn k."""
     if ticks is not None:
         audio = audio[: ticks * TICK_SAMPLES]
     n = -(-len(audio) // TICK_SAMPLES)
@@ -25,7 +26,9 @@ def step_through(model: NativeModel, audio: np.ndarray, name: str, ticks: int | 
         for k in range(n):
             for job in model.pending_work(st):
                 job.result(timeout=60)
-            tick = model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES))])[0]
+            text = [typed[k]] if typed and k in typed else []
+            tick = model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES,
+                                              text=text))])[0]
             if events is not None:
                 events.extend((k, e) for e in tick.events)
             out += "S" if st.speaking else "D" if st.last_action == DELEGATE else "."

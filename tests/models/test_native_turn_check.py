@@ -136,7 +136,9 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     first thing said, in an espeak voice. Alone, the shipped checkpoint leaves it unanswered; with the
     verdict it answers within 0.6 s of its end, and still waits through an unfinished clause. A request to
     look something up is handed off instead, and the `delegate` event carries the words the check heard
-    on the micro-turn the model decides it (no second transcription to wait for: query.py)."""
+    on the micro-turn the model decides it (no second transcription to wait for: query.py). Typed, the
+    words are known as they arrive: a typed look-up is handed off, a typed question answered (alone,
+    the model answered both: bench.native_handoff --typed)."""
     torch.set_num_threads(1)
     question = _say("What is the tallest mountain in Europe?")
     head = _say("I was hoping that my brother could")
@@ -156,6 +158,9 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
             if mode == "words":
                 paused = step_through(model, p_audio, "p-words")
                 looked = step_through(model, np.concatenate([lead, request, after]), "r-words", events=handed)
+                quiet = np.zeros(6 * RATE, np.float32)
+                typed_look = step_through(model, quiet, "t-look", typed={2: "Can you search for a hotel in Rome?"})
+                typed_ask = step_through(model, quiet, "t-ask", typed={2: "How do I keep my desk tidy?"})
         finally:
             model.shutdown()
     assert "S" not in runs["off"], f"the model alone answered; the test no longer shows the failure: {runs['off']}"
@@ -166,3 +171,5 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     sent = [(k, e.data["query"]) for k, e in handed if e.type == "delegate"]
     assert [k for k, _ in sent] == [looked.index("D")], f"the request went out late or twice: {sent} {looked}"
     assert {"look", "museum", "opens"} <= set(sent[0][1].lower().strip("?.").split()), sent
+    assert "D" in typed_look, f"a typed look-up was not handed off: {typed_look}"
+    assert "S" in typed_ask and "D" not in typed_ask, f"a typed question was not answered by the model: {typed_ask}"

@@ -17,10 +17,9 @@ on a worker thread of its own, and used a fixed `DUE_TICKS` later (or not at all
 short wait of the step: a media-pace engine and a replay wait through `pending_work`), as the hand-off's
 query is (query.py). The model still proposes every onset; the verdict disposes (onset.decide):
 
-  finished    where the model would stay silent, it speaks when p(speak) + p(delegate) outscores each
-              other action: the split between speaking and handing off no longer leaves the floor to
-              silence (a hand-off it chooses, by the argmax or `--native-delegate`, stays one: it
-              cannot tell a look-up from a question either, so that choice is not moved);
+  finished    where the model would stay silent, it takes the floor when p(speak) + p(delegate)
+              outscores each other action: the split between speaking and handing off no longer leaves
+              the floor to silence (how it takes it: below);
   unfinished  it does not start speaking or hand off (a backchannel is still its to make); words that
               end on Whisper's "?" are never unfinished (unclear instead): the text model's doubt
               about a question is mostly a word Whisper misheard;

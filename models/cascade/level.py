@@ -17,7 +17,7 @@ _ACTIVE_DB = 25.0
 _FLOOR = 1e-12
 # Mostly-speech micro-turns a turn needs before its level says whose voice it is (`bystander_turn`).
 LEVEL_TICKS = 2
-_SILENT_DB = -60.0  # a chunk whose loudest frame is under this is silence, not part of a speech level
+_SILENT_POWER = 10 ** (-60.0 / 10)  # a chunk whose loudest frame is under -60 dBFS is silence, not speech
 
 
 def _frame_power(x: Audio) -> npt.NDArray[np.float64]:
@@ -43,7 +43,7 @@ class SpeechLevel:
         """Add one micro-turn of speech; with `skip_silent`, not a chunk that is silence (the gaps between
         utterances of a stream that is not only speech)."""
         power = _frame_power(x)
-        least = 10 ** (_SILENT_DB / 10) if skip_silent else _FLOOR
+        least = _SILENT_POWER if skip_silent else _FLOOR
         if not len(power) or power.max() <= least:
             return
         active = power[power >= power.max() * 10 ** (-_ACTIVE_DB / 10)]

@@ -158,5 +158,8 @@ def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, Words]) -> Ten
         if v.turn == "unfinished":
             out[b] = other[b] if chosen else best[b]
         elif chosen or ((v.turn == "finished" or v.lookup) and bool(take[b] > other_best[b])):
-            out[b] = best[b] if v.lookup is None and chosen else DELEGATE if v.lookup else SPEAK
+            if v.lookup is None:  # no words heard: how it takes the floor stays the model's
+                out[b] = best[b] if chosen else SPEAK
+            else:
+                out[b] = DELEGATE if v.lookup else SPEAK
     return out

@@ -19,8 +19,8 @@ the same micro-turn, and a replay (which waits the same way) reproduces both.
 Where the turn check (turn_check.py) heard the words, it transcribed the same stretch when the user
 stopped, on its own worker thread, before the decision; those words go out at once, on the decision's
 micro-turn (serving.py), and this transcription is not asked for. The decision stays the model's; only
-the words it hands on change. `--native-query heard` keeps the
-recogniser's words (no Whisper); `auto` (the default) uses Whisper where it is installed.
+the words it hands on change. `--native-query heard` keeps the recogniser's words (no Whisper); `auto`
+(the default) uses Whisper where it is installed.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ T = TypeVar("T")  # what a worker's job answers
 log = logging.getLogger(__name__)
 
 KEEP_S = 10.0  # the longest question transcribed (a look-up request is one or two sentences)
+QUERY_CHARS = 200  # a hand-off's words are their last this many characters
 MIN_S = 2.0  # at least this much before the hand-off, even if the model spoke just before
 LEAD_S = 0.4  # kept from before the model stopped speaking: a question may start under its last words
 # 0.8 s: Whisper took 0.17-0.27 s for a 2.5 s request and 0.56-0.58 s for an 8.6 s one here, one core,
@@ -139,7 +140,7 @@ class PendingQuery:
 
     def query(self) -> str:
         """Whisper's words where they are ready (never waited for), else the fallback."""
-        return (settle(self.words, 0.0, "hand-off transcription") or "")[-200:] or self.fallback
+        return (settle(self.words, 0.0, "hand-off transcription") or "")[-QUERY_CHARS:] or self.fallback
 
 
 class QueryTranscriber:

@@ -42,7 +42,7 @@ from models.interaction.overlap_check import (
     ruling,
 )
 from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
-from models.interaction.query import DUE_TICKS, PendingQuery, QueryTranscriber, UserAudio
+from models.interaction.query import DUE_TICKS, QUERY_CHARS, PendingQuery, QueryTranscriber, UserAudio
 from models.interaction.replay import TickLog, replay
 from models.interaction.turn_check import DUE_TICKS as CHECK_DUE_TICKS
 from models.interaction.turn_check import FINISHED, HOLD_TICKS, PendingCheck, TurnChecker, Words, asks_to_look_up
@@ -305,13 +305,8 @@ class NativeModel:
             for text in tick.text:
                 st.last_typed = text
                 _enqueue(st.typed, text.encode() + b"\n", "typed", st.session_id)
-                if self.checker is not None and text.strip():
-                    # A typed message is a finished turn whose words are known as it arrives (the model reads
-                    # it a few bytes a micro-turn, and often answers before its end): with the turn check on,
-                    # they settle a hand-off as a spoken turn's do (turn_check.py), held until HOLD_TICKS
-                    # after its last byte is read.
-                    st.verdict = Words(FINISHED, asks_to_look_up(text), text.strip())
-                    st.verdict_until = st.tick + -(-len(st.typed) // cfg.typed_tokens) + HOLD_TICKS
+                if self.checker is not None:
+                    self._typed_words(st, text.strip())
             for chunk in tick.background:
                 _enqueue(st.background, _background_bytes(chunk), "background", st.session_id)
                 if st.writer is not None:
@@ -432,6 +427,14 @@ class NativeModel:
             st.tick += 1
         return outs
 
+    def _typed_words(self, st: NativeSession, text: str) -> None:
+        """A typed message is a finished turn whose words are known as it arrives (the model reads it a few
+        bytes a micro-turn, and often answers before its end): they settle a hand-off as a spoken turn's do
+        (turn_check.py), held until `HOLD_TICKS` after its last byte is read."""
+        if text:
+            st.verdict = Words(FINISHED, asks_to_look_up(text), text)
+            st.verdict_until = st.tick + -(-len(st.typed) // self.cfg.typed_tokens) + HOLD_TICKS
+
     @staticmethod
     def _verdict(st: NativeSession, deadline: float) -> Words | None:
         """The verdict on the user's turn this micro-turn decides with: one that comes due now (waited for
@@ -533,10 +536,10 @@ class NativeModel:
             # clip (the user's words since the model last spoke) and settled this hand-off, at once; else its
             # own transcription, a few micro-turns later (query.py).
             words = " ".join(st.hear.words) if st.hear is not None else ""
-            query = words[-200:] or st.transcript[-200:] or st.last_typed
+            query = words[-QUERY_CHARS:] or st.transcript[-QUERY_CHARS:] or st.last_typed
             checked = st.verdict.text if st.verdict is not None and self.query is not None else ""
             if checked:
-                events.append(Event("delegate", {"query": checked[-200:]}))
+                events.append(Event("delegate", {"query": checked[-QUERY_CHARS:]}))
             elif self.query is not None and st.user_audio is not None:
                 st.handing_off = PendingQuery(self.query.submit(st.user_audio.question(st.tick)), query,
                                               st.tick + DUE_TICKS)

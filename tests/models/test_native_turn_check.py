@@ -87,6 +87,13 @@ def test_a_look_up_is_a_request_to_look_up_find_check_or_search(words: str, look
     assert asks_to_look_up(words) is lookup
 
 
+def test_a_long_typed_message_is_read_for_a_look_up_only_at_its_start() -> None:
+    """A client may type anything: the inference thread reads the first LOOKUP_CHARS characters only."""
+    filler = "and then, please, " * 20_000  # 360 000 characters of commas and lead words
+    assert asks_to_look_up("Could you look up the tide times? " + filler)
+    assert not asks_to_look_up(filler + "Could you look up the tide times?")
+
+
 def test_a_late_or_failed_verdict_leaves_the_decision_to_the_model() -> None:
     late: Future[Words] = Future()
     before = LATE.count

@@ -104,7 +104,7 @@ class Words:
     "unfinished" or "unclear"; `lookup`, whether they ask for something looked up (None: no words heard);
     `text`, the words (a hand-off's request: query.py), not part of the verdict."""
 
-    turn: str
+    turn: str  # "finished", "unfinished", "unclear"; WAITED for the one micro-turn the longest wait ends
     lookup: bool | None = None
     text: str = field(default="", compare=False)
 
@@ -137,7 +137,10 @@ def decide(
     return _with_verdicts(probs, best, judged) if judged else best
 
 
-_JUDGED = ("finished", "unfinished")
+# The user said words and has been silent the longest wait since (turn_check.HOLD_TICKS, the cascade's longest
+# wait at eagerness medium): the floor is taken, as a listener asked nothing clear still answers something.
+WAITED = "waited"
+_JUDGED = ("finished", "unfinished", WAITED)
 
 
 def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, Words]) -> Tensor:
@@ -145,7 +148,8 @@ def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, Words]) -> Ten
     stay silent takes the floor when speaking and handing off together outscore every other action, and so
     on an unclear one whose words ask for a look-up (a request that names what to look up is one: Whisper
     leaves "Check what time the concert starts on Friday" unpunctuated); on an unfinished one it neither
-    speaks nor hands off; on any other unclear one it decides alone. Where it takes the floor and the words
+    speaks nor hands off; on any other unclear one it decides alone; once the longest wait after words is
+    over (WAITED) it takes the floor, whatever the probabilities. Where it takes the floor and the words
     were heard, they settle how: a hand-off where they ask for a look-up, else speech."""
     take = probs[:, SPEAK] + probs[:, DELEGATE]
     rest = probs.clone()
@@ -155,7 +159,9 @@ def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, Words]) -> Ten
     out = best.clone()
     for b, v in judged.items():
         chosen = int(best[b]) in (SPEAK, DELEGATE)
-        if v.turn == "unfinished":
+        if v.turn == WAITED:
+            out[b] = DELEGATE if v.lookup else SPEAK
+        elif v.turn == "unfinished":
             out[b] = other[b] if chosen else best[b]
         elif chosen or ((v.turn == "finished" or v.lookup) and bool(take[b] > other_best[b])):
             if v.lookup is None:  # no words heard: how it takes the floor stays the model's

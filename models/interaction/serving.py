@@ -443,7 +443,10 @@ class NativeModel:
             verdict = st.checking.take(deadline - time.monotonic())
             st.verdict, st.verdict_until, st.checking = verdict, st.tick + HOLD_TICKS, None
         if st.verdict is not None and st.tick >= st.verdict_until:
-            st.verdict = None
+            # Words heard and the user silent since (a spoken verdict ends when they speak again, either when
+            # the turn is taken): the longest wait is over, the floor is taken (onset.WAITED), once.
+            waited = bool(st.verdict.text) and st.verdict.turn != onset.WAITED
+            st.verdict = Words(onset.WAITED, st.verdict.lookup, st.verdict.text) if waited else None
         return st.verdict
 
     def _overlap(self, st: NativeSession, voice: bool, deadline: float, action: int) -> int:

@@ -30,8 +30,12 @@ background reasoner where they ask in so many words for something looked up, fou
 (`asks_to_look_up`: training's definition of a look-up, train/_texts.py), and speaks otherwise. Its own
 split between the two was learnt from training's sentences and does not carry to others (onset.py).
 
-A verdict holds until the user speaks again, the model takes the turn, or `HOLD_TICKS` pass (after a
-long silence the model's own decision stands). `--native-turn-check off` serves the model alone.
+A verdict holds until the user speaks again or the model takes the turn. Where neither has happened
+`HOLD_TICKS` after it and words were heard, the floor is taken (onset.WAITED) whatever p(speak): the
+cascade's longest wait, after which a listener answers even a turn that sounded unfinished. Whisper
+mishears voices it never met as unfinished ("How do I say no to a friend politely?" in espeak en-us+f4
+at 1.1x, `bench.native_handoff`: 6 of 48 questions were left unanswered without this), and a user who
+gave up on a clause is not left in silence. `--native-turn-check off` serves the model alone.
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ DUE_TICKS = 1
 # waits for the checks due in it up to `WAIT_S`, shared by its sessions as the listener's partials are
 # (listener.py), well inside the micro-turn a step may take.
 WAIT_S = 0.1
-HOLD_TICKS = 15  # 3 s: the cascade's longest wait after a pause whose words trail off (eagerness medium)
+HOLD_TICKS = 15  # 3 s: the cascade's longest wait after a pause whose words trail off (eagerness medium): then
+# the turn is taken
 CLIP_S = 8.0  # what is judged: the user's last 8 s (Smart Turn's window; Whisper's cost grows with it)
 
 # A request for a look-up: one of its verbs where a clause starts (after words of address: "please",

@@ -12,9 +12,10 @@ from models.base import Event
 from models.cascade.work import LATE
 from models.interaction import load_native
 from models.interaction.config import ACTIONS
-from models.interaction.onset import decide
+from models.interaction.onset import WAITED, decide
 from models.interaction.turn_check import (
     FINISHED,
+    HOLD_TICKS,
     UNCLEAR,
     UNFINISHED,
     PendingCheck,
@@ -69,6 +70,21 @@ def test_where_it_takes_the_floor_the_words_settle_whether_it_hands_off() -> Non
                 Words(UNCLEAR, False), Words(UNCLEAR, False), Words(FINISHED, True), Words(UNFINISHED, True)]
     got = decide(probs, [False] * 8, 0.0, 0.0, verdicts).tolist()
     assert got == [DELEGATE, SPEAK, DELEGATE, DELEGATE, SPEAK, SILENT, SILENT, SILENT]
+
+
+def test_after_the_longest_wait_words_heard_are_answered_whatever_the_model_would_do() -> None:
+    """onset.WAITED: the user said words and has stayed silent the longest wait since; the floor is taken
+    however low p(speak) has fallen, as speech or, where the words ask for a look-up, a hand-off, and
+    never under the model's own speech."""
+    probs = torch.tensor([
+        [0.02, 0.95, 0.01, 0.01, 0.01],  # silence all but certain: taken all the same, as speech
+        [0.02, 0.95, 0.01, 0.01, 0.01],  # the words ask for a look-up: handed off
+        [0.02, 0.10, 0.87, 0.00, 0.01],  # a backchannel the model chose gives way to the answer
+        [0.02, 0.95, 0.01, 0.01, 0.01],  # the model speaks already: no verdict counts
+    ])
+    verdicts = [Words(WAITED, False), Words(WAITED, True), Words(WAITED, False), Words(WAITED, False)]
+    got = decide(probs, [False, False, False, True], 0.0, 0.0, verdicts).tolist()
+    assert got == [SPEAK, DELEGATE, SPEAK, SILENT]
 
 
 @pytest.mark.parametrize(("words", "lookup"), [
@@ -141,7 +157,8 @@ def test_real_whisper_and_the_text_model_judge_a_question_finished_and_a_cut_cla
 def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_without() -> None:
     """The failure the check is for (README, *Whether the user finished*): one short sentence alone, the
     first thing said, in an espeak voice. Alone, the shipped checkpoint leaves it unanswered; with the
-    verdict it answers within 0.6 s of its end, and still waits through an unfinished clause. A request to
+    verdict it answers within 0.6 s of its end, and still waits through an unfinished clause, up to the
+    longest wait (then it answers: the user may have given up on the clause). A request to
     look something up is handed off instead, and the `delegate` event carries the words the check heard
     on the micro-turn the model decides it (no second transcription to wait for: query.py). Typed, the
     words are known as they arrive: a typed look-up is handed off, a typed question answered (alone,
@@ -150,8 +167,9 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     question = _say("What is the tallest mountain in Europe?")
     head = _say("I was hoping that my brother could")
     lead, after = np.zeros(RATE // 2, np.float32), np.zeros(3 * RATE, np.float32)
+    gone = np.zeros(5 * RATE, np.float32)  # the clause is never finished: past the longest wait
     request = _say("Could you look up when the museum opens?", "espeak:en-us")
-    q_audio, p_audio = np.concatenate([lead, question, after]), np.concatenate([lead, head, after])
+    q_audio, p_audio = np.concatenate([lead, question, after]), np.concatenate([lead, head, gone])
     r_end = (len(lead) + len(request)) // TICK_SAMPLES
     handed: list[tuple[int, Event]] = []
     q_end = (len(lead) + len(question)) // TICK_SAMPLES
@@ -173,7 +191,9 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     assert "S" not in runs["off"], f"the model alone answered; the test no longer shows the failure: {runs['off']}"
     on = runs["words"]
     assert "S" not in on[: q_end - 1] and "S" in on[q_end : q_end + 4], f"no answer within 0.6 s: {on}"
-    assert "S" not in paused[p_end:] and "D" not in paused[p_end:], f"did not wait after 'could': {paused}"
+    waited = p_end + HOLD_TICKS  # the longest wait after the user stopped (the verdict comes 1-2 micro-turns later)
+    assert "S" not in paused[p_end:waited] and "D" not in paused[p_end:], f"did not wait after 'could': {paused}"
+    assert "S" in paused[waited : waited + 5], f"silent past the longest wait (the user may be gone): {paused}"
     assert "D" in looked[r_end : r_end + 4], f"no hand-off within 0.8 s of the request: {looked}"
     sent = [(k, e.data["query"]) for k, e in handed if e.type == "delegate"]
     assert [k for k, _ in sent] == [looked.index("D")], f"the request went out late or twice: {sent} {looked}"

@@ -102,11 +102,13 @@ def choose_delegate(requested: float | None, meta: dict[str, str]) -> tuple[floa
 class Words:
     """What the words of the user's turn say (turn_check.py): `turn`, whether it is "finished",
     "unfinished" or "unclear"; `lookup`, whether they ask for something looked up (None: no words heard);
-    `text`, the words (a hand-off's request: query.py), not part of the verdict."""
+    `text`, the words (a hand-off's request: query.py), and `level`, how loud they were said (whose voice:
+    turn_check.after_the_wait), not part of the verdict."""
 
     turn: str  # "finished", "unfinished", "unclear"; WAITED for the one micro-turn the longest wait ends
     lookup: bool | None = None
     text: str = field(default="", compare=False)
+    level: float | None = field(default=None, compare=False)  # the speech's active level, dBFS (None: none)
 
 
 def decide(

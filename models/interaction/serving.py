@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from models.base import BackgroundChunk, Event, TickInput, TickOutput, check_slot_batch
+from models.cascade.level import UserLevel
 from models.interaction import dmel, onset, vocoder
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
 from models.interaction.cuda_graphs import BucketedStep
@@ -45,7 +46,15 @@ from models.interaction.phrases import PhraseSet, PhraseWriter, written_text
 from models.interaction.query import DUE_TICKS, QUERY_CHARS, PendingQuery, QueryTranscriber, UserAudio
 from models.interaction.replay import TickLog, replay
 from models.interaction.turn_check import DUE_TICKS as CHECK_DUE_TICKS
-from models.interaction.turn_check import FINISHED, HOLD_TICKS, PendingCheck, TurnChecker, Words, asks_to_look_up
+from models.interaction.turn_check import (
+    FINISHED,
+    HOLD_TICKS,
+    PendingCheck,
+    TurnChecker,
+    Words,
+    after_the_wait,
+    asks_to_look_up,
+)
 from models.interaction.turn_check import WAIT_S as CHECK_WAIT_S
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
@@ -96,6 +105,7 @@ class NativeSession:
     checking: PendingCheck | None = None  # the words of the user's turn being judged (turn_check.py)
     verdict: Words | None = None  # what they said, until the user speaks again or the model takes the turn
     verdict_until: int = 0  # the micro-turn a verdict stops counting (turn_check.HOLD_TICKS)
+    user_level: UserLevel = field(default_factory=UserLevel)  # of the user's turns it answered (after_the_wait)
     overlap: Overlap | None = None  # the user's speech over the model's, and what it says (overlap_check.py)
 
 
@@ -443,10 +453,13 @@ class NativeModel:
             verdict = st.checking.take(deadline - time.monotonic())
             st.verdict, st.verdict_until, st.checking = verdict, st.tick + HOLD_TICKS, None
         if st.verdict is not None and st.tick >= st.verdict_until:
-            # Words heard and the user silent since (a spoken verdict ends when they speak again, either when
-            # the turn is taken): the longest wait is over, the floor is taken (onset.WAITED), once.
-            waited = bool(st.verdict.text) and st.verdict.turn != onset.WAITED
-            st.verdict = Words(onset.WAITED, st.verdict.lookup, st.verdict.text) if waited else None
+            # The user silent since (a spoken verdict ends when they speak again, either when the turn is
+            # taken): the longest wait is over; the floor is taken where the words were left open, once.
+            held = st.verdict
+            st.verdict = after_the_wait(held, st.user_level) if held.turn != onset.WAITED else None
+            if st.verdict is not None:
+                log.debug("session %s: the turn taken after the longest wait (%s: %r)", st.session_id, held.turn,
+                          held.text[-80:])
         return st.verdict
 
     def _overlap(self, st: NativeSession, voice: bool, deadline: float, action: int) -> int:
@@ -550,7 +563,9 @@ class NativeModel:
                 events.append(Event("delegate", {"query": query}))
         if action == SPEAK and st.user_audio is not None:
             st.user_audio.spoke_at = st.tick
-        if action in (SPEAK, DELEGATE):
+        if action in (SPEAK, DELEGATE) and st.verdict is not None:
+            if st.verdict.level is not None and st.verdict.turn != onset.WAITED:
+                st.user_level.learn(st.verdict.level)  # a turn it answered on its own: the user's voice
             st.verdict = None  # the turn is taken: the next one is judged afresh
         st.speaking, st.last_action = action == SPEAK, action
         written = [b for b in text if b != NO_BYTE] if action == SPEAK else []

@@ -31,11 +31,12 @@ background reasoner where they ask in so many words for something looked up, fou
 split between the two was learnt from training's sentences and does not carry to others (onset.py).
 
 A verdict holds until the user speaks again or the model takes the turn. Where neither has happened
-`HOLD_TICKS` after it and words were heard, the floor is taken (onset.WAITED) whatever p(speak): the
-cascade's longest wait, after which a listener answers even a turn that sounded unfinished. Whisper
-mishears voices it never met as unfinished ("How do I say no to a friend politely?" in espeak en-us+f4
-at 1.1x, `bench.native_handoff`: 6 of 48 questions were left unanswered without this), and a user who
-gave up on a clause is not left in silence. `--native-turn-check off` serves the model alone.
+`HOLD_TICKS` after an unfinished or unclear one on words (more than a backchannel), the floor is taken
+(onset.WAITED) whatever p(speak): the cascade's longest wait, after which a listener answers even a turn
+that sounded unfinished. Whisper mishears voices it never met as unfinished ("How do I say no to a friend
+politely?" in espeak en-us+f4 at 1.1x, `bench.native_handoff`: 6 of 48 questions were left unanswered
+without this), and a user who gave up on a clause is not left in silence. A finished turn the model let
+pass stays let pass (`after_the_wait`). `--native-turn-check off` serves the model alone.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from models.cascade.hearing import Ears
-from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, verdict
-from models.interaction.onset import Words
+from models.cascade.level import UserLevel, speech_db
+from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, only_backchannel, verdict
+from models.interaction.onset import WAITED, Words
+from models.interaction.overlap_check import BYSTANDER_DB
 from models.interaction.query import settle, shared_whisper, speech_clip, wants_whisper
 from models.speech.asr import WhisperTranscriber
 from streaming.types import SAMPLE_RATE
@@ -62,7 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["DUE_TICKS", "FINISHED", "HOLD_TICKS", "UNCLEAR", "UNFINISHED", "WAIT_S", "PendingCheck", "TurnChecker",
-           "Words", "asks_to_look_up"]
+           "Words", "after_the_wait", "asks_to_look_up"]
 
 # One micro-turn, as the cascade's Whisper verdict (`whisper_ticks`): the model's voice head says the
 # user stopped one micro-turn after the speech ends, and training's replies start 2-3 after it, so the
@@ -98,6 +101,20 @@ LOOKUP_CHARS = 1000  # a typed message is read for a look-up this far: a request
 def asks_to_look_up(words: str) -> bool:
     """The words ask the listener, in so many words, to look something up, find, check or search it."""
     return _LOOKUP.search(words.strip()[:LOOKUP_CHARS]) is not None
+
+
+def after_the_wait(held: Words, user: UserLevel) -> Words | None:
+    """A verdict held `HOLD_TICKS` with the user silent and the floor not taken: the turn taken (onset.WAITED)
+    where words were heard that the verdict left open (unfinished or unclear), more than a listener's
+    "mm-hm" or "okay", and not said `BYSTANDER_DB` quieter than `user` (the level of the user's turns the
+    model answered: a television line after the model stopped for it is no turn to answer); else nothing. A
+    finished turn the model let pass stays its decision: it heard an end and chose silence (a remark to
+    someone else, a television line in full sentences)."""
+    if held.turn not in (UNFINISHED, UNCLEAR) or not held.text or only_backchannel(held.text):
+        return None
+    if user.quieter(held.level, BYSTANDER_DB):
+        return None
+    return Words(WAITED, held.lookup, held.text)
 
 
 @dataclass
@@ -156,7 +173,7 @@ class TurnChecker:
         # Whisper got wrong ("Why do cats purr when they are happy?" as "... cats that when ...", P(finished)
         # 0.003 in an espeak voice): not enough to hold back an onset the model chose. Unclear, not unfinished.
         said = UNCLEAR if said == UNFINISHED and raw.endswith("?") else said
-        return Words(said, asks_to_look_up(raw) if raw else None, raw)
+        return Words(said, asks_to_look_up(raw) if raw else None, raw, speech_db(speech))
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from models.base import Event
+from models.cascade.level import UserLevel, speech_db
 from models.cascade.work import LATE
 from models.interaction import load_native
 from models.interaction.config import ACTIONS
 from models.interaction.onset import WAITED, decide
+from models.interaction.serving import NativeSession
 from models.interaction.turn_check import (
     FINISHED,
     HOLD_TICKS,
@@ -21,9 +23,12 @@ from models.interaction.turn_check import (
     PendingCheck,
     TurnChecker,
     Words,
+    after_the_wait,
     asks_to_look_up,
 )
 from models.registry import NativeOptions
+from models.speech.asr import ASR_RATE
+from streaming.resample import resample
 from streaming.types import TICK_SAMPLES
 from tests.models.native_steps import step_through
 from train.episodes import Speaker
@@ -85,6 +90,24 @@ def test_after_the_longest_wait_words_heard_are_answered_whatever_the_model_woul
     verdicts = [Words(WAITED, False), Words(WAITED, True), Words(WAITED, False), Words(WAITED, False)]
     got = decide(probs, [False, False, False, True], 0.0, 0.0, verdicts).tolist()
     assert got == [SPEAK, DELEGATE, SPEAK, SILENT]
+
+
+@pytest.mark.parametrize(("held", "user_db", "then"), [
+    (Words(UNFINISHED, False, "How do I say no to a friend", -24.0), -25.0, Words(WAITED, False)),  # misheard
+    (Words(UNCLEAR, False, "Which is more relaxing reading or painting", -30.0), None, Words(WAITED, False)),
+    (Words(UNCLEAR, True, "Check what time the concert starts on Friday", -26.0), -25.0, Words(WAITED, True)),
+    (Words(FINISHED, False, "Sorry, I will be with you in a minute.", -25.0), -25.0, None),  # an end let pass
+    (Words(UNCLEAR), -25.0, None),  # no speech found: nothing to answer
+    (Words(UNFINISHED, False, "Mm-hmm.", -25.0), -25.0, None),  # a listener's sound, not a turn
+    (Words(UNCLEAR, False, "okay", -25.0), None, None),
+    (Words(UNCLEAR, False, "Stay tuned for more music after", -32.0), -25.0, None),  # 7 dB under the user: a TV
+    (Words(UNCLEAR, False, "Stay tuned for more music after", -32.0), None, Words(WAITED, False)),  # no level yet
+])
+def test_what_the_longest_wait_takes(held: Words, user_db: float | None, then: Words | None) -> None:
+    user = UserLevel()
+    if user_db is not None:
+        user.learn(user_db)
+    assert after_the_wait(held, user) == then
 
 
 @pytest.mark.parametrize(("words", "lookup"), [
@@ -174,12 +197,13 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     handed: list[tuple[int, Event]] = []
     q_end = (len(lead) + len(question)) // TICK_SAMPLES
     p_end = (len(lead) + len(head)) // TICK_SAMPLES
-    runs = {}
+    runs: dict[str, str] = {}
+    answered: list[NativeSession] = []
     for mode in ("off", "words"):
         opts = NativeOptions(threads=1, kv_budget_mb=64, voice="piper", query="whisper", turn_check=mode)
         model = load_native("tiny", None, device="cpu", options=opts)
         try:
-            runs[mode] = step_through(model, q_audio, f"q-{mode}")
+            runs[mode] = step_through(model, q_audio, f"q-{mode}", sessions=answered)
             if mode == "words":
                 paused = step_through(model, p_audio, "p-words")
                 looked = step_through(model, np.concatenate([lead, request, after]), "r-words", events=handed)
@@ -191,6 +215,10 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     assert "S" not in runs["off"], f"the model alone answered; the test no longer shows the failure: {runs['off']}"
     on = runs["words"]
     assert "S" not in on[: q_end - 1] and "S" in on[q_end : q_end + 4], f"no answer within 0.6 s: {on}"
+    # The turn it answered teaches it the user's level (whose voice a later turn is: after_the_wait).
+    said_at = speech_db(resample(question, RATE, ASR_RATE))
+    assert answered[0].user_level.db is None, "the model alone judged no words"
+    assert said_at is not None and answered[1].user_level.db == pytest.approx(said_at, abs=1.0)
     waited = p_end + HOLD_TICKS  # the longest wait after the user stopped (the verdict comes 1-2 micro-turns later)
     assert "S" not in paused[p_end:waited] and "D" not in paused[p_end:], f"did not wait after 'could': {paused}"
     assert "S" in paused[waited : waited + 5], f"silent past the longest wait (the user may be gone): {paused}"

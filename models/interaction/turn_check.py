@@ -31,12 +31,12 @@ background reasoner where they ask in so many words for something looked up, fou
 split between the two was learnt from training's sentences and does not carry to others (onset.py).
 
 A verdict holds until the user speaks again or the model takes the turn. Where neither has happened
-`HOLD_TICKS` after an unfinished or unclear one on words (more than a backchannel), the floor is taken
-(onset.WAITED) whatever p(speak): the cascade's longest wait, after which a listener answers even a turn
-that sounded unfinished. Whisper mishears voices it never met as unfinished ("How do I say no to a friend
-politely?" in espeak en-us+f4 at 1.1x, `bench.native_handoff`: 6 of 48 questions were left unanswered
-without this), and a user who gave up on a clause is not left in silence. A finished turn the model let
-pass stays let pass (`after_the_wait`). `--native-turn-check off` serves the model alone.
+`HOLD_TICKS` after one on words in the user's voice (more than a backchannel, not a bystander's level),
+the floor is taken (onset.WAITED) whatever p(speak): the cascade's longest wait, after which a listener
+answers even a turn that sounded unfinished (`after_the_wait`). Whisper mishears voices it never met as
+unfinished ("How do I say no to a friend politely?" in espeak en-us+f4 at 1.1x, `bench.native_handoff`: 6
+of 48 questions were left unanswered without this), the model lets some finished requests pass, and a
+user who gave up on a clause is not left in silence. `--native-turn-check off` serves the model alone.
 """
 
 from __future__ import annotations
@@ -105,12 +105,13 @@ def asks_to_look_up(words: str) -> bool:
 
 def after_the_wait(held: Words, user: UserLevel) -> Words | None:
     """A verdict held `HOLD_TICKS` with the user silent and the floor not taken: the turn taken (onset.WAITED)
-    where words were heard that the verdict left open (unfinished or unclear), more than a listener's
-    "mm-hm" or "okay", and not said `BYSTANDER_DB` quieter than `user` (the level of the user's turns the
-    model answered: a television line after the model stopped for it is no turn to answer); else nothing. A
-    finished turn the model let pass stays its decision: it heard an end and chose silence (a remark to
-    someone else, a television line in full sentences)."""
-    if held.turn not in (UNFINISHED, UNCLEAR) or not held.text or only_backchannel(held.text):
+    where words were heard, more than a listener's "mm-hm" or "okay", and not said `BYSTANDER_DB` quieter
+    than `user` (the level of the user's turns the model answered: a television line after the model
+    stopped for it is no turn to answer); else nothing. As the cascade, which answers every turn of the
+    user's within its longest wait: a finished turn the model let pass too ("Please explain how a car
+    engine works.", whose shape the model is least sure of, README), and so a remark to someone else at the
+    user's own level gets a late reply."""
+    if not held.text or only_backchannel(held.text):
         return None
     if user.quieter(held.level, BYSTANDER_DB):
         return None

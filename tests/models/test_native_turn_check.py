@@ -96,7 +96,7 @@ def test_after_the_longest_wait_words_heard_are_answered_whatever_the_model_woul
     (Words(UNFINISHED, False, "How do I say no to a friend", -24.0), -25.0, Words(WAITED, False)),  # misheard
     (Words(UNCLEAR, False, "Which is more relaxing reading or painting", -30.0), None, Words(WAITED, False)),
     (Words(UNCLEAR, True, "Check what time the concert starts on Friday", -26.0), -25.0, Words(WAITED, True)),
-    (Words(FINISHED, False, "Sorry, I will be with you in a minute.", -25.0), -25.0, None),  # an end let pass
+    (Words(FINISHED, False, "Please explain how a car engine works.", -25.0), -25.0, Words(WAITED, False)),
     (Words(UNCLEAR), -25.0, None),  # no speech found: nothing to answer
     (Words(UNFINISHED, False, "Mm-hmm.", -25.0), -25.0, None),  # a listener's sound, not a turn
     (Words(UNCLEAR, False, "okay", -25.0), None, None),

@@ -140,7 +140,8 @@ def decide(
 
 
 # The user said words and has been silent the longest wait since (turn_check.HOLD_TICKS, the cascade's longest
-# wait at eagerness medium): the floor is taken, as a listener asked nothing clear still answers something.
+# wait at eagerness medium) without the model taking the floor: it is taken (turn_check.after_the_wait says
+# which turns), as a listener answers a turn left hanging however unsure of it.
 WAITED = "waited"
 _JUDGED = ("finished", "unfinished", WAITED)
 

@@ -15,7 +15,7 @@ the user's last seconds and, where it loads, the text model's P(finished) of tho
 unclear. It is asked once per user utterance, when the model's own voice head says the user stopped,
 on a worker thread of its own, and used a fixed `DUE_TICKS` later (or not at all, if it is late past a
 short wait of the step: a media-pace engine and a replay wait through `pending_work`), as the hand-off's
-query is (query.py). The model still proposes every onset; the verdict disposes (onset.decide):
+query is (query.py). The model proposes every onset but the longest wait's (below); the verdict disposes (onset.decide):
 
   finished    where the model would stay silent, it takes the floor when p(speak) + p(delegate)
               outscores each other action: the split between speaking and handing off no longer leaves

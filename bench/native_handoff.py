@@ -102,7 +102,7 @@ def _runs(args: tuple[str, list[tuple[str, str, str, float]], str | None]) -> li
     """Every request, closed loop, in one turn-check mode (one process: one model, its talker and check)."""
     import torch
 
-    from models.base import TickInput
+    from models.base import TickInput, wait_work
     from models.interaction import load_native
     from models.registry import NativeOptions
     from streaming.types import SAMPLE_RATE, TICK_SAMPLES
@@ -131,8 +131,7 @@ def _runs(args: tuple[str, list[tuple[str, str, str, float]], str | None]) -> li
             handed, spoke, first, said = False, False, None, ""
             try:
                 for k in range(n):
-                    for job in model.pending_work(st):  # as the media-pace engine: due synthesis and checks
-                        job.result(timeout=60)
+                    wait_work(model, [st], 60.0)  # as the media-pace engine: due synthesis and checks
                     typed = [text] if voice == TYPED and k == after else []
                     tick = model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES],
                                                       TICK_SAMPLES, text=typed))])[0]

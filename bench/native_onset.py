@@ -67,7 +67,7 @@ def _runs(args: tuple[list[Sample], float, str | None, str]) -> list[Run]:
     """Every sample, closed loop, under one threshold (one process: one model, one Piper talker)."""
     import torch
 
-    from models.base import TickInput
+    from models.base import TickInput, wait_work
     from models.interaction import load_native
     from models.registry import NativeOptions
     from streaming.resample import resample
@@ -90,8 +90,7 @@ def _runs(args: tuple[list[Sample], float, str | None, str]) -> list[Run]:
             spoke = []
             try:
                 for k in range(n):
-                    for job in model.pending_work(st):  # as the media-pace engine: the talker's due synthesis
-                        job.result(timeout=60)
+                    wait_work(model, [st], 60.0)  # as the media-pace engine: the talker's due synthesis
                     model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES))])
                     spoke.append(st.speaking)
             finally:

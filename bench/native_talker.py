@@ -121,7 +121,7 @@ def _timed(fn: Callable[..., T], acc: list[float]) -> Callable[..., T]:
 
 def cost(repeats: int = 3) -> dict[str, Any]:
     """Median step (ms) of the shipped checkpoint on one held-out question's session, per voice."""
-    from models.base import TickInput
+    from models.base import TickInput, wait_work
     from models.interaction import load_native
     from models.registry import NativeOptions
 
@@ -141,8 +141,7 @@ def cost(repeats: int = 3) -> dict[str, Any]:
         for rep in range(repeats):
             st = model.open(f"cost-{rep}")
             for t in ticks:
-                for job in model.pending_work(st):
-                    job.result()
+                wait_work(model, [st], 60.0)
                 talk.append(0.0)
                 t0, c0 = time.perf_counter(), time.thread_time()
                 model.step([(st, t)])

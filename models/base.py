@@ -5,8 +5,9 @@ the one inference thread, never on the event loop, and a session's output must n
 other sessions share its batch.
 """
 
+import contextlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -149,6 +150,20 @@ class OffThreadWork(Protocol):
         """The work (done or not) that the session's next step will use. Called on the event loop while
         no step of the session runs; must only read the state."""
         ...
+
+
+def wait_work(model: OffThreadWork, states: Sequence[SessionState], timeout: float = 30.0) -> None:
+    """Block until the off-thread work the next micro-turn of `states` uses is done (or failed: the step
+    falls back as it would in real time, and logs it).
+
+    What the engine's media loop waits for (`pending_work`), for drivers that step a model directly and
+    faster than real time (tests, offline evaluation): without it they would see the real-time fallbacks
+    of an overloaded machine.
+    """
+    for s in states:
+        for f in model.pending_work(s):
+            with contextlib.suppress(CancelledError):
+                f.exception(timeout=timeout)
 
 
 @runtime_checkable

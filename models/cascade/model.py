@@ -19,18 +19,17 @@ comes back as `TickInput.background` chunks and is spoken sentence by sentence a
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from models.base import Event, TickInput, TickOutput
+from models.base import Event, TickInput, TickOutput, wait_work
 from models.cascade.aec import EchoCanceller
 from models.cascade.answers import AnswerState
 from models.cascade.hearing import Ears, HearingState
@@ -199,16 +198,8 @@ class CascadeModel:
         return work  # callers skip what is already done
 
     def wait_work(self, states: Sequence[CascadeState], timeout: float = 30.0) -> None:
-        """Block until the off-thread work the next micro-turn of `states` uses is done.
-
-        What the engine's media loop waits for (`pending_work`), for drivers that step the model
-        directly and faster than real time (tests, offline evaluation): without it they would see
-        the real-time fallbacks of an overloaded machine.
-        """
-        for s in states:
-            for f in self.pending_work(s):
-                with contextlib.suppress(CancelledError):
-                    f.exception(timeout=timeout)
+        """Block until the off-thread work the next micro-turn of `states` uses is done (models.base.wait_work)."""
+        wait_work(self, states, timeout)
 
     def shutdown(self) -> None:
         """Stop the synthesis and worker threads (the model is unusable afterwards)."""

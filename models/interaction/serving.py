@@ -454,9 +454,9 @@ class NativeModel:
             st.verdict, st.verdict_until, st.checking = verdict, st.tick + HOLD_TICKS, None
         if st.verdict is not None and st.tick >= st.verdict_until:
             # The user silent since (a spoken verdict ends when they speak again, either when the turn is
-            # taken): the longest wait is over; the floor is taken where the words were left open, once.
+            # taken): the longest wait is over, the floor taken for one micro-turn where `after_the_wait` says.
             held = st.verdict
-            st.verdict = after_the_wait(held, st.user_level) if held.turn != onset.WAITED else None
+            st.verdict = after_the_wait(held, st.user_level)
             if st.verdict is not None:
                 log.debug("session %s: the turn taken after the longest wait (%s: %r)", st.session_id, held.turn,
                           held.text[-80:])

@@ -78,8 +78,8 @@ DUE_TICKS = 1
 # waits for the checks due in it up to `WAIT_S`, shared by its sessions as the listener's partials are
 # (listener.py), well inside the micro-turn a step may take.
 WAIT_S = 0.1
-HOLD_TICKS = 15  # 3 s: the cascade's longest wait after a pause whose words trail off (eagerness medium): then
-# the turn is taken
+# 3 s: the cascade's longest wait after a pause whose words trail off (eagerness medium); then the turn is taken
+HOLD_TICKS = 15
 CLIP_S = 8.0  # what is judged: the user's last 8 s (Smart Turn's window; Whisper's cost grows with it)
 
 # A request for a look-up: one of its verbs where a clause starts (after words of address: "please",
@@ -110,8 +110,8 @@ def after_the_wait(held: Words, user: UserLevel) -> Words | None:
     stopped for it is no turn to answer); else nothing. As the cascade, which answers every turn of the
     user's within its longest wait: a finished turn the model let pass too ("Please explain how a car
     engine works.", whose shape the model is least sure of, README), and so a remark to someone else at the
-    user's own level gets a late reply."""
-    if not held.text or only_backchannel(held.text):
+    user's own level gets a late reply. Once: a WAITED verdict itself ends in nothing."""
+    if held.turn == WAITED or not held.text or only_backchannel(held.text):
         return None
     if user.quieter(held.level, BYSTANDER_DB):
         return None

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from models.base import Event, TickInput
+from models.base import Event, TickInput, wait_work
 from models.interaction import NativeModel
 from models.interaction.config import ACTIONS
 from models.interaction.serving import NativeSession
@@ -28,8 +28,7 @@ def step_through(model: NativeModel, audio: np.ndarray, name: str, ticks: int | 
     out = ""
     try:
         for k in range(n):
-            for job in model.pending_work(st):
-                job.result(timeout=60)
+            wait_work(model, [st], 60.0)
             text = [typed[k]] if typed and k in typed else []
             tick = model.step([(st, TickInput(audio[k * TICK_SAMPLES : (k + 1) * TICK_SAMPLES], TICK_SAMPLES,
                                               text=text))])[0]

@@ -102,6 +102,7 @@ def test_after_the_longest_wait_words_heard_are_answered_whatever_the_model_woul
     (Words(UNCLEAR, False, "okay", -25.0), None, None),
     (Words(UNCLEAR, False, "Stay tuned for more music after", -32.0), -25.0, None),  # 7 dB under the user: a TV
     (Words(UNCLEAR, False, "Stay tuned for more music after", -32.0), None, Words(WAITED, False)),  # no level yet
+    (Words(WAITED, False, "How do I say no to a friend", -24.0), -25.0, None),  # taken once, then it ends
 ])
 def test_what_the_longest_wait_takes(held: Words, user_db: float | None, then: Words | None) -> None:
     user = UserLevel()

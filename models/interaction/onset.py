@@ -105,7 +105,7 @@ class Words:
     `text`, the words (a hand-off's request: query.py), and `level`, how loud they were said (whose voice:
     turn_check.after_the_wait), not part of the verdict."""
 
-    turn: str  # "finished", "unfinished", "unclear"; WAITED for the one micro-turn the longest wait ends
+    turn: str  # "finished", "unfinished", "unclear"; WAITED for the one micro-turn the longest wait ends; BYSTANDER
     lookup: bool | None = None
     text: str = field(default="", compare=False)
     level: float | None = field(default=None, compare=False)  # the speech's active level, dBFS (None: none)
@@ -143,17 +143,21 @@ def decide(
 # wait at eagerness medium) without the model taking the floor: it is taken (turn_check.after_the_wait says
 # which turns), as a listener answers a turn left hanging however unsure of it.
 WAITED = "waited"
-_JUDGED = ("finished", "unfinished", WAITED)
+# The words were said `BYSTANDER_DB` quieter than the user's turns the model answered (turn_check.whose): a
+# television or someone across the room, no turn of the user's. As the cascade, which never answers one.
+BYSTANDER = "bystander"
+_JUDGED = ("finished", "unfinished", WAITED, BYSTANDER)
 
 
 def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, Words]) -> Tensor:
     """turn_check.py's rule, for the `judged` rows (not speaking; their words): on a finished turn a row that would
     stay silent takes the floor when speaking and handing off together outscore every other action, and so
     on an unclear one whose words ask for a look-up (a request that names what to look up is one: Whisper
-    leaves "Check what time the concert starts on Friday" unpunctuated); on an unfinished one it neither
-    speaks nor hands off; on any other unclear one it decides alone; once the longest wait after words is
-    over (WAITED) it takes the floor, whatever the probabilities. Where it takes the floor and the words
-    were heard, they settle how: a hand-off where they ask for a look-up, else speech."""
+    leaves "Check what time the concert starts on Friday" unpunctuated); on an unfinished one, or a
+    bystander's words, it neither speaks nor hands off; on any other unclear one it decides alone; once the
+    longest wait after words is over (WAITED) it takes the floor, whatever the probabilities. Where it takes
+    the floor and the words were heard, they settle how: a hand-off where they ask for a look-up, else
+    speech."""
     take = probs[:, SPEAK] + probs[:, DELEGATE]
     rest = probs.clone()
     rest[:, SPEAK] = -1.0
@@ -164,7 +168,7 @@ def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, Words]) -> Ten
         chosen = int(best[b]) in (SPEAK, DELEGATE)
         if v.turn == WAITED:
             out[b] = DELEGATE if v.lookup else SPEAK
-        elif v.turn == "unfinished":
+        elif v.turn in ("unfinished", BYSTANDER):
             out[b] = other[b] if chosen else best[b]
         elif chosen or ((v.turn == "finished" or v.lookup) and bool(take[b] > other_best[b])):
             if v.lookup is None:  # no words heard: how it takes the floor stays the model's

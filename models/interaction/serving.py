@@ -54,6 +54,7 @@ from models.interaction.turn_check import (
     Words,
     after_the_wait,
     asks_to_look_up,
+    whose,
 )
 from models.interaction.turn_check import WAIT_S as CHECK_WAIT_S
 
@@ -450,7 +451,7 @@ class NativeModel:
         """The verdict on the user's turn this micro-turn decides with: one that comes due now (waited for
         until `deadline` at most), or the one held since (turn_check.py)."""
         if st.checking is not None and st.tick >= st.checking.due:
-            verdict = st.checking.take(deadline - time.monotonic())
+            verdict = whose(st.checking.take(deadline - time.monotonic()), st.user_level)
             st.verdict, st.verdict_until, st.checking = verdict, st.tick + HOLD_TICKS, None
         if st.verdict is not None and st.tick >= st.verdict_until:
             # The user silent since (a spoken verdict ends when they speak again, either when the turn is
@@ -564,7 +565,7 @@ class NativeModel:
         if action == SPEAK and st.user_audio is not None:
             st.user_audio.spoke_at = st.tick
         if action in (SPEAK, DELEGATE) and st.verdict is not None:
-            if st.verdict.level is not None and st.verdict.turn != onset.WAITED:
+            if st.verdict.level is not None and st.verdict.turn not in (onset.WAITED, onset.BYSTANDER):
                 st.user_level.learn(st.verdict.level)  # a turn it answered on its own: the user's voice
             st.verdict = None  # the turn is taken: the next one is judged afresh
         st.speaking, st.last_action = action == SPEAK, action

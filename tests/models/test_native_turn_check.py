@@ -1,19 +1,22 @@
 """models/interaction/turn_check.py: the words' verdict on the user's turn, and the onsets it decides."""
 
+import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from bench.fdbench.generate import generate
 from models.base import Event
 from models.cascade.level import UserLevel, speech_db
 from models.cascade.work import LATE
 from models.interaction import load_native
 from models.interaction.config import ACTIONS
-from models.interaction.onset import WAITED, decide
+from models.interaction.onset import BYSTANDER, WAITED, decide
 from models.interaction.serving import NativeSession
 from models.interaction.turn_check import (
     FINISHED,
@@ -25,11 +28,13 @@ from models.interaction.turn_check import (
     Words,
     after_the_wait,
     asks_to_look_up,
+    whose,
 )
 from models.registry import NativeOptions
 from models.speech.asr import ASR_RATE
 from streaming.resample import resample
-from streaming.types import TICK_SAMPLES
+from streaming.types import TICK_SAMPLES, TICK_SECONDS
+from streaming.wav import read_wav
 from tests.models.native_steps import step_through
 from train.episodes import Speaker
 
@@ -90,6 +95,26 @@ def test_after_the_longest_wait_words_heard_are_answered_whatever_the_model_woul
     verdicts = [Words(WAITED, False), Words(WAITED, True), Words(WAITED, False), Words(WAITED, False)]
     got = decide(probs, [False, False, False, True], 0.0, 0.0, verdicts).tolist()
     assert got == [SPEAK, DELEGATE, SPEAK, SILENT]
+
+
+def test_a_bystanders_words_are_no_turn_to_take() -> None:
+    """Words said 5 dB (BYSTANDER_DB) under the user's answered turns are a bystander's (turn_check.whose): the
+    model neither speaks nor hands off on them, however finished or sure; a backchannel stays its to make."""
+    user = UserLevel()
+    user.learn(-21.0)
+    tv = Words(FINISHED, False, "The final score was three to one.", -32.0)
+    assert whose(tv, user) == Words(BYSTANDER, None)
+    assert whose(Words(FINISHED, False, "And you?", -23.0), user) == Words(FINISHED, False), "2 dB under: theirs"
+    assert whose(tv, UserLevel()) == tv, "no answered turn yet: no level to tell by"
+    assert whose(Words(WAITED, False, "Hm", -40.0), user).turn == WAITED
+    probs = torch.tensor([
+        [0.60, 0.30, 0.05, 0.00, 0.05],  # the model would speak
+        [0.30, 0.20, 0.00, 0.00, 0.50],  # ... or hand off
+        [0.30, 0.20, 0.45, 0.00, 0.05],  # a backchannel
+    ])
+    got = decide(probs, [False] * 3, 0.0, 0.0, [whose(tv, user)] * 3).tolist()
+    assert got == [SILENT, SILENT, BACKCHANNEL]
+    assert after_the_wait(whose(tv, user), user) is None, "nor after the longest wait"
 
 
 @pytest.mark.parametrize(("held", "user_db", "then"), [
@@ -229,3 +254,30 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     assert {"look", "museum", "opens"} <= set(sent[0][1].lower().strip("?.").split()), sent
     assert "D" in typed_look, f"a typed look-up was not handed off: {typed_look}"
     assert "S" in typed_ask and "D" not in typed_ask, f"a typed question was not answered by the model: {typed_ask}"
+
+
+@pytest.mark.timeout(300)
+def test_the_shipped_model_answers_the_user_and_not_a_television_heard_over_its_reply(tmp_path: Path) -> None:
+    """FD-bench v1.5 background speech (the generator, seed 9595, sample 1: "Can you recommend a good book
+    about history?" in espeak en-us, then a sports line mixed 10.5 dB under it while the model replies).
+    The question is answered; the television line is not, once it ends (before whose: the model took the
+    floor 0.2 s after it, in 4 of the set's 10). The same line at the user's own level is a turn, answered."""
+    os.environ.setdefault("DUPLEX_TTS_DETERMINISTIC", "1")
+    torch.set_num_threads(1)
+    generate(tmp_path, samples=0, v15_samples=1, seed=9595, tasks=("background_speech",))
+    sample = tmp_path / "v1.5" / "background_speech" / "1"
+    mixed, sr = read_wav(sample / "input.wav")
+    clean, _ = read_wav(sample / "clean_input.wav")
+    gain = json.loads((sample / "generation.json").read_text())["overlap_gain"]
+    start, end = (round(t / TICK_SECONDS) for t in json.loads((sample / "metadata.json").read_text())["timestamps"])
+    assert gain < 0.5, "a line well under the user's voice"
+    opts = NativeOptions(threads=1, kv_budget_mb=64, voice="piper", query="heard")
+    model = load_native("tiny", None, device="cpu", options=opts)
+    try:
+        runs = {name: step_through(model, resample(x.astype(np.float32), sr, RATE), name, ticks=end + 10)
+                for name, x in (("tv", mixed), ("user", clean + (mixed - clean) / gain))}
+    finally:
+        model.shutdown()
+    assert "S" in runs["tv"][:start], f"the question went unanswered: {runs['tv']}"
+    assert "S" not in runs["tv"][end:], f"it answered the television: {runs['tv']}"
+    assert "S" in runs["user"][end:], f"the same words at the user's level went unanswered: {runs['user']}"

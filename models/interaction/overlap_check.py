@@ -25,9 +25,11 @@ hold ends (`LONGEST_TICKS`; twice that while the words are only backchannels), g
 at once; with no stop held, the model decides as without the check. A hold lasts `GRACE_TICKS` after
 the user falls silent: the model's own urge to yield peaks a micro-turn after the sound it answers.
 The model never starts speaking because of it, and a stop the client asks for (`response.cancel`) is
-never held. One stop it brings sooner: where the probe is sure the overlap is an interruption (`STOP_P`)
-and its level is not a bystander's, the model stops the micro-turn the overlap opens rather than the
-0-8 after it (2.5 on average) that the model alone takes.
+never held. Talk `BYSTANDER_DB` quieter than the user's own voice (a television, someone across the room:
+the overlap's level so far against the user's, re-read every micro-turn, `Overlap.hear`) holds a stop for
+as long as it lasts, as it never stops the cascade. One stop it brings sooner: where the probe is sure
+the overlap is an interruption (`STOP_P`) and its level is not a bystander's, the model stops the
+micro-turn the overlap opens rather than the 0-8 after it (2.5 on average) that the model alone takes.
 
 What it costs an interruption: one that opens like a backchannel ("Okay, stop ...") or that the probe
 misses waits for the words that tell (a micro-turn or two). Measured: README, *Backchannels*.
@@ -38,11 +40,11 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.cascade.level import speech_db
+from models.cascade.level import LEVEL_TICKS, SpeechLevel
 from models.cascade.options import CascadeOptions
 from models.cascade.text import only_backchannel
 from models.interaction.query import settle, shared_whisper, speech_clip, wants_whisper
@@ -50,12 +52,12 @@ from models.speech.asr import ASR_RATE, WhisperTranscriber
 from models.speech.overlap import OverlapProbe, OverlapProbeError
 from models.speech.vad import speech_segments
 from streaming.resample import resample
-from streaming.types import SAMPLE_RATE, TICK_SECONDS
+from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BYSTANDER_DB", "DUE_TICKS", "EARLY_P", "FREE", "GRACE_TICKS", "HOLD", "LONGEST_TICKS", "STOP", "STOP_P",
-           "Overlap", "OverlapChecker", "ruling"]
+__all__ = ["BYSTANDER_DB", "BYSTANDER_TICKS", "DUE_TICKS", "EARLY_P", "FREE", "GRACE_TICKS", "HOLD", "LONGEST_TICKS",
+           "STOP", "STOP_P", "Overlap", "OverlapChecker", "ruling"]
 
 DUE_TICKS = 1  # Whisper's words of the overlap so far, used the micro-turn after they are asked
 # The cascade's `barge_in_early_p`: at 100 ms it caught 0.85 of held-out interruptions and flagged 0.19 of
@@ -73,6 +75,12 @@ STOP_P = 0.9
 # `background_db` (models/cascade/options.py: the user's own overlaps sit -4.1 to +1.3 dB from their level,
 # television 3.3-10.2 dB under it).
 BYSTANDER_DB = CascadeOptions().background_db
+# A stop is held for a bystander once its level is read from this many stretches of speech (micro-turns), one
+# more than the cascade's `LEVEL_TICKS`: the cascade counts only micro-turns its VAD finds mostly speech, and
+# without that a user's soft restart reads as one ("Hang on, is that really true?": "is that" 5.3 dB under
+# their level for two micro-turns, then 3 dB over; at two it held that interruption's stop a micro-turn).
+# Television mixed 10.5 dB under the user reads 4.9-11.3 dB under at three (models/cascade/options.py).
+BYSTANDER_TICKS = LEVEL_TICKS + 1
 # An overlap longer than 1 s is not a listener's "mm-hm" (the cascade's `barge_in_max_ms`); twice that
 # while its words are only backchannels ("Mm-hmm, I see." runs 1.1-1.4 s in the espeak voices).
 LONGEST_TICKS = round(1.0 / TICK_SECONDS)
@@ -94,12 +102,23 @@ class Overlap:
 
     opened: int
     p_interrupt: float | None  # the probe's P(interruption); None where the probe is not at hand
-    bystander: bool = False  # its speech is `BYSTANDER_DB` quieter than the user's own: no stop at once
+    bystander: bool = False  # its speech so far is `BYSTANDER_DB` quieter than the user's own (`hear`)
+    user_db: float | None = None  # the user's own speech level (None: not heard yet)
+    level: SpeechLevel = field(default_factory=SpeechLevel)  # the overlap's speech level so far
     words: str = ""  # Whisper's latest non-empty words of it
     job: Future[str] | None = None  # Whisper on the overlap so far, due at `due`
     due: int = 0
     ended: int | None = None  # the micro-turn the user fell silent (None: still speaking)
     held_stop: bool = False  # a stop the model decided was held
+
+    def hear(self, audio: Audio) -> None:
+        """One more stretch of the overlap's audio (float32, any rate: the level is a mean power): the level so
+        far says whether it is a bystander's. An utterance's first words are its loudest: television speech
+        mixed 10.5 dB under the user reads 3.3-10.2 dB under at two micro-turns, 4.9-11.3 at three (the
+        cascade's measure, models/cascade/options.py), so it is judged afresh as the overlap goes on."""
+        self.level.add(audio, skip_silent=True)
+        db = self.level.db
+        self.bystander = self.user_db is not None and db is not None and db < self.user_db - BYSTANDER_DB
 
     def collect(self, tick: int, wait: float) -> None:
         """Take the words due by `tick` (waiting up to `wait` seconds); late or failed words change nothing."""
@@ -122,18 +141,21 @@ HOLD, STOP, FREE = "hold", "stop", "free"
 
 def ruling(ov: Overlap, tick: int) -> str:
     """What the overlap's cues say at micro-turn `tick` of a stop the model decides (module docstring):
-    HOLD it (young, and the cues say backchannel); STOP, where before any words the probe is sure it is an
-    interruption (`STOP_P`), or a stop was held and the user is still at it or said something else ("Okay,
-    stop.", "Hang on."): the stop the model wanted, or would want, now; FREE: the model decides."""
+    HOLD it (young, and the cues say backchannel; or a bystander's talk, while it lasts); STOP, where
+    before any words the probe is sure it is an interruption (`STOP_P`), or a stop was held and the user
+    is still at it or said something else ("Okay, stop.", "Hang on."): the stop the model wanted, or would
+    want, now; FREE: the model decides."""
     if not ov.words and not ov.bystander and ov.p_interrupt is not None and ov.p_interrupt >= STOP_P:
         return STOP
+    if ov.bystander and ov.level.ticks >= BYSTANDER_TICKS and (ov.ended is None or tick - ov.ended <= GRACE_TICKS):
+        return HOLD  # a bystander's talk (a television, someone across the room) stops nothing: the cascade's rule
     bc_words = bool(ov.words) and only_backchannel(ov.words)
     young = tick - ov.opened < LONGEST_TICKS * (2 if bc_words else 1)
     backchannel = bc_words if ov.words else ov.p_interrupt is not None and ov.p_interrupt < EARLY_P
     if young and (ov.ended is None or tick - ov.ended <= GRACE_TICKS) and backchannel:
         return HOLD
-    if ov.held_stop and (ov.ended is None or (bool(ov.words) and not bc_words)):
-        return STOP
+    if ov.held_stop and not ov.bystander and (ov.ended is None or (bool(ov.words) and not bc_words)):
+        return STOP  # (a bystander's words are not the user's: no stop to give back when they end)
     return FREE
 
 
@@ -172,7 +194,7 @@ class OverlapChecker:
         level (None: not heard yet)."""
         # Waited for, not skipped while loading: a replay of the session (replay.py) must hear the same cues.
         # It loads at start-up (Whisper 0.5 s), long before a model has spoken enough to be talked over.
-        ov = Overlap(opened=tick, p_interrupt=None)
+        ov = Overlap(opened=tick, p_interrupt=None, user_db=user_db)
         probe = None if self._ready.exception() is not None else self._ready.result()[1]
         if probe is None:
             return ov
@@ -182,8 +204,8 @@ class OverlapChecker:
             return ov  # Silero hears no speech yet: no early cue; the words will tell
         onset = int(spans[-1][0] * ASR_RATE)
         ov.p_interrupt = probe.probability(clip, onset)
-        level = speech_db(clip[onset:])
-        ov.bystander = user_db is not None and level is not None and level < user_db - BYSTANDER_DB
+        for i in range(onset, len(clip), ASR_RATE // 5):  # micro-turn by micro-turn, as `hear` goes on
+            ov.hear(clip[i : i + ASR_RATE // 5])
         return ov
 
     def ask(self, ov: Overlap, tick: int, audio: np.ndarray) -> None:

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -477,6 +478,8 @@ class NativeModel:
             ov.cancel()
             st.overlap = None
             return action
+        elif voice:  # its level so far (`open` measured it up to its own micro-turn): whose voice it is
+            ov.hear(st.user_audio.since(st.tick).astype(np.float32) / 32767.0)
         ov.collect(st.tick, deadline - time.monotonic())
         ov.ended = None if voice else (st.tick if ov.ended is None else ov.ended)
         said = ruling(ov, st.tick)

@@ -13,6 +13,7 @@ from bench.fdbench.generate import generate
 from models.cascade.level import speech_db
 from models.interaction import NativeModel, load_native
 from models.interaction.overlap_check import (
+    BYSTANDER_TICKS,
     FREE,
     GRACE_TICKS,
     HOLD,
@@ -56,6 +57,38 @@ def test_the_cues_hold_a_stop_while_they_say_backchannel_and_give_back_the_stop_
     assert ruling(quiet, 13 + GRACE_TICKS) == FREE
     said = Overlap(opened=10, p_interrupt=0.1, words="Stop.", ended=12, held_stop=True)
     assert ruling(said, 13) == STOP, "a short interruption said and waiting: the stop it wanted"
+    # A bystander's talk (a television 5 dB or more under the user's own voice) holds a stop as long as it
+    # lasts, whatever its words, and gives none back when it ends: the model decides again.
+    tv = Overlap(opened=10, p_interrupt=0.7, user_db=-20.0, words="Tomorrow will be sunny.", held_stop=True)
+    for _ in range(BYSTANDER_TICKS - 1):
+        tv.hear(_tone(-32.0))
+    assert tv.bystander and ruling(tv, 11) == FREE, "too little speech yet to tell (a user's soft restart)"
+    tv.hear(_tone(-32.0))
+    assert ruling(tv, 10 + 4 * LONGEST_TICKS) == HOLD
+    tv.ended = 40
+    assert ruling(tv, 40 + GRACE_TICKS) == HOLD
+    assert ruling(tv, 41 + GRACE_TICKS) == FREE
+
+
+def _tone(db: float, seconds: float = TICK_SECONDS) -> np.ndarray:
+    """A 220 Hz tone at `db` dBFS (its mean power), 24 kHz."""
+    t = np.arange(int(seconds * RATE)) / RATE
+    return (np.sqrt(2 * 10 ** (db / 10)) * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def test_whose_voice_an_overlap_is_is_read_again_as_it_goes_on() -> None:
+    """An utterance's first words are its loudest: a television line can open at the user's level and fall
+    well under it. Its level so far is re-read every micro-turn (`Overlap.hear`)."""
+    ov = Overlap(opened=10, p_interrupt=0.7, user_db=-20.0)
+    ov.hear(_tone(-22.0))
+    assert not ov.bystander, "2 dB under the user: theirs"
+    for _ in range(4):
+        ov.hear(_tone(-36.0))
+    assert ov.level.db is not None and ov.level.db < -25.0 and ov.bystander
+    assert not Overlap(opened=10, p_interrupt=0.7).bystander, "no level of the user's yet: no gate"
+    unknown = Overlap(opened=10, p_interrupt=0.7)
+    unknown.hear(_tone(-40.0))
+    assert not unknown.bystander
 
 
 def _say(text: str, voice: str) -> np.ndarray:

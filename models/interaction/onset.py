@@ -105,7 +105,9 @@ class Words:
     `text`, the words (a hand-off's request: query.py), and `level`, how loud they were said (whose voice:
     turn_check.after_the_wait), not part of the verdict."""
 
-    turn: str  # "finished", "unfinished", "unclear"; WAITED for the one micro-turn the longest wait ends; BYSTANDER
+    # "finished", "unfinished", "unclear"; WAITED for the one micro-turn the longest wait ends; BYSTANDER for
+    # words said well under the user's own level (turn_check.whose)
+    turn: str
     lookup: bool | None = None
     text: str = field(default="", compare=False)
     level: float | None = field(default=None, compare=False)  # the speech's active level, dBFS (None: none)

@@ -124,9 +124,8 @@ def after_the_wait(held: Words, user: UserLevel) -> Words | None:
     user's within its longest wait: a finished turn the model let pass too ("Please explain how a car
     engine works.", whose shape the model is least sure of, README), and so a remark to someone else at the
     user's own level gets a late reply. Once: a WAITED verdict itself ends in nothing."""
-    if held.turn == WAITED or not held.text or only_backchannel(held.text):
-        return None
-    if user.quieter(held.level, BYSTANDER_DB):
+    held = whose(held, user)  # the one level gate (a verdict set without it, or before the level was known)
+    if held.turn in (WAITED, BYSTANDER) or not held.text or only_backchannel(held.text):
         return None
     return Words(WAITED, held.lookup, held.text)
 

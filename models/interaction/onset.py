@@ -106,7 +106,7 @@ class Words:
     turn_check.after_the_wait), not part of the verdict."""
 
     # "finished", "unfinished", "unclear"; WAITED for the one micro-turn the longest wait ends; BYSTANDER for
-    # words said well under the user's own level (turn_check.whose)
+    # words said well under the user's own level (turn_check.whose); PENDING while a late verdict is awaited
     turn: str
     lookup: bool | None = None
     text: str = field(default="", compare=False)
@@ -148,18 +148,32 @@ WAITED = "waited"
 # The words were said `BYSTANDER_DB` quieter than the user's turns the model answered (turn_check.whose): a
 # television or someone across the room, no turn of the user's. As the cascade, which never answers one.
 BYSTANDER = "bystander"
-_JUDGED = ("finished", "unfinished", WAITED, BYSTANDER)
+# The words' verdict is due but not in yet (turn_check.LATE_TICKS: a busy machine): no onset until it is.
+PENDING = "pending"
+_JUDGED = ("finished", "unfinished", WAITED, BYSTANDER, PENDING)
+
+
+def keener(a: Tensor, b: Tensor) -> Tensor:
+    """Of two rows of action probabilities, the one keener to take the floor: speaking and handing off together
+    furthest above the best other action (serving keeps it while a late verdict is awaited, PENDING)."""
+
+    def margin(p: Tensor) -> float:
+        rest = p.clone()
+        rest[SPEAK] = rest[DELEGATE] = -1.0
+        return float(p[SPEAK] + p[DELEGATE] - rest.max())
+
+    return a if margin(a) > margin(b) else b
 
 
 def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, Words]) -> Tensor:
     """turn_check.py's rule, for the `judged` rows (not speaking; their words): on a finished turn a row that would
     stay silent takes the floor when speaking and handing off together outscore every other action, and so
     on an unclear one whose words ask for a look-up (a request that names what to look up is one: Whisper
-    leaves "Check what time the concert starts on Friday" unpunctuated); on an unfinished one, or a
-    bystander's words, it neither speaks nor hands off; on any other unclear one it decides alone; once the
-    longest wait after words is over (WAITED) it takes the floor, whatever the probabilities. Where it takes
-    the floor and the words were heard, they settle how: a hand-off where they ask for a look-up, else
-    speech."""
+    leaves "Check what time the concert starts on Friday" unpunctuated); on an unfinished one, a
+    bystander's words, or a verdict still awaited (PENDING), it neither speaks nor hands off; on any other
+    unclear one it decides alone; once the longest wait after words is over (WAITED) it takes the floor,
+    whatever the probabilities. Where it takes the floor and the words were heard, they settle how: a
+    hand-off where they ask for a look-up, else speech."""
     take = probs[:, SPEAK] + probs[:, DELEGATE]
     rest = probs.clone()
     rest[:, SPEAK] = -1.0
@@ -170,7 +184,7 @@ def _with_verdicts(probs: Tensor, best: Tensor, judged: dict[int, Words]) -> Ten
         chosen = int(best[b]) in (SPEAK, DELEGATE)
         if v.turn == WAITED:
             out[b] = DELEGATE if v.lookup else SPEAK
-        elif v.turn in ("unfinished", BYSTANDER):
+        elif v.turn in ("unfinished", BYSTANDER, PENDING):
             out[b] = other[b] if chosen else best[b]
         elif chosen or ((v.turn == "finished" or v.lookup) and bool(take[b] > other_best[b])):
             if v.lookup is None:  # no words heard: how it takes the floor stays the model's

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from models.base import BackgroundChunk, Event, TickInput, TickOutput, check_slot_batch
 from models.cascade.level import UserLevel
+from models.cascade.work import LATE
 from models.interaction import dmel, onset, vocoder
 from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
 from models.interaction.cuda_graphs import BucketedStep
@@ -57,6 +58,7 @@ from models.interaction.turn_check import (
     asks_to_look_up,
     whose,
 )
+from models.interaction.turn_check import LATE_TICKS as CHECK_LATE_TICKS
 from models.interaction.turn_check import WAIT_S as CHECK_WAIT_S
 
 if TYPE_CHECKING:  # the talker imports the cascade's speaker (~0.7 s): loaded only for --voice piper
@@ -70,6 +72,7 @@ QUEUE_LIMIT = 16_384  # bytes of typed/background text waiting for slots; beyond
 # --native-matmul: what the transformer blocks' products run in (bench/precision.py measures the cost in quality)
 MATMUL_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = range(len(ACTIONS))
+WAITING = Words(onset.PENDING)  # the verdict due is late: no onset until it is in (turn_check.LATE_TICKS)
 
 
 def _utf8() -> codecs.IncrementalDecoder:
@@ -107,6 +110,7 @@ class NativeSession:
     checking: PendingCheck | None = None  # the words of the user's turn being judged (turn_check.py)
     verdict: Words | None = None  # what they said, until the user speaks again or the model takes the turn
     verdict_until: int = 0  # the micro-turn a verdict stops counting (turn_check.HOLD_TICKS)
+    proposal: Tensor | None = None  # its keenest action probabilities while a late verdict is awaited
     user_level: UserLevel = field(default_factory=UserLevel)  # of the user's turns it answered (after_the_wait)
     overlap: Overlap | None = None  # the user's speech over the model's, and what it says (overlap_check.py)
 
@@ -398,6 +402,7 @@ class NativeModel:
         verdicts: list[Words | None] | None = None
         if self.checker is not None:
             verdicts = [self._verdict(s, deadline) for s in states]
+            probs = self._proposals(states, probs, verdicts)
         actions = onset.decide(probs, [s.speaking for s in states], self.onset, self.delegate, verdicts).tolist()
         for i, (st, tick) in enumerate(batch):
             if st.user_audio is not None:
@@ -450,8 +455,14 @@ class NativeModel:
     @staticmethod
     def _verdict(st: NativeSession, deadline: float) -> Words | None:
         """The verdict on the user's turn this micro-turn decides with: one that comes due now (waited for
-        until `deadline` at most), or the one held since (turn_check.py)."""
+        until `deadline` at most; a later one holds the onset back, up to `CHECK_LATE_TICKS`), or the one held
+        since (turn_check.py)."""
         if st.checking is not None and st.tick >= st.checking.due:
+            late = st.tick - st.checking.due
+            if late < CHECK_LATE_TICKS and not st.checking.ready(deadline - time.monotonic()):
+                if late == 0:
+                    LATE.note("turn check")
+                return WAITING  # not held: the verdict, once in, is the one this turn is decided with
             verdict = whose(st.checking.take(deadline - time.monotonic()), st.user_level)
             st.verdict, st.verdict_until, st.checking = verdict, st.tick + HOLD_TICKS, None
         if st.verdict is not None and st.tick >= st.verdict_until:
@@ -463,6 +474,21 @@ class NativeModel:
                 log.debug("session %s: the turn taken after the longest wait (%s: %r)", st.session_id, held.turn,
                           held.text[-80:])
         return st.verdict
+
+    @staticmethod
+    def _proposals(states: list[NativeSession], probs: Tensor, verdicts: list[Words | None]) -> Tensor:
+        """A late verdict disposes of what the model proposed while it was awaited: its keenest probabilities
+        then (onset.keener) are kept, and the micro-turn the verdict comes in decides with them where they
+        are keener than its own. Without that a verdict two micro-turns late found the shipped model's urge
+        to answer gone (it rises for two or three micro-turns after the user stops) and the question waited
+        3 s, for the longest wait."""
+        for i, (st, v) in enumerate(zip(states, verdicts, strict=True)):
+            if v is WAITING:
+                st.proposal = probs[i] if st.proposal is None else onset.keener(st.proposal, probs[i])
+            elif st.proposal is not None:
+                probs[i] = onset.keener(st.proposal, probs[i])
+                st.proposal = None
+        return probs
 
     def _overlap(self, st: NativeSession, voice: bool, deadline: float, action: int) -> int:
         """Open, follow and close `st`'s overlap with this micro-turn's voice flag, and the action once its cues
@@ -591,7 +617,7 @@ class NativeModel:
         if st.checking is not None:
             st.checking.verdict.cancel()
             st.checking = None
-        st.verdict = None
+        st.verdict, st.proposal = None, None
         # Not under its own speech: a verdict counts only from silence, and one on a listener's "mm-hm" would
         # still hold when the reply ends and push it to take the floor again.
         if not user_speaking and not st.speaking and self.checker is not None and st.user_audio is not None:

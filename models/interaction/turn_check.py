@@ -13,9 +13,12 @@ What knows whether is the cascade's end-of-turn evidence: Whisper tiny.en's punc
 the user's last seconds and, where it loads, the text model's P(finished) of those words
 (models/speech/text_turn.py), combined by `models.cascade.text.verdict` into finished, unfinished or
 unclear. It is asked once per user utterance, when the model's own voice head says the user stopped,
-on a worker thread of its own, and used a fixed `DUE_TICKS` later (or not at all, if it is late past a
-short wait of the step: a media-pace engine and a replay wait through `pending_work`), as the hand-off's
-query is (query.py). The model proposes every onset but the longest wait's (below); the verdict disposes (onset.decide):
+on a worker thread of its own, and used a fixed `DUE_TICKS` later, as the hand-off's query is (query.py):
+a media-pace engine and a replay wait for it through `pending_work`; in real time, one later than a short
+wait of the step holds the onset back until it is in (`LATE_TICKS` at most: onset.PENDING), and the
+micro-turn it comes in decides with the keenest onset the model proposed meanwhile, so a busy machine
+decides as media pace does, later. The model proposes every onset but the longest wait's (below); the
+verdict disposes (onset.decide):
 
   finished    where the model would stay silent, it takes the floor when p(speak) + p(delegate)
               outscores each other action: the split between speaking and handing off no longer leaves
@@ -44,6 +47,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -64,13 +68,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DUE_TICKS", "FINISHED", "HOLD_TICKS", "UNCLEAR", "UNFINISHED", "WAIT_S", "PendingCheck", "TurnChecker",
-           "Words", "after_the_wait", "asks_to_look_up", "whose"]
+__all__ = ["DUE_TICKS", "FINISHED", "HOLD_TICKS", "LATE_TICKS", "UNCLEAR", "UNFINISHED", "WAIT_S", "PendingCheck",
+           "TurnChecker", "Words", "after_the_wait", "asks_to_look_up", "whose"]
 
 # One micro-turn, as the cascade's Whisper verdict (`whisper_ticks`): the model's voice head says the
 # user stopped one micro-turn after the speech ends, and training's replies start 2-3 after it, so the
 # verdict is there for the first of them. Whisper on a few seconds takes ~0.15 s of a core; on a
-# loaded machine it is late and the model decides alone (counted as late work).
+# loaded machine it is late, and the onset waits for it (`LATE_TICKS`).
 DUE_TICKS = 1
 # Checked here (2-core machine, idle): Silero 15 ms, Whisper 81 ms, the text model 21 ms for a 2.3 s
 # question. Asked mid-step and due the next step, it often lands just after that step starts in real
@@ -78,6 +82,15 @@ DUE_TICKS = 1
 # waits for the checks due in it up to `WAIT_S`, shared by its sessions as the listener's partials are
 # (listener.py), well inside the micro-turn a step may take.
 WAIT_S = 0.1
+# A verdict later than that is waited for, the model neither speaking nor handing off meanwhile (onset.PENDING),
+# for up to this many micro-turns past its due one; then it decides alone (counted as late work). Streamed in
+# real time on this machine (FD-bench v1.5 set 9595, one session: the client, the talker and the recogniser
+# beside it) a check took 0.21-0.93 s from being asked (median 0.40 s, 33 checks; 0.21 s idle: Whisper's
+# encoder 92 ms and decoder 88 ms, Silero 22 ms, for a 3.2 s question), late in 14 or more of them. Deciding
+# without it, the model answered questions it should have handed off and television lines (no level of the
+# user's learnt to tell them by: `whose`). A verdict used late costs the onset the micro-turns it waited;
+# media pace and a replay wait for it at its due micro-turn, so with it real time decides as they do, later.
+LATE_TICKS = 4
 # 3 s: the cascade's longest wait after a pause whose words trail off (eagerness medium); then the turn is taken
 HOLD_TICKS = 15
 CLIP_S = 8.0  # what is judged: the user's last 8 s (Smart Turn's window; Whisper's cost grows with it)
@@ -136,6 +149,12 @@ class PendingCheck:
 
     verdict: Future[Words]
     due: int
+
+    def ready(self, wait: float) -> bool:
+        """Whether the verdict is in, waiting up to `wait` seconds for it (it is left running either way)."""
+        if not self.verdict.done():
+            futures.wait([self.verdict], timeout=max(0.0, wait))
+        return self.verdict.done()
 
     def take(self, wait: float = 0.0) -> Words:
         """The verdict where it is ready within `wait` seconds; unclear (no words) where it is late or failed."""

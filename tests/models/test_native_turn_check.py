@@ -16,7 +16,7 @@ from models.cascade.level import UserLevel, speech_db
 from models.cascade.work import LATE
 from models.interaction import load_native
 from models.interaction.config import ACTIONS
-from models.interaction.onset import BYSTANDER, WAITED, decide
+from models.interaction.onset import BYSTANDER, PENDING, WAITED, decide, keener
 from models.interaction.serving import NativeSession
 from models.interaction.turn_check import (
     FINISHED,
@@ -159,6 +159,23 @@ def test_a_long_typed_message_is_read_for_a_look_up_only_at_its_start() -> None:
     assert not asks_to_look_up(filler + "Could you look up the tide times?")
 
 
+def test_while_a_late_verdict_is_awaited_the_model_neither_speaks_nor_hands_off() -> None:
+    """onset.PENDING (turn_check.LATE_TICKS): the verdict is due and not in; an onset the model proposes
+    waits for it (serving keeps the proposal, the keenest of the wait: `keener`), a backchannel does not."""
+    probs = torch.tensor([
+        [0.70, 0.20, 0.00, 0.00, 0.10],  # an onset proposed: held back
+        [0.10, 0.20, 0.00, 0.00, 0.70],  # a hand-off proposed: held back
+        [0.20, 0.20, 0.60, 0.00, 0.00],  # a backchannel: the model's to make
+        [0.70, 0.20, 0.00, 0.00, 0.10],  # already speaking: no verdict counts
+    ])
+    got = decide(probs, [False, False, False, True], 0.0, 0.0, [Words(PENDING)] * 4).tolist()
+    assert got == [SILENT, SILENT, BACKCHANNEL, SPEAK]
+    eager, cooled = probs[0], torch.tensor([0.40, 0.50, 0.00, 0.00, 0.10])
+    assert keener(eager, cooled) is eager and keener(cooled, eager) is eager
+    split = torch.tensor([0.30, 0.40, 0.00, 0.00, 0.30])  # speaking and handing off together outscore silence
+    assert keener(split, cooled) is split, "the floor taken either way counts, as a finished verdict has it"
+
+
 def test_a_late_or_failed_verdict_leaves_the_decision_to_the_model() -> None:
     late: Future[Words] = Future()
     before = LATE.count
@@ -231,6 +248,7 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
         try:
             runs[mode] = step_through(model, q_audio, f"q-{mode}", sessions=answered)
             if mode == "words":
+                runs["late"] = step_through(model, q_audio, "q-late", late=2)
                 paused = step_through(model, p_audio, "p-words")
                 looked = step_through(model, np.concatenate([lead, request, after]), "r-words", events=handed)
                 quiet = np.zeros(6 * RATE, np.float32)
@@ -241,6 +259,10 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     assert "S" not in runs["off"], f"the model alone answered; the test no longer shows the failure: {runs['off']}"
     on = runs["words"]
     assert "S" not in on[: q_end - 1] and "S" in on[q_end : q_end + 4], f"no answer within 0.6 s: {on}"
+    # A busy machine: the verdict two micro-turns late. The onset waits for it and comes with it (before the
+    # proposal was kept, the model's urge had passed by then and the question waited 3 s, the longest wait).
+    late = runs["late"]
+    assert "S" not in late[: on.index("S") + 2] and "S" in late[q_end : q_end + 6], f"not answered late: {late}"
     # The turn it answered teaches it the user's level (whose voice a later turn is: after_the_wait).
     said_at = speech_db(resample(question, RATE, ASR_RATE))
     assert answered[0].user_level.db is None, "the model alone judged no words"

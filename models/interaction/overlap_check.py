@@ -28,8 +28,10 @@ The model never starts speaking because of it, and a stop the client asks for (`
 never held. Talk `BYSTANDER_DB` quieter than the user's own voice (a television, someone across the room:
 the overlap's level so far against the user's, re-read every micro-turn, `Overlap.hear`) holds a stop for
 as long as it lasts, as it never stops the cascade. One stop it brings sooner: where the probe is sure
-the overlap is an interruption (`STOP_P`) and its level is not a bystander's, the model stops the
-micro-turn the overlap opens rather than the 0-8 after it (2.5 on average) that the model alone takes.
+the overlap is an interruption (`STOP_P`) and its level is the user's (no more than `SURE_DB` under theirs;
+a level between that and a bystander's waits until it is read from `BYSTANDER_TICKS` micro-turns), the
+model stops the micro-turn the overlap opens rather than the 0-8 after it (2.5 on average) that the model
+alone takes.
 
 What it costs an interruption: one that opens like a backchannel ("Okay, stop ...") or that the probe
 misses waits for the words that tell (a micro-turn or two). Measured: README, *Backchannels*.
@@ -57,7 +59,7 @@ from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
 log = logging.getLogger(__name__)
 
 __all__ = ["BYSTANDER_DB", "BYSTANDER_TICKS", "DUE_TICKS", "EARLY_P", "FREE", "GRACE_TICKS", "HOLD", "LONGEST_TICKS",
-           "STOP", "STOP_P", "Overlap", "OverlapChecker", "ruling"]
+           "STOP", "STOP_P", "SURE_DB", "Overlap", "OverlapChecker", "ruling"]
 
 DUE_TICKS = 1  # Whisper's words of the overlap so far, used the micro-turn after they are asked
 # The cascade's `barge_in_early_p`: at 100 ms it caught 0.85 of held-out interruptions and flagged 0.19 of
@@ -75,6 +77,17 @@ STOP_P = 0.9
 # `background_db` (models/cascade/options.py: the user's own overlaps sit -4.1 to +1.3 dB from their level,
 # television 3.3-10.2 dB under it).
 BYSTANDER_DB = CascadeOptions().background_db
+# ... and the first words of one read louder than it is, so the sure stop waits where the overlap's level so far
+# is between the two: over its first micro-turn, television lines mixed ~10.5 dB under the user read 1.7-15.5 dB
+# under the user's question (50 v1.5 background lines, seeds 4444, 5151, 9595: 7 within 5 dB, so not yet a
+# bystander's; 1 within 2.5 dB), the user's own interruptions 0.1-6.1 dB over, backchannels 2.9 under to 4.4
+# over (50 each; `generate`'s, measured from the overlap's start as the metadata gives it). The probe was sure
+# of 2 of set 9595's 10 in real time, and stopped the model under them. So the sure stop comes at once only
+# where the level reads no more than this much under the user's; between that and `BYSTANDER_DB`
+# it comes once the level is read from `BYSTANDER_TICKS` micro-turns and is not a bystander's (every one of
+# the 50 television lines was by then, 5.9-12.5 dB under). A user whose interruption starts this much softer
+# than their turns gets the sure stop up to two micro-turns later, or the model's own.
+SURE_DB = 2.5
 # A stop is held for a bystander once its level is read from this many stretches of speech (micro-turns), one
 # more than the cascade's `LEVEL_TICKS`: the cascade counts only micro-turns its VAD finds mostly speech, and
 # without that a user's soft restart reads as one ("Hang on, is that really true?": "is that" 5.3 dB under
@@ -103,6 +116,7 @@ class Overlap:
     opened: int
     p_interrupt: float | None  # the probe's P(interruption); None where the probe is not at hand
     bystander: bool = False  # its speech so far is `BYSTANDER_DB` quieter than the user's own (`hear`)
+    users: bool = True  # ... or no more than `SURE_DB` quieter (or either level unknown): the user's, surely
     user_db: float | None = None  # the user's own speech level (None: not heard yet)
     level: SpeechLevel = field(default_factory=SpeechLevel)  # the overlap's speech level so far
     words: str = ""  # Whisper's latest non-empty words of it
@@ -119,6 +133,7 @@ class Overlap:
         self.level.add(audio, skip_silent=True)
         db = self.level.db
         self.bystander = self.user_db is not None and db is not None and db < self.user_db - BYSTANDER_DB
+        self.users = self.user_db is None or db is None or db >= self.user_db - SURE_DB
 
     def collect(self, tick: int, wait: float) -> None:
         """Take the words due by `tick` (waiting up to `wait` seconds); late or failed words change nothing."""
@@ -142,10 +157,12 @@ HOLD, STOP, FREE = "hold", "stop", "free"
 def ruling(ov: Overlap, tick: int) -> str:
     """What the overlap's cues say at micro-turn `tick` of a stop the model decides (module docstring):
     HOLD it (young, and the cues say backchannel; or a bystander's talk, while it lasts); STOP, where
-    before any words the probe is sure it is an interruption (`STOP_P`), or a stop was held and the user
+    before any words the probe is sure it is an interruption (`STOP_P`) said at the user's level
+    (`SURE_DB`, or not `BYSTANDER_DB` under it once read from `BYSTANDER_TICKS`), or a stop was held and the user
     is still at it or said something else ("Okay, stop.", "Hang on."): the stop the model wanted, or would
     want, now; FREE: the model decides."""
-    if not ov.words and not ov.bystander and ov.p_interrupt is not None and ov.p_interrupt >= STOP_P:
+    read = not ov.bystander and (ov.users or ov.level.ticks >= BYSTANDER_TICKS)  # the user's, surely
+    if not ov.words and read and ov.p_interrupt is not None and ov.p_interrupt >= STOP_P:
         return STOP
     if ov.bystander and ov.level.ticks >= BYSTANDER_TICKS and (ov.ended is None or tick - ov.ended <= GRACE_TICKS):
         return HOLD  # a bystander's talk (a television, someone across the room) stops nothing: the cascade's rule

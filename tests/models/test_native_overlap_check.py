@@ -20,6 +20,7 @@ from models.interaction.overlap_check import (
     LONGEST_TICKS,
     STOP,
     STOP_P,
+    SURE_DB,
     Overlap,
     OverlapChecker,
     ruling,
@@ -74,6 +75,22 @@ def _tone(db: float, seconds: float = TICK_SECONDS) -> np.ndarray:
     """A 220 Hz tone at `db` dBFS (its mean power), 24 kHz."""
     t = np.arange(int(seconds * RATE)) / RATE
     return (np.sqrt(2 * 10 ** (db / 10)) * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def test_the_sure_stop_waits_where_the_level_is_between_the_users_and_a_bystanders() -> None:
+    """A television's first words read louder than the rest (`SURE_DB`): a sure probe stops the model at once
+    only where the overlap sounds at the user's level, else once its level is read and is not a bystander's."""
+    at_once = Overlap(opened=10, p_interrupt=STOP_P, user_db=-20.0)
+    at_once.hear(_tone(-20.0 - SURE_DB + 0.5))
+    assert ruling(at_once, 10) == STOP, "at the user's level: a stop at once"
+    soft, tv = (Overlap(opened=10, p_interrupt=STOP_P, user_db=-20.0) for _ in range(2))
+    for tick, (s_db, tv_db) in enumerate([(-23.5, -23.5), (-23.5, -33.0), (-23.5, -33.0)], 10):
+        soft.hear(_tone(s_db))
+        tv.hear(_tone(tv_db))
+        if tick < 10 + BYSTANDER_TICKS - 1:
+            assert ruling(soft, tick) == FREE and ruling(tv, tick) == FREE, f"not yet told apart at {tick}"
+    assert ruling(soft, 12) == STOP, "a soft interruption, read from three micro-turns: the sure stop"
+    assert tv.bystander and ruling(tv, 12) == HOLD, "a television: a stop held, none brought"
 
 
 def test_whose_voice_an_overlap_is_is_read_again_as_it_goes_on() -> None:

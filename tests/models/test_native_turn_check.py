@@ -248,7 +248,7 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
         try:
             runs[mode] = step_through(model, q_audio, f"q-{mode}", sessions=answered)
             if mode == "words":
-                runs["late"] = step_through(model, q_audio, "q-late", late=2)
+                runs["late"] = step_through(model, q_audio, "q-late", ticks=q_end + 7, late=2)
                 paused = step_through(model, p_audio, "p-words")
                 looked = step_through(model, np.concatenate([lead, request, after]), "r-words", events=handed)
                 quiet = np.zeros(6 * RATE, np.float32)

@@ -115,8 +115,6 @@ class Overlap:
 
     opened: int
     p_interrupt: float | None  # the probe's P(interruption); None where the probe is not at hand
-    bystander: bool = False  # its speech so far is `BYSTANDER_DB` quieter than the user's own (`hear`)
-    users: bool = True  # ... or no more than `SURE_DB` quieter (or either level unknown): the user's, surely
     user_db: float | None = None  # the user's own speech level (None: not heard yet)
     level: SpeechLevel = field(default_factory=SpeechLevel)  # the overlap's speech level so far
     words: str = ""  # Whisper's latest non-empty words of it
@@ -131,9 +129,24 @@ class Overlap:
         mixed 10.5 dB under the user reads 3.3-10.2 dB under at two micro-turns, 4.9-11.3 at three (the
         cascade's measure, models/cascade/options.py), so it is judged afresh as the overlap goes on."""
         self.level.add(audio, skip_silent=True)
+
+    @property
+    def under_db(self) -> float | None:
+        """How much quieter than the user's own voice its speech so far is (None: either level not heard yet)."""
         db = self.level.db
-        self.bystander = self.user_db is not None and db is not None and db < self.user_db - BYSTANDER_DB
-        self.users = self.user_db is None or db is None or db >= self.user_db - SURE_DB
+        return None if db is None or self.user_db is None else self.user_db - db
+
+    @property
+    def bystander(self) -> bool:
+        """Its speech so far is `BYSTANDER_DB` quieter than the user's own."""
+        under = self.under_db
+        return under is not None and under > BYSTANDER_DB
+
+    @property
+    def users(self) -> bool:
+        """... or no more than `SURE_DB` quieter (or either level unknown): the user's, surely."""
+        under = self.under_db
+        return under is None or under <= SURE_DB
 
     def collect(self, tick: int, wait: float) -> None:
         """Take the words due by `tick` (waiting up to `wait` seconds); late or failed words change nothing."""

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -101,12 +101,17 @@ def speech_clip(audio: np.ndarray, min_speech_s: float = 0.25) -> Audio | None:
     return clip[int(spans[0][0] * ASR_RATE) : int(spans[-1][1] * ASR_RATE)]
 
 
+def arrived(job: Future[Any], wait: float) -> bool:
+    """Whether a worker's answer is in, waited for up to `wait` seconds (it is left running either way)."""
+    if not job.done():
+        futures.wait([job], timeout=max(0.0, wait))
+    return job.done()
+
+
 def settle(job: Future[T], wait: float, what: str) -> T | None:
     """A worker's answer due now, waited for up to `wait` seconds: None where it is late (then cancelled and
     counted with the late work as `what`), was cancelled, or failed (logged); the caller decides without it."""
-    if not job.done():
-        futures.wait([job], timeout=max(0.0, wait))
-    if not job.done():
+    if not arrived(job, wait):
         job.cancel()
         LATE.note(what)
         return None

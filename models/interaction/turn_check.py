@@ -47,7 +47,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -59,7 +58,7 @@ from models.cascade.level import UserLevel, speech_db
 from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, only_backchannel, verdict
 from models.interaction.onset import BYSTANDER, WAITED, Words
 from models.interaction.overlap_check import BYSTANDER_DB
-from models.interaction.query import settle, shared_whisper, speech_clip, wants_whisper
+from models.interaction.query import arrived, settle, shared_whisper, speech_clip, wants_whisper
 from models.speech.asr import WhisperTranscriber
 from streaming.types import SAMPLE_RATE
 
@@ -152,9 +151,7 @@ class PendingCheck:
 
     def ready(self, wait: float) -> bool:
         """Whether the verdict is in, waiting up to `wait` seconds for it (it is left running either way)."""
-        if not self.verdict.done():
-            futures.wait([self.verdict], timeout=max(0.0, wait))
-        return self.verdict.done()
+        return arrived(self.verdict, wait)
 
     def take(self, wait: float = 0.0) -> Words:
         """The verdict where it is ready within `wait` seconds; unclear (no words) where it is late or failed."""

@@ -40,7 +40,9 @@ def test_the_cues_hold_a_stop_while_they_say_backchannel_and_give_back_the_stop_
     assert ruling(Overlap(opened=10, p_interrupt=0.1), 11) == HOLD, "the probe, before any words"
     assert ruling(Overlap(opened=10, p_interrupt=0.7), 11) == FREE, "the probe hears an interruption"
     assert ruling(Overlap(opened=10, p_interrupt=STOP_P), 10) == STOP, "... and is sure of it: a stop at once"
-    assert ruling(Overlap(opened=10, p_interrupt=STOP_P, bystander=True), 10) == FREE, "... not for a bystander"
+    quiet_sure = Overlap(opened=10, p_interrupt=STOP_P, user_db=-20.0)
+    quiet_sure.hear(_tone(-32.0))
+    assert ruling(quiet_sure, 10) == FREE, "... not for a bystander"
     assert ruling(Overlap(opened=10, p_interrupt=None), 11) == FREE, "no cue: the model decides"
     sure_but_said = Overlap(opened=10, p_interrupt=STOP_P, words="Mm-hmm, I see.")
     assert ruling(sure_but_said, 12) == HOLD, "words overrule the probe"

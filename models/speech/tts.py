@@ -118,8 +118,11 @@ class EspeakVoice:
         # espeak's pitch is a 0..99 "base pitch" knob, not Hz; scaling its default is the closest
         # native equivalent of a pitch ratio.
         pit = int(np.clip(round(_ESPEAK_DEFAULT_PITCH * pitch), 0, 99))
-        cmd = [_espeak_binary(), "-v", self.voice, "-s", str(wpm), "-p", str(pit), "--stdout", text]
-        proc = subprocess.run(cmd, capture_output=True, check=False, timeout=60)
+        # The text goes in on stdin as data, never as an argument: text that starts with "-" (typed by a
+        # client, read from a camera, written by the reasoner) would otherwise be an option (-f FILE reads
+        # a file aloud, -w FILE writes one). -b 1: stdin is UTF-8.
+        cmd = [_espeak_binary(), "-v", self.voice, "-s", str(wpm), "-p", str(pit), "-b", "1", "--stdout"]
+        proc = subprocess.run(cmd, input=text.encode("utf-8"), capture_output=True, check=False, timeout=60)
         if proc.returncode != 0 or not proc.stdout:
             err = proc.stderr.decode(errors="replace").strip()
             raise TTSError(

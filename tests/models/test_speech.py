@@ -1,5 +1,8 @@
 """The offline speech components on real models and small synthesised clips."""
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -43,6 +46,18 @@ def test_voices_are_listed_and_unknown_ones_are_named() -> None:
         slow, sr = synthesize("hello there", voice="espeak:en-us", rate=0.7)
         fast, _ = synthesize("hello there", voice="espeak:en-us", rate=1.4)
         assert len(fast) < len(slow) and sr > 0
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs Debian's espeak-ng")
+def test_espeak_reads_text_that_looks_like_an_option_as_words(tmp_path: Path) -> None:
+    """Text reaches espeak-ng as data: "-f FILE" would read a file aloud and "-w FILE" write one."""
+    target = tmp_path / "written.wav"
+    lines = tmp_path / "long.txt"
+    lines.write_text("this file is long and must never be read aloud. " * 40)
+    said, sr = synthesize(f"-f{lines}", voice="espeak:en-us")
+    assert 0 < len(said) / sr < 8.0  # the words of the path, not 40 sentences of the file (~60 s)
+    synthesize(f"-w {target} hello", voice="espeak:en-us")
+    assert not target.exists()
 
 
 def test_asr_words_and_times(clip: tuple[np.ndarray, int]) -> None:

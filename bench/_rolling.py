@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
+
+from bench.wsclient import open_session, recv_event, recv_until, set_session, start
 
 TICK = 4800  # samples of one micro-turn at 24 kHz
 
@@ -71,15 +73,14 @@ class Talker:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
-                ws = await connect(self.url, additional_headers={"X-Duplex-Resume-Token": self.token},
-                                   max_size=16 << 20)
-                first = json.loads(await ws.recv())
+                ws = await open_session(self.url, resume_token=self.token)
+                first = await recv_event(ws)
                 if first["type"] == "session.created":
                     got = first["session"]
                     if got["id"] != self.session_id or got["instructions"] != self.instructions:
                         self.lost = "came back as another session"
                         return None
-                    resumed = json.loads(await ws.recv())
+                    resumed = await recv_event(ws)
                     self.token = resumed["resume_token"]
                     sender = asyncio.create_task(_send_paced(ws, self.n))
                     try:
@@ -98,23 +99,14 @@ class Talker:
 
 
 async def _session_rt(url: str, instructions: str) -> tuple[ClientConnection, str]:
-    ws = await connect(url, max_size=16 << 20)
-    token = ""
-    while not token:
-        ev = json.loads(await ws.recv())
-        token = ev.get("resume_token", "") if ev["type"] == "duplex.session.resume" else ""
-    await ws.send(json.dumps({"type": "session.update", "session": {"instructions": instructions}}))
-    while json.loads(await ws.recv())["type"] != "session.updated":
-        pass
-    return ws, token
+    ws, resume = await start(url, instructions=instructions)
+    return ws, str(resume["resume_token"])
 
 
 async def _current_id(ws: ClientConnection) -> str:
-    await ws.send(json.dumps({"type": "session.update", "session": {}}))
-    while True:
-        ev = json.loads(await ws.recv())
-        if ev["type"] == "session.updated":
-            return str(ev["session"]["id"])
+    await set_session(ws)
+    updated, _ = await recv_until(ws, "session.updated")
+    return str(updated["session"]["id"])
 
 
 async def _send_paced(ws: ClientConnection, seed: int) -> None:

@@ -46,24 +46,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 
 from bench._rolling import rolling
+from bench.wsclient import open_session, recv_event, start
 
 TICK = 4800
 
 
 async def _session(url: str, instructions: str = "") -> tuple[ClientConnection, str]:
     """A media-pace session; returns it and its resume token."""
-    ws = await connect(url, max_size=16 << 20)
-    token = ""
-    while not token:
-        ev = json.loads(await ws.recv())
-        token = ev.get("resume_token", "") if ev["type"] == "duplex.session.resume" else ""
-    await ws.send(json.dumps({"type": "session.update", "session": {"pace": "media", "instructions": instructions}}))
-    while json.loads(await ws.recv())["type"] != "session.updated":
-        pass
-    return ws, token
+    ws, resume = await start(url, pace="media", instructions=instructions)
+    return ws, str(resume["resume_token"])
 
 
 async def _round_trip(ws: ClientConnection, pcm: bytes) -> float:
@@ -98,8 +92,8 @@ async def _resume(url: str, token: str, killed: float,
     deadline = time.monotonic() + budget
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):  # refused while the lease lapses: try again
-            ws = await connect(url, additional_headers={"X-Duplex-Resume-Token": token}, max_size=16 << 20)
-            first = json.loads(await ws.recv())
+            ws = await open_session(url, resume_token=token)
+            first = await recv_event(ws)
             if first["type"] == "session.created":
                 instructions = str(first["session"]["instructions"])
                 await ws.send(bytes(2 * TICK))

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 import uvloop
-from websockets.asyncio.client import connect
 
 from bench._server import histogram_quantile, local_server, scrape
+from bench.wsclient import open_session, set_session
 
 TICK = 4800
 PERIOD = 0.2
@@ -42,8 +42,8 @@ async def _session(url: str, seconds: float, delay: int, seed: int, start_at: fl
     index = {c: k for k, c in enumerate(chunks)}
     sent: dict[int, float] = {}
     lat: list[float] = []
-    async with connect(url, max_size=1 << 24) as ws:
-        await ws.send(json.dumps({"type": "session.update", "session": {"pace": "realtime"}}))
+    async with open_session(url) as ws:
+        await set_session(ws, pace="realtime")
 
         async def reader() -> None:
             async for msg in ws:

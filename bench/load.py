@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench.fdbench.client import auth_headers
+from bench.wsclient import auth_headers, open_session, set_session
 from streaming.pcm import float32_to_pcm16
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS, Audio
 
@@ -160,7 +160,6 @@ class SessionStats:
 
 async def _session(url: str, speech: Audio, seconds: float, offset: float, stats: SessionStats,
                    video: str | None = None) -> None:
-    from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
 
     await asyncio.sleep(offset)
@@ -170,10 +169,8 @@ async def _session(url: str, speech: Audio, seconds: float, offset: float, stats
         for i in range(max(1, len(speech) // TICK_SAMPLES))
     ]
     try:
-        async with connect(
-            url, open_timeout=20, max_size=8 * 1024 * 1024, ping_interval=None, additional_headers=auth_headers()
-        ) as ws:
-            await ws.send(json.dumps({"type": "session.update", "session": {"pace": "realtime"}}))
+        async with open_session(url) as ws:
+            await set_session(ws, pace="realtime")
 
             async def receive() -> None:
                 async for raw in ws:

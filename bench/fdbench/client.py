@@ -21,7 +21,6 @@ import asyncio
 import base64
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import numpy as np
 from websockets.exceptions import WebSocketException
 
 from bench.fdbench.lockstep import Lockstep, Slot
+from bench.wsclient import open_session
 from streaming.pcm import Audio, float32_to_pcm16, pcm16_to_float32
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 
@@ -179,19 +179,8 @@ class StreamResult:
         return [t - self.ready_at(tick) / SAMPLE_RATE for t, tick, _ in self.arrivals if tick >= self.base]
 
 
-def auth_headers() -> dict[str, str]:
-    """The server's API key from $DUPLEX_API_KEY (the variable `duplex serve` reads), when set."""
-    key = os.environ.get("DUPLEX_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
 def _connect(url: str, open_timeout: float) -> Any:
-    from websockets.asyncio.client import connect
-
-    # max_size: a delta is ~13 kB; leave room for larger extension events.
-    return connect(
-        url, open_timeout=open_timeout, max_size=8 * 1024 * 1024, ping_interval=None, additional_headers=auth_headers()
-    )
+    return open_session(url, open_timeout=open_timeout)
 
 
 async def _expect(ws: Any, wanted: str, timeout: float) -> dict[str, Any]:

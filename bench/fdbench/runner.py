@@ -21,9 +21,10 @@ from urllib.parse import urlsplit
 import numpy as np
 from tqdm import tqdm
 
-from bench.fdbench.client import ClientError, auth_headers, stream
+from bench.fdbench.client import ClientError, stream
 from bench.fdbench.layout import RUN_INFO, Sample, find_samples
 from bench.fdbench.lockstep import Lockstep
+from bench.wsclient import auth_headers
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE
 from streaming.wav import read_wav, write_wav

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.vision_hands import framed
+from bench.vision.hands import framed
 from models.cascade import CascadeModel
 from models.vision.detect import SessionDetectors
 from models.vision.tracker import Tracker

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bench.vision import text_card
+from bench.vision.cost import text_card
 from models.vision.tracker import Tracker
 from models.vision.types import Observation
 from models.vision.worker import VisionWorker
@@ -94,7 +94,7 @@ def test_a_crashed_worker_leaves_sessions_blind_not_broken(caplog) -> None:
 def test_nod_shake_and_a_glance_on_a_real_face_turned_in_3d() -> None:
     """A real photo's face turned in 3-D (bench/vision_clips.py) through the real face mesh and the rules:
     a nod is a nod and it keeps talking, a shake is a shake, one look aside and back is neither."""
-    from bench.vision_clips import Clip, Head, backgrounds, photo, watch
+    from bench.vision.clips import Clip, Head, backgrounds, photo, watch
 
     head, rooms = Head.of(photo()), backgrounds()
     seen = {kind: watch(head, Clip(kind, amplitude, 1.0, 0.0, 1.6, 0.8, (0.5, 0.4), room), rooms)
@@ -108,7 +108,7 @@ def test_nod_shake_and_a_glance_on_a_real_face_turned_in_3d() -> None:
 def test_held_out_scenes_give_the_reasoner_the_right_facts(worker: VisionWorker) -> None:
     """Three of bench/vision_scenes.py's held-out scenes through the worker to the facts line: two people
     counted, a cat's face not taken for a person, a phrase in a font the other tests never use read exactly."""
-    from bench.vision_scenes import right, scenes
+    from bench.vision.scenes import right, scenes
 
     chosen = {s.name: s for s in scenes() if s.name in ("two people", "cat", "mono phrase")}
     for i, (name, scene) in enumerate(chosen.items()):

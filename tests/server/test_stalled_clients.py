@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from bench._never_reader import NeverReader
+from bench.reliability._never_reader import NeverReader
 from server.limits import DEFAULT_OUTBOX_BYTES
 from tests.conftest import ServerProc
 

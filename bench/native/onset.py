@@ -1,8 +1,8 @@
 """Calibrate the p(speak) a native checkpoint needs to take the floor (models/interaction/onset.py).
 
     python -m bench.fdbench generate --out data/onset-tune --seed 5151   # a tuning set, not your test set
-    python -m bench.native_onset --data data/onset-tune --jobs 2         # the table, the chosen threshold
-    python -m bench.native_onset --data data/onset-tune --write          # ... recorded in the checkpoint
+    python -m bench.native.onset --data data/onset-tune --jobs 2         # the table, the chosen threshold
+    python -m bench.native.onset --data data/onset-tune --write          # ... recorded in the checkpoint
 
 Every mid-sentence pause, turn-taking and interruption sample of an FD-bench-layout set is stepped in
 process through the checkpoint, closed loop (the micro-turns the server steps at media pace: Piper
@@ -39,7 +39,7 @@ import numpy as np
 from bench.fdbench.layout import Sample, find_samples, interruption_span, turn_end
 from bench.fdbench.metrics import TURN_DURATION_S  # a take-over lasts this long (or has > 3 words)
 from models.interaction.onset import ONSET_KEY, ONSET_NOTE_KEY
-from models.registry import TURN_CHECK_MODES, check_onset
+from models.interaction.options import TURN_CHECK_MODES, check_onset
 from streaming.types import TICK_SECONDS
 
 THRESHOLDS = (0.0, 0.5, 0.55, 0.6, 0.65, 0.7)  # 0 = greedy
@@ -69,7 +69,7 @@ def _runs(args: tuple[list[Sample], float, str | None, str]) -> list[Run]:
 
     from models.base import TickInput, wait_work
     from models.interaction import load_native
-    from models.registry import NativeOptions
+    from models.interaction.options import NativeOptions
     from streaming.resample import resample
     from streaming.types import SAMPLE_RATE, TICK_SAMPLES
     from streaming.wav import read_wav
@@ -170,7 +170,7 @@ def write(checkpoint: Path, chosen: dict[str, Any], data: Path, max_pause: float
     from models.interaction.checkpoint import update_metadata
 
     figures = ", ".join(f"{k} {chosen[k]['rate']}" for k in KINDS)
-    note = (f"bench.native_onset on {data.name} (closed loop; the lowest threshold taking at most {max_pause} of "
+    note = (f"bench.native.onset on {data.name} (closed loop; the lowest threshold taking at most {max_pause} of "
             f"the pauses; rates of pauses taken, turns and interruptions answered): {figures} "
             f"({time.strftime('%Y-%m-%d')})")
     update_metadata(checkpoint, {ONSET_KEY: f"{chosen['threshold']:.2f}", ONSET_NOTE_KEY: note})

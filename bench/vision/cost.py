@@ -14,7 +14,7 @@ at the camera?" of the astronaut or of an empty grey frame. Reported: how often 
 the reasoner (the vision event's facts) and how often its answer is right.
 
 `--motion N [--seed S]`: N clips each of a head nodding, shaking, holding still and glancing aside once,
-made from a real photo turned in 3-D (bench/vision_clips.py: amplitude, rate, phase, length, scale,
+made from a real photo turned in 3-D (bench/vision/clips.py: amplitude, rate, phase, length, scale,
 position and background drawn from the seed), through the real detectors and the cascade's rules while
 it speaks. Reported per kind: how often the right cue (or none) was seen, and on nods how often it kept
 talking (no stop, no hold). The rules' thresholds were set before seed 0's clips were first run; report
@@ -41,7 +41,7 @@ from PIL import Image, ImageDraw, ImageFont
 from models.vision.detect import SessionDetectors, TextReader, import_mediapipe
 from streaming.image import decode_image
 
-ASTRONAUT = Path(__file__).resolve().parent.parent / "tests" / "models" / "data" / "astronaut.jpg"
+ASTRONAUT = Path(__file__).resolve().parents[2] / "tests" / "models" / "data" / "astronaut.jpg"
 
 
 def _times(fn: Callable[[], Any], n: int) -> dict[str, float]:
@@ -104,17 +104,17 @@ async def _ask(ws_url: str, picture: np.ndarray, question: str, answer_too: bool
                ) -> tuple[str, str | None, float]:
     """(the facts line the reasoner got, its answer, seconds) for one picture and question; without
     `answer_too`, once the facts are out (the answer is then None)."""
-    from websockets.asyncio.client import connect
+    from bench.wsclient import open_session, send, set_session
 
     buf = io.BytesIO()
     Image.fromarray(picture).save(buf, format="JPEG", quality=85)
     url = "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
     facts, answer, t0 = "", None, time.monotonic()
-    async with connect(ws_url, max_size=16 << 20) as ws:
-        await ws.send(json.dumps({"type": "session.update", "session": {"pace": "media"}}))
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
-                                  "content": [{"type": "input_image", "image_url": url},
-                                              {"type": "input_text", "text": question}]}}))
+    async with open_session(ws_url) as ws:
+        await set_session(ws, pace="media")
+        content = [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": question}]
+        await send(ws, {"type": "conversation.item.create",
+                        "item": {"type": "message", "role": "user", "content": content}})
         for _ in range(400):  # micro-turns of silence until the answer is done
             await ws.send(bytes(9600))
             while True:
@@ -161,10 +161,10 @@ def answers(n: int) -> dict[str, Any]:
 
 
 def questions() -> dict[str, Any]:
-    """The held-out scenes (bench/vision_scenes.py) through a real server: each picture with its question,
+    """The held-out scenes (bench/vision/scenes.py) through a real server: each picture with its question,
     judged on the facts line the reasoner is given."""
     from bench._server import local_server
-    from bench.vision_scenes import right, scenes
+    from bench.vision.scenes import right, scenes
 
     todo = scenes()
     results: list[dict[str, Any]] = []
@@ -187,7 +187,7 @@ def questions() -> dict[str, Any]:
 
 
 def motion(n: int, seed: int) -> dict[str, Any]:
-    from bench.vision_clips import KINDS, Head, backgrounds, clips, photo, watch
+    from bench.vision.clips import KINDS, Head, backgrounds, clips, photo, watch
 
     head, rooms = Head.of(photo()), backgrounds()
     t0, seen = time.monotonic(), []

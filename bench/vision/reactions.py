@@ -30,7 +30,7 @@ with `visual_stop`, the `left` cue: `event_s`). The cue's onset is drawn anywher
 `--pace realtime` steps at absolute deadlines and waits for nothing, as the server's real-time pace does (the
 detectors' time on the clock: `wall_s`); `--sessions N` steps N - 1 more sessions with a camera on beside it.
 
-    python -m bench.vision_reactions [--trials 20] [--seed 1] [--fps 5,10] [--kinds leave,palm,nod]
+    python -m bench.vision.reactions [--trials 20] [--seed 1] [--fps 5,10] [--kinds leave,palm,nod]
                                      [--pace media|realtime] [--sessions 1] [--json]
 """
 
@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench.vision_clips import Clip, Head, backgrounds, clips, frames, photo, place
-from models.base import BackgroundChunk, TickInput, TickOutput
+from bench.vision.clips import Clip, Head, backgrounds, clips, frames, photo, place
+from models.base import BackgroundChunk, TickInput, TickOutput, wait_work
 from models.cascade import CascadeModel, load_cascade
 from models.cascade.sight import STOP_CUES
 from models.vision.gestures import classify
@@ -188,7 +188,7 @@ class Talk:
             self.t0 = time.monotonic() if self.t0 is None else self.t0
             time.sleep(max(0.0, self.t0 + (n + 1) * TICK_SECONDS - time.monotonic()))
         else:
-            self.m.wait_work([self.s])  # the frame in flight, synthesis due: what media pace waits for
+            wait_work(self.m, [self.s])  # the frame in flight, synthesis due: what media pace waits for
         tick = TickInput(np.zeros(TICK_SAMPLES, np.float32), TICK_SAMPLES, video=frame, text=list(text),
                          background=self.pending.pop(n, []))
         batch = [(o, TickInput(np.zeros(TICK_SAMPLES, np.float32), TICK_SAMPLES, video=self.crowd))

@@ -1,9 +1,9 @@
-"""python -m bench.chaos: faults injected while real-time sessions stream, and what they leave behind.
+"""python -m bench.reliability.chaos: faults injected while real-time sessions stream, and what they leave behind.
 
-    python -m bench.chaos [--scenarios backend_killed,...] [--bystanders 4] [--json]
+    python -m bench.reliability.chaos [--scenarios backend_killed,...] [--bystanders 4] [--json]
 
 Every scenario starts its own `duplex serve --model echo --background openai` pointed at a scripted
-OpenAI-compatible backend (bench/_chaos_backend.py, its own process), starts `--bystanders` real-time
+OpenAI-compatible backend (bench/reliability/_chaos_backend.py, its own process), starts `--bystanders` real-time
 sessions whose every echo is timed, injects one fault, and checks:
 
   - the other sessions are unaffected: no bystander echo lost or later than a micro-turn, and no
@@ -36,10 +36,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench._echo_client import EchoClient
-from bench._never_reader import NeverReader
-from bench._reliability import LoopLag, proc_sample, progress, table
 from bench._server import ROOT, ServerUnderTest, free_port, histogram_above, scrape
+from bench.reliability._common import LoopLag, proc_sample, progress, table
+from bench.reliability._echo_client import EchoClient
+from bench.reliability._never_reader import NeverReader
 from server.limits import DEFAULT_OUTBOX_BYTES, MAX_INSTRUCTIONS_CHARS
 
 DRAIN_SECONDS = 15.0  # SIGTERM to exit: uvicorn's graceful shutdown (10 s) plus margin
@@ -85,8 +85,8 @@ class Backend:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench._chaos_backend", str(self.port)], cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.reliability._chaos_backend", str(self.port)],
+                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != b"ready":
             raise RuntimeError("the scripted backend did not start")
@@ -395,20 +395,21 @@ def run_chaos(scenarios: list[str], n_bystanders: int, quiet: bool = False) -> l
     try:
         for name in scenarios:
             if not quiet:
-                progress("bench.chaos", f"scenario {name} ...")
+                progress("bench.reliability.chaos", f"scenario {name} ...")
             if backend.proc is None or backend.proc.poll() is not None:
                 backend.start()
             res = run_scenario(name, backend, n_bystanders)
             results.append(res)
             if not quiet:
-                progress("bench.chaos", f"scenario {name}: {'ok' if res.ok else 'FAILED: ' + '; '.join(res.failures)}")
+                outcome = "ok" if res.ok else "FAILED: " + "; ".join(res.failures)
+                progress("bench.reliability.chaos", f"scenario {name}: {outcome}")
     finally:
         backend.stop()
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.reliability.chaos", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, from: " + ", ".join(SCENARIOS))
     ap.add_argument("--bystanders", type=int, default=4, help="real-time sessions streaming through every fault")

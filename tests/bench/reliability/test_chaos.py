@@ -1,11 +1,11 @@
-"""bench.chaos: each fault under load must leave the other sessions alone, tell every closed session why,
+"""bench.reliability.chaos: each fault under load must leave the other sessions alone, tell every closed session why,
 lose nothing acknowledged, and let the server exit 0 within its drain time."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import chaos
+from bench.reliability import chaos
 
 
 @pytest.mark.parametrize("scenario", chaos.SCENARIOS)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from bench.vision_clips import FRAME, RGB, Head, backgrounds, photo, place
+from bench.vision.clips import FRAME, RGB, Head, backgrounds, photo, place
 
 FONTS = "/usr/share/fonts/truetype"
 

@@ -1,6 +1,7 @@
-"""bench.fuzz: 3,000 generated cases against a real echo server must find nothing.
+"""bench.reliability.fuzz: 3,000 generated cases against a real echo server must find nothing.
 
-The full run (100,000 cases) is run by hand (`python -m bench.fuzz --cases 100000`); this is the short version CI runs.
+The full run (100,000 cases) is run by hand (`python -m bench.reliability.fuzz --cases 100000`); this is the
+short version CI runs.
 A failure prints the minimal (shrunk) cases, which are the repros for the server.
 """
 
@@ -10,9 +11,9 @@ import json
 
 from hypothesis import HealthCheck, given, seed, settings
 
-from bench import fuzz
-from bench._fuzz_cases import Case, SessionModel, message_cases
-from bench._fuzz_targets import Outcome
+from bench.reliability import fuzz
+from bench.reliability._fuzz_cases import Case, SessionModel, message_cases
+from bench.reliability._fuzz_targets import Outcome
 
 
 def _generate(n: int, seed_: int) -> list[str]:
@@ -50,7 +51,7 @@ def test_judge_names_crashes_and_violations() -> None:
 
 
 def test_short_fuzz_run_finds_no_fault() -> None:
-    # 800 cases (~8 s here) keep the suite under its 12 minutes; `python -m bench.fuzz` runs the long ones.
+    # 800 cases (~8 s here) keep the suite under its 12 minutes; `python -m bench.reliability.fuzz` runs long ones.
     report = fuzz.run_fuzz(800, seed_=1, share=fuzz.parse_share(fuzz.DEFAULT_SHARE), quiet=True)
     assert report["cases_run"] >= 360, report["targets"]
     assert set(report["targets"]) == {"ws", "dc", "http", "ws_conn"}

@@ -1,4 +1,4 @@
-"""Where bench.fuzz sends its cases: a WebSocket session, a WebRTC data channel, fresh WebSocket
+"""Where bench.reliability.fuzz sends its cases: a WebSocket session, a WebRTC data channel, fresh WebSocket
 connections, and the WebRTC signalling endpoints. Each `run(case)` returns what the server did.
 
 Message targets know when the server has answered a case with a *probe*: right after the case they
@@ -25,7 +25,8 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from bench._fuzz_cases import Case
+from bench.reliability._fuzz_cases import Case
+from bench.wsclient import open_session, opening, set_session
 from server.auth import RESUME_HEADER, RESUME_SUBPROTOCOL_PREFIX
 
 T = TypeVar("T")
@@ -83,10 +84,9 @@ class WsTarget:
         self.reconnects = 0
 
     async def _open(self) -> None:
-        ws = await connect(self.ws_url, max_size=1 << 26, open_timeout=20, ping_interval=None)
-        for _ in range(2):  # session.created, duplex.session.resume
-            json.loads(await asyncio.wait_for(ws.recv(), 10))
-        await ws.send(json.dumps({"type": "session.update", "session": {"pace": "media"}}))
+        ws = await open_session(self.ws_url, max_size=1 << 26)
+        await opening(ws)
+        await set_session(ws, pace="media")
         await ws.send(_chunk(self.reconnects))  # audio sent: pace and input format are now locked
         self.ws = ws
         out = await self._probe()

@@ -17,7 +17,7 @@ head still faces the camera; which fingers are up is decided by joint angles on 
 landmarks, whatever its turn or side), and the finger limits were chosen with these photos' numbers
 in view (models/vision/gestures.py). Its figures after those fixes are not a held-out measure.
 
-    python -m bench.vision_hands [--detectors-only] [--json]
+    python -m bench.vision.hands [--detectors-only] [--json]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from bench.vision_clips import DATA, FRAME, RGB, backgrounds, photo, place
+from bench.vision.clips import DATA, FRAME, RGB, backgrounds, photo, place
 
 QUESTION = "How many fingers am I holding up?"
 TURNS = (("as is", 0.0, False, 1.0, (0.5, 0.5)), ("mirrored", 0.0, True, 1.0, (0.5, 0.5)),
@@ -125,7 +125,7 @@ def detectors(case: HandCase) -> dict[str, Any]:
 
 
 def _judge(case: HandCase, gesture: str | None, fingers: int | None, facts: str) -> dict[str, bool]:
-    from bench.vision_scenes import Scene, right
+    from bench.vision.scenes import Scene, right
 
     out = {"gesture": gesture == case.gesture, "fingers": fingers == case.fingers}
     # presence and facing as bench.vision --questions judges them (a hand alone: nobody in view)
@@ -160,7 +160,7 @@ def run(server: bool) -> dict[str, Any]:
                                  "right": _judge(case, got["gesture"], got["fingers"], got["facts"])}
             line = f"detectors {got['gesture']}/{got['fingers']}"
             if ws_url is not None:
-                from bench.vision import _ask
+                from bench.vision.cost import _ask
 
                 facts, _, seconds = asyncio.run(_ask(ws_url, case.picture, QUESTION, answer_too=False))
                 gesture, fingers = from_facts(facts)

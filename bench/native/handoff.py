@@ -1,7 +1,7 @@
 """Whether the native model hands a request to the background reasoner or answers it itself, closed loop.
 
-    python -m bench.native_handoff --typed              # with the turn check and without, every voice, typed
-    python -m bench.native_handoff --turn-check words --voices 2 --json
+    python -m bench.native.handoff --typed              # with the turn check and without, every voice, typed
+    python -m bench.native.handoff --turn-check words --voices 2 --json
 
 `train.evaluate` measures hand-offs teacher-forced on held-out episodes, whose requests are training's
 sentences. This bench asks what the served loop does with requests no training text holds: look-ups in
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from models.registry import TURN_CHECK_MODES
+from models.interaction.options import TURN_CHECK_MODES
 from streaming.types import TICK_SECONDS
 
 # Requests that ask in so many words for something looked up, found or checked, as training's look-ups
@@ -104,7 +104,7 @@ def _runs(args: tuple[str, list[tuple[str, str, str, float]], str | None]) -> li
 
     from models.base import TickInput, wait_work
     from models.interaction import load_native
-    from models.registry import NativeOptions
+    from models.interaction.options import NativeOptions
     from streaming.types import SAMPLE_RATE, TICK_SAMPLES
     from train.episodes import Speaker
 

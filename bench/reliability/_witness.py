@@ -12,8 +12,8 @@ import queue
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
-from bench._echo_client import EchoClient
-from bench._reliability import LoopLag
+from bench.reliability._common import LoopLag
+from bench.reliability._echo_client import EchoClient
 
 
 def _main(ws_url: str, delay: int, late_after: float, stop: MpEvent, ready: MpEvent, out: mp.Queue) -> None:

@@ -1,6 +1,6 @@
-"""python -m bench.soak: N real-time sessions for M minutes, with clients coming, dropping and going.
+"""python -m bench.reliability.soak: N real-time sessions for M minutes, with clients coming, dropping and going.
 
-    python -m bench.soak --model echo --sessions 8 --minutes 30 [--seed 1] [--json]
+    python -m bench.reliability.soak --model echo --sessions 8 --minutes 30 [--seed 1] [--json]
 
 Each of N client slots streams 200 ms of audio per micro-turn at absolute deadlines (unique random
 PCM on the echo model, whose every echo is matched and timed; on the other models a TTS question and
@@ -47,8 +47,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench._echo_client import EchoClient
-from bench._reliability import (
+from bench._server import ServerUnderTest, histogram_above, parse_metrics, scrape
+from bench.reliability._common import (
     LoopLag,
     descendants,
     fit_line,
@@ -58,7 +58,7 @@ from bench._reliability import (
     rss_bytes,
     table,
 )
-from bench._server import ServerUnderTest, histogram_above, parse_metrics, scrape
+from bench.reliability._echo_client import EchoClient
 
 MAX_SESSIONS = 256
 MAX_MINUTES = 600.0
@@ -193,7 +193,7 @@ async def _sampler(server_pid: int, base: str, t0: float, until: float, every: f
             try:
                 metrics = parse_metrics((await http.get(base + "/metrics")).text)
             except httpx.HTTPError as exc:
-                progress("bench.soak", f"/metrics unavailable ({exc!r}); sample skipped")
+                progress("bench.reliability.soak", f"/metrics unavailable ({exc!r}); sample skipped")
                 metrics = None
             try:
                 held = int((await http.get(base + "/healthz")).json().get("sessions", 0))
@@ -206,7 +206,7 @@ async def _sampler(server_pid: int, base: str, t0: float, until: float, every: f
                                 [round(b / 2**20, 1) for b in s.rss_parts])
                 report.samples.append(sample)
                 report.kv_slots_peak = max(report.kv_slots_peak, held)
-                progress("bench.soak", f"t={sample.t:.0f}s rss={sample.rss_mb:.1f}MB fds={sample.fds} "
+                progress("bench.reliability.soak", f"t={sample.t:.0f}s rss={sample.rss_mb:.1f}MB fds={sample.fds} "
                          f"threads={sample.threads} tasks={sample.tasks} sessions={held} missed={sample.missed}"
                          + (f" rss_parts={sample.rss_parts_mb}" if len(sample.rss_parts_mb) > 1 else ""))
             if time.monotonic() >= until:
@@ -397,7 +397,7 @@ def _print(r: SoakReport) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.reliability.soak", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="echo", help="echo, echo:N, cascade or native:tiny (server --model)")
     ap.add_argument("--sessions", type=int, default=0,
@@ -424,12 +424,12 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --sample-every and --rss-every must be positive seconds", file=sys.stderr)
         return 2
     warmup = args.warmup if args.warmup is not None else min(120.0, args.minutes * 60 / 5)
-    progress("bench.soak", f"starting duplex serve --model {args.model} ...")
+    progress("bench.reliability.soak", f"starting duplex serve --model {args.model} ...")
     server_args = ["--model", args.model, "--background", "none", "--log-level", "warning", *args.server_arg]
     with ServerUnderTest(*server_args) as server:
         report = soak(server, args.model, args.sessions, args.minutes, args.seed, args.churn, args.sample_every,
                       warmup, args.max_rss_slope, args.gap, args.rss_every)
-        progress("bench.soak", f"{report.sessions} slots x {args.minutes} min done; stopping the server")
+        progress("bench.reliability.soak", f"{report.sessions} slots x {args.minutes} min done; stopping the server")
     if args.json:
         out = asdict(report)
         out["ok"] = report.ok

@@ -1,6 +1,6 @@
 """How fast a native session is rebuilt from its micro-turn log (issue 36, benchmark d).
 
-    python -m bench.native_replay [--model native:tiny] [--ticks 150] [--json]
+    python -m bench.native.replay [--model native:tiny] [--ticks 150] [--json]
 
 A session of `--model` lives `--ticks` micro-turns (PCM16-exact noise at speech level, a typed line and
 a background answer along the way) with its log kept; the log goes through bytes, as through the
@@ -21,8 +21,9 @@ import torch
 
 from models.base import BackgroundChunk, TickInput
 from models.interaction import NativeModel
+from models.interaction.options import NativeOptions
 from models.interaction.replay import TickLog, replay
-from models.registry import NativeOptions, load_model
+from models.registry import load_model
 from streaming.types import TICK_SAMPLES, TICK_SECONDS
 
 

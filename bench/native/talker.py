@@ -1,9 +1,9 @@
 """The native model with the Piper talker: does what it says get heard as words, and what does it cost?
 
-    python -m bench.native_talker                    # 10 held-out questions through the real server
-    python -m bench.native_talker --voice flow       # the same with the model's own flow head
-    python -m bench.native_talker --cost-only        # only the per-micro-turn cost, in process
-    python -m bench.native_talker --pace realtime --words-only   # the questions streamed in real time
+    python -m bench.native.talker                    # 10 held-out questions through the real server
+    python -m bench.native.talker --voice flow       # the same with the model's own flow head
+    python -m bench.native.talker --cost-only        # only the per-micro-turn cost, in process
+    python -m bench.native.talker --pace realtime --words-only   # the questions streamed in real time
 
 1. Words: `duplex serve --model native:tiny --voice piper` (one torch thread, media pace) hears each of
    the held-out FD-bench-style questions (bench/fdbench/_texts.py TURN_QUESTIONS, disjoint from the
@@ -123,7 +123,7 @@ def cost(repeats: int = 3) -> dict[str, Any]:
     """Median step (ms) of the shipped checkpoint on one held-out question's session, per voice."""
     from models.base import TickInput, wait_work
     from models.interaction import load_native
-    from models.registry import NativeOptions
+    from models.interaction.options import NativeOptions
 
     audio, _ = _clip(TURN_QUESTIONS[0], USER_VOICES[0])
     ticks = [TickInput(audio[k * TURN : (k + 1) * TURN], TURN) for k in range(len(audio) // TURN)]

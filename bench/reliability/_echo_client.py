@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from server.auth import RESUME_HEADER
+from bench.wsclient import open_session, opening, set_session
 
 TICK_SAMPLES = 4800
 PERIOD = 0.2  # seconds per micro-turn
@@ -79,12 +79,8 @@ class EchoClient:
     # -- connection ---------------------------------------------------------------------------
 
     async def connect(self, resume: bool = False) -> bool:
-        headers = dict(self.headers)
-        if resume and self.resume_token:  # in a header, never the URL (access logs must not record it)
-            headers[RESUME_HEADER] = self.resume_token
         try:
-            ws = await connect(self.ws_url, max_size=1 << 24, open_timeout=20, additional_headers=headers,
-                               ping_interval=None)
+            ws = await open_session(self.ws_url, self.resume_token if resume else None, self.headers)
         except InvalidStatus as exc:
             self.stats.errors.append(f"handshake refused: HTTP {exc.response.status_code}")
             return False
@@ -92,17 +88,16 @@ class EchoClient:
             self.stats.errors.append(f"connect failed: {exc}")
             return False
         try:
-            created = json.loads(await asyncio.wait_for(ws.recv(), 10))
-            if created.get("type") == "error":
-                code = created.get("error", {}).get("code")
-                self.stats.refused = code == "server_full"
-                if resume:
-                    self.stats.resume_failures.append(str(code))
-                await ws.close()
-                return False
-            hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            first, hello = await opening(ws)
         except (ConnectionClosed, TimeoutError) as exc:
             self.stats.errors.append(f"no session.created: {exc!r}")
+            return False
+        if hello is None:  # refused: an error instead of session.created
+            code = first.get("error", {}).get("code")
+            self.stats.refused = code == "server_full"
+            if resume:
+                self.stats.resume_failures.append(str(code))
+            await ws.close()
             return False
         if resume:
             if not hello.get("resumed") or hello.get("session_id") != self.session_id:
@@ -111,7 +106,7 @@ class EchoClient:
         self.session_id = hello.get("session_id")
         self.resume_token = hello.get("resume_token")
         if not resume:
-            await ws.send(json.dumps({"type": "session.update", "session": {"pace": "realtime"}}))
+            await set_session(ws, pace="realtime")
         self._ws = ws
         self._dropping = False
         self._reader = asyncio.create_task(self._read(ws))

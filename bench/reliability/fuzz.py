@@ -1,6 +1,6 @@
-"""python -m bench.fuzz: generative fuzzing of everything a client can send, with a real-time witness.
+"""python -m bench.reliability.fuzz: generative fuzzing of everything a client can send, with a real-time witness.
 
-    python -m bench.fuzz --cases 100000 --seed 1 [--targets ws,dc,http,ws_conn] [--json]
+    python -m bench.reliability.fuzz --cases 100000 --seed 1 [--targets ws,dc,http,ws_conn] [--json]
 
 Targets (cases are split between them by `--share`):
   ws       Realtime events on one WebSocket session: valid grammar with mutated fields, wrong types,
@@ -43,11 +43,11 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 
-from bench._fuzz_cases import Case, SessionModel, http_case, message_cases, ws_connection_case
-from bench._fuzz_targets import DcTarget, HttpTarget, LoopThread, Outcome, WsConnTarget, WsTarget
-from bench._reliability import progress, table
 from bench._server import UNRETRIEVED, RemoteServer, ServerUnderTest, histogram_above, scrape
-from bench._witness import Witness
+from bench.reliability._common import progress, table
+from bench.reliability._fuzz_cases import Case, SessionModel, http_case, message_cases, ws_connection_case
+from bench.reliability._fuzz_targets import DcTarget, HttpTarget, LoopThread, Outcome, WsConnTarget, WsTarget
+from bench.reliability._witness import Witness
 
 MAX_CASES = 2_000_000
 MAX_SEGMENTS = 40  # distinct failures shrunk per target, at most
@@ -290,7 +290,7 @@ class Fuzzer:
 
     def _say(self, msg: str) -> None:
         if not self.quiet:
-            progress("bench.fuzz", msg)
+            progress("bench.reliability.fuzz", msg)
 
     def close(self) -> None:
         for t in self.targets.values():
@@ -362,7 +362,7 @@ def run_fuzz(cases: int, seed_: int, share: dict[str, float], url: str | None = 
         budgets = {name: max(1, round(cases * w)) for name, w in share.items()}
         for name, budget in budgets.items():
             if not quiet:
-                progress("bench.fuzz", f"target {name}: {budget} cases")
+                progress("bench.reliability.fuzz", f"target {name}: {budget} cases")
             fuzzer.fuzz_target(name, _strategy(name, max_frame_bytes, loop), budget)
     finally:
         witness_report = witness.finish()
@@ -466,7 +466,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m bench.reliability.fuzz", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=2000, help="cases to run in all")
     ap.add_argument("--seed", type=int, default=1, help="Hypothesis seed: the same seed runs the same cases")

@@ -1,8 +1,8 @@
-"""A scripted OpenAI-compatible chat-completions backend for bench.chaos, run as its own process.
+"""A scripted OpenAI-compatible chat-completions backend for bench.reliability.chaos, run as its own process.
 
-    python -m bench._chaos_backend PORT
+    python -m bench.reliability._chaos_backend PORT
 
-Its own process so that bench.chaos can really kill it (SIGKILL) in the middle of a stream. It
+Its own process so that bench.reliability.chaos can really kill it (SIGKILL) in the middle of a stream. It
 speaks HTTP/1.1 with chunked server-sent events, as OpenAI-compatible servers do. The script is
 chosen by a marker anywhere in the last user message:
 

@@ -1,4 +1,4 @@
-"""Shared parts of the reliability instruments (bench.fuzz, bench.soak, bench.chaos).
+"""Shared parts of the reliability instruments (bench.reliability: fuzz, soak, chaos).
 
 - `proc_sample`: RSS, open descriptors and threads of a process and its descendants, read from /proc
   (no server endpoint).

@@ -9,7 +9,7 @@ ones (a backward map through their triangulation; a ring of fixed points around 
 into the rest of the photo). The nose then moves against the eyes and chin as it does when a head turns.
 
 Each clip draws its amplitude, rate, start phase, scale, position and background from a seeded generator:
-`clips(n, seed)`; tune on one seed and report on another (bench/vision.py `--motion`).
+`clips(n, seed)`; tune on one seed and report on another (bench/vision/cost.py `--motion`).
 
     pose(t) = amplitude * sin(2 pi f t + phase)   (pitch for a nod, yaw for a shake)
 """
@@ -27,7 +27,7 @@ from scipy.spatial import Delaunay
 
 FPS = 5.0  # the camera extension's rate, and the worker's at most
 FRAME = (480, 640)  # H, W of a clip's frames
-DATA = Path(__file__).resolve().parent.parent / "tests" / "models" / "data"
+DATA = Path(__file__).resolve().parents[2] / "tests" / "models" / "data"
 KINDS = ("nod", "shake", "still", "glance")  # a glance: one look aside and back (neither cue)
 # What a clip may be: a nod's pitch and a shake's yaw (degrees, peak), their rate (Hz: a swing of 0.3 to
 # 0.8 s, slower than 5 frames a second can sample twice a swing at the fast end), how long (s), how large

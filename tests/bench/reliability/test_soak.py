@@ -1,4 +1,4 @@
-"""bench.soak: the 60-second soak CI runs, an echo server with clients coming, dropping,
+"""bench.reliability.soak: the 60-second soak CI runs, an echo server with clients coming, dropping,
 resuming and leaving.
 
 The 30-minute figures (RSS slope per 10 minutes after warm-up) are in the closing notes; a short run's
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench import soak
-from bench._reliability import LoopLag, fit_line, fit_slope
 from bench._server import ServerUnderTest
+from bench.reliability import soak
+from bench.reliability._common import LoopLag, fit_line, fit_slope
 
 
 def test_fit_slope() -> None:

@@ -164,7 +164,9 @@ def add_serve_command(sub: Any) -> None:
                        help="seconds a background request may take before it ends with an error (default: worker's)")
     serve.add_argument("--background-tool-timeout", type=float, default=None,
                        help="seconds to wait for a client-executed tool's output")
-    serve.add_argument("--background-max-tokens", type=int, default=None, help="cap on a background answer's length")
+    serve.add_argument("--background-max-tokens", type=int, default=None,
+                       help="cap on a background answer's length in tokens (default: the backend's; 160 for the "
+                       "embedded one)")
     serve.add_argument("--background-max-sentences", type=int, default=None,
                        help="embedded (llamacpp, llama-server) reasoner: stop an answer after N sentences "
                             "(0 = no limit; default 3), which frees its generation for other sessions sooner")
@@ -194,7 +196,8 @@ def add_serve_command(sub: Any) -> None:
                        help="offer per-message deflate to WebSocket clients (off: audio deltas are base64 PCM, "
                        "which deflate barely shrinks at a real CPU cost per session, plus ~300 kB of zlib state "
                        "per connection)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="the server log's verbosity")
     _add_cluster_options(serve)
 
 
@@ -259,7 +262,7 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
     native.add_argument("--native-onset", type=float, default=env.onset, metavar="P",
                         help="p(speak) the native model needs to start speaking (it goes on greedily once it "
                         "speaks); default: the threshold calibrated into the checkpoint's metadata "
-                        "(bench.native_onset), else 0 = greedy [$DUPLEX_NATIVE_ONSET]")
+                        "(bench.native.onset), else 0 = greedy [$DUPLEX_NATIVE_ONSET]")
     native.add_argument("--native-delegate", type=float, default=env.delegate, metavar="P",
                         help="p(delegate) at which the native model, not speaking, hands the request to the "
                         "background reasoner (a rare decision seldom the argmax); default: the threshold "
@@ -274,14 +277,18 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
                         help="words = when the user stops, Whisper tiny.en and the text model judge whether "
                         "their words are finished (off the inference thread, a micro-turn later): finished, "
                         "the native model takes the turn when speaking and handing off together outscore "
-                        "silence; unfinished, it waits; a turn it takes is a hand-off to the reasoner where the "
-                        "words ask to look up, find, check or search something, else speech; off = the model "
-                        "alone; auto = words where Whisper is installed [$DUPLEX_NATIVE_TURN_CHECK]")
+                        "silence; unfinished, it waits (3 s at most, then it takes the turn); words 5 dB under "
+                        "the user's answered turns (a bystander's) are no turn to take; a turn it takes is a "
+                        "hand-off to the reasoner where the words ask to look up, find, check or search "
+                        "something, else speech; off = the model alone; auto = words where Whisper is installed "
+                        "[$DUPLEX_NATIVE_TURN_CHECK]")
     native.add_argument("--native-overlap-check", choices=OVERLAP_CHECK_MODES, default=env.overlap_check,
                         help="words = when the user speaks over the native model, the overlap probe (its first "
                         "~100 ms) and Whisper tiny.en's words of it (a micro-turn later) hold a stop the model "
-                        "decides while they say backchannel (\"mm-hm\", \"okay\", \"oh, really?\"); off = the "
-                        "model alone; auto = words where Whisper is installed [$DUPLEX_NATIVE_OVERLAP_CHECK]")
+                        "decides while they say backchannel (\"mm-hm\", \"okay\", \"oh, really?\"), and speech 5 dB "
+                        "under the user's own voice holds one while it lasts; a probe sure of an interruption "
+                        "(P >= 0.9) at the user's level stops the model at once; off = the model alone; auto = "
+                        "words where Whisper is installed [$DUPLEX_NATIVE_OVERLAP_CHECK]")
 
 
 def native_options(args: argparse.Namespace) -> NativeOptions:

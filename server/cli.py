@@ -32,6 +32,7 @@ from models.registry import (
     available,
 )
 from server.config import ServerConfig
+from server.connection_limits import uvicorn_options
 from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
 
@@ -345,7 +346,8 @@ def serve(config: ServerConfig) -> int:
 
     heap.tune_for_server()  # before the model's worker threads allocate (models/heap.py says why)
     app = create_app(config)
-    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, ws_max_size=16 << 20,
+    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                        **uvicorn_options(config.max_frame_bytes),
                         ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=10,
                         ws_per_message_deflate=config.ws_compression)
     for name in ("uvicorn.access", "uvicorn.error"):  # access lines and WebSocket "[accepted]" lines

@@ -14,7 +14,9 @@ disconnects mid-decode does not free its place early (a picture still queued is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import sys
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,7 +40,7 @@ class PicturePool:
         if workers < 1 or queued < 0:
             raise ValueError(f"a picture pool needs workers >= 1 and queued >= 0, got {workers}, {queued}")
         self.workers, self.queued = workers, queued
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="picture")
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="picture", initializer=_yield_to_others)
         self._lock = threading.Lock()  # done callbacks run on the pool's threads; servers on several loops share it
         self._owners: set[Hashable] = set()  # one entry per picture in the pool (running or waiting)
 
@@ -68,6 +70,18 @@ class PicturePool:
     def _release(self, owner: Hashable) -> None:
         with self._lock:
             self._owners.discard(owner)
+
+
+PICTURE_NICENESS = 10  # added to the decode threads' nice value: under load, the ticks run first
+
+
+def _yield_to_others() -> None:
+    """Lower this decode thread's CPU priority, so a busy machine runs the event loop and the model's
+    threads before it (Linux schedules threads one by one; elsewhere the call would renice the process)."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                           os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + PICTURE_NICENESS)
 
 
 def default_workers() -> int:

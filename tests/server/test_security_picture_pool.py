@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import sys
 import threading
 
 import pytest
@@ -18,8 +20,14 @@ from server.pictures import picture
 from server.protocol import ProtocolError
 
 
-def _blocked(gate: threading.Event, ran: list[str]) -> str:
+def _niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def _blocked(gate: threading.Event, ran: list[str], nice: list[int] | None = None) -> str:
     ran.append(threading.current_thread().name)
+    if nice is not None:
+        nice.append(_niceness())
     assert gate.wait(10.0), "the test never opened the gate"
     return "done"
 
@@ -48,6 +56,17 @@ async def test_full_pool_refuses_at_once_and_counts_until_the_thread_is_done() -
     assert len(ran) == 1, "the cancelled waiting picture never ran"
     assert ran[0].startswith("picture"), f"decoded on {ran[0]}, not on the pool's own threads"
     assert await pool.run("c", _blocked, gate, ran) == "done"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="threads have their own nice value on Linux only")
+async def test_decode_threads_yield_the_cpu_to_the_ticks() -> None:
+    """Under load, the event loop and the model's threads run before a picture is decoded."""
+    pool = PicturePool(workers=1, queued=0)
+    gate, ran, nice = threading.Event(), [], []
+    gate.set()
+    await pool.run("a", _blocked, gate, ran, nice)
+    assert nice[0] >= min(19, _niceness() + 10), f"decode thread nice {nice[0]}, this thread {_niceness()}"
+    assert _niceness() == os.getpriority(os.PRIO_PROCESS, 0), "the process's own threads are unchanged"
 
 
 async def test_picture_refusals_are_protocol_errors() -> None:

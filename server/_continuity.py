@@ -24,7 +24,7 @@ from server.background import BackgroundWorker, Policy
 from server.conversation import Entry, Role
 from server.items import MAX_ITEMS
 from server.protocol import SUPPORTED_RATES, AudioFormat
-from server.sessions import OutputSink, Pace, Session, SessionSettings
+from server.sessions import Pace, Session, SessionSettings
 from streaming.pcm import float32_to_pcm16, pcm16_to_float32
 from streaming.types import TICK_SAMPLES
 
@@ -161,7 +161,7 @@ def _backlog_entry(b: dict[str, Any]) -> tuple[TickOutput | dict[str, Any], int]
 
 def restore(session: Session, restored: Restored) -> None:
     """Put a checked snapshot's settings, conversation, items and backlog into a freshly opened session
-    (before it is attached: the backlog is handed to its client by `continue_work`)."""
+    (before it is attached: the runtime hands the backlog to its client when it seats it)."""
     session.settings = restored.settings
     session.log.entries.extend(restored.entries)
     for item in restored.items:
@@ -174,10 +174,9 @@ def restore(session: Session, restored: Restored) -> None:
     session.backlog.dropped += restored.backlog_dropped
 
 
-def continue_work(session: Session, sink: OutputSink, restored: Restored) -> int:
-    """Once the restored session is attached to `sink`: hand over what its client missed, then ask the
-    background requests that were in flight again here. Returns how many backlog entries were lost."""
-    dropped = session.backlog.replay(sink)
+def reissue(session: Session, restored: Restored) -> None:
+    """Once the restored session is attached and its backlog handed over: ask the background requests
+    that were in flight again here, or tell the client they are lost."""
     worker = session.background
     for req in restored.background:
         if not isinstance(worker, BackgroundWorker):
@@ -191,4 +190,3 @@ def continue_work(session: Session, sink: OutputSink, restored: Restored) -> int
                       "previous_request_id": req.id, "query": req.query, "said": req.said,
                       "message": "the server answering this request went away; it was asked again here and "
                       "its answer starts over (what it had said is in 'said')"})
-    return dropped

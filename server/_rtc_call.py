@@ -39,7 +39,7 @@ from server.outbox import Close
 from server.protocol import ProtocolError
 from server.realtime import RealtimeConnection
 from server.runtime import Runtime
-from server.sessions import Session
+from server.sessions import Ended, Session
 from streaming.pcm import Audio
 from streaming.video import Frame
 
@@ -76,12 +76,11 @@ def _offer_faults() -> Iterator[None]:
 
 
 class RtcCall:
-    def __init__(self, runtime: Runtime, pc: RTCPeerConnection, resume_token: str | None = None,
+    def __init__(self, runtime: Runtime, pc: RTCPeerConnection,
                  on_end: Callable[[RtcCall], None] | None = None) -> None:
         self.runtime = runtime
         self.pc = pc
         self.state = CallState.NEW
-        self.resume_token = resume_token  # the token this call resumed with (restored if it never connects)
         self._on_end = on_end  # told once when the call has ended (the endpoint forgets it)
         self.connect_timeout = runtime.config.rtc_connect_timeout
         self.track = PacedAudioTrack()
@@ -105,7 +104,7 @@ class RtcCall:
     @property
     def session_id(self) -> str | None:
         """The session's id once attached; None for a call refused before it got one."""
-        return self.conn._session.id if self.conn._session is not None else None
+        return self.conn.session_id
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -305,15 +304,10 @@ class RtcCall:
                 self._on_end(self)
 
     async def _release(self) -> None:
-        s = self.session
-        if self.last_seen is not None:
-            await self.runtime.detach(s, normal=False, sink=self.conn)  # resumable for the grace period
-        elif self.resume_token:
-            # Never connected, so the client never got the rotated token: its old one must still work.
-            await self.runtime.detach(s, normal=False, sink=self.conn, restore_token=self.resume_token)
-        elif s.sink is self.conn:
-            # A new session whose peer never connected: nobody holds its token; free the slot now.
-            await self.runtime.close(s)
+        # A peer that never connected never got the greeting (nor the rotated token): the runtime gives
+        # a resumed session its old token back, and frees a new one at once.
+        ended = Ended.DROPPED if self.last_seen is not None else Ended.NEVER_CONNECTED
+        await self.runtime.detach(self.session, self.conn, ended)
 
     async def wait_ended(self) -> None:
         await self._ended.wait()

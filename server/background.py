@@ -22,7 +22,6 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -30,14 +29,12 @@ from typing import Any
 from models.background import Reasoner, ReasonerError, TextDelta, ToolCall, ToolSpec
 from models.background.base import WorkClock
 from models.background.clock import RequestClock, SharedWork
-from models.background.factory import ReasonerSpec, make_reasoner
 from models.base import BackgroundChunk, TickOutput
 from server import protocol as p
 from server.background_context import Pending, ReasonerContext
-from server.config import ServerConfig
 from server.limits import MAX_FUNCTION_OUTPUT_CHARS
 from server.metrics import Metrics
-from server.sessions import BackgroundHook, NoBackground, Pace, Session
+from server.sessions import Pace, Session
 from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin_async
 from streaming.types import TICK_SECONDS
 
@@ -92,7 +89,7 @@ class BackgroundWorker:
         # (due micro-turn, chunk): delivered at the micro-turn its virtual-clock stamp says.
         self._pending: list[tuple[int, BackgroundChunk]] = []
         # The running request on the session's micro-turns: in media pace an in-process reasoner's by its
-        # work clock, shared with the other sessions (one per reasoner: make_background_factory).
+        # work clock, shared with the other sessions (one per reasoner: server/startup.py).
         if shared is None and isinstance(reasoner, WorkClock):
             shared = SharedWork(reasoner.work_clock)
         self.shared = shared
@@ -423,31 +420,3 @@ class BackgroundWorker:
 
     def _client_error(self, code: str, message: str, param: str | None, eid: str | None) -> None:
         self.session.emit(p.error_event(code, message, param, eid))
-
-
-def settings_from_config(config: ServerConfig) -> BackgroundSettings:
-    """The worker settings the server's options set (None or 0 there: the worker's default)."""
-    s = BackgroundSettings(policy=Policy(config.background_policy))
-    if config.background_timeout:
-        s.request_timeout = float(config.background_timeout)
-    if config.background_tool_timeout:
-        s.tool_timeout = float(config.background_tool_timeout)
-    return s
-
-
-def make_background_factory(
-    cfg: ServerConfig, metrics: Metrics | None = None
-) -> tuple[Reasoner | None, Callable[[Session], BackgroundHook]]:
-    """Build the server's one reasoner (shared by all sessions; the caller closes it) and a per-session
-    worker factory."""
-    spec = ReasonerSpec(kind=cfg.background, url=cfg.background_url, model=cfg.background_model,
-                        max_tokens=cfg.background_max_tokens, max_sentences=cfg.background_max_sentences,
-                        threads=cfg.background_threads or 1, slots=cfg.background_slots,
-                        on_restart=None if metrics is None else lambda reason: metrics.background_restarts.inc())
-    reasoner = make_reasoner(spec)
-    if reasoner is None:
-        return None, lambda session: NoBackground()
-    settings = settings_from_config(cfg)
-    log.info("background reasoner %s (policy %s)", reasoner.name, settings.policy.value)
-    shared = SharedWork(reasoner.work_clock) if isinstance(reasoner, WorkClock) else None
-    return reasoner, lambda session: BackgroundWorker(session, reasoner, settings, metrics, shared)

@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from models.base import InteractionModel, Rebuilding
-from server._continuity import fingerprint, snapshot
-from server.sessions import Session
+from server._continuity import Restored, fingerprint, parse, restore, snapshot
+from server.engine import Engine
+from server.sessions import Pace, Refused, Session
 from server.store import Claim, SessionStore
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 # Micro-turns replayed per trip to the inference thread: one, so that a long replay delays the live
 # sessions' next step by one step's time at most.
 REBUILD_CHUNK = 1
+
+
+Opener = Callable[[str], Awaitable[Session]]  # opens a registry session under a given id
 
 
 class Claims:
@@ -87,6 +91,54 @@ class Claims:
         self._claims[session.id] = claim
         await self.save(session, claim)
         await self.bind_token(session)
+
+    async def take_over(self, token: str, media: bool, open_session: Opener, engine: Engine,
+                        grace: float) -> tuple[Session, Restored, str | None]:
+        """A resume whose token another replica issued (it is down, or the proxy sent it here): read its
+        session from the store, claim it, open it here under its own id (`open_session`) with its settings
+        and conversation, and rebuild its model's state where the model can. Returns the session (not yet
+        seated), what was restored, and why the model's state starts afresh (None when it does not).
+        `grace`: how long the store keeps the session for a retry. Raises Refused."""
+        store = self.store
+        sid = await store.session_for(token)
+        loaded = await store.load(sid) if sid is not None else None
+        if sid is None or loaded is None:
+            raise Refused("invalid_resume_token", "resume token is unknown or expired, and its replica cannot be "
+                          "reached; open a new session", 404, 1008)
+        try:
+            restored = parse(loaded[1])
+        except ValueError as exc:
+            log.error("session %s cannot be restored from the store: %s", sid, exc)
+            raise Refused("invalid_resume_token", "the stored session behind this resume token could not be "
+                          "read; open a new session", 404, 1008) from None
+        if restored.settings.pace is Pace.MEDIA and not media:
+            raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
+                          "endpoint serves; resume it there", 409, 1008)
+        claim = await store.claim(sid)
+        if claim is None:  # its replica still holds the lease: alive, or dead for less than its lease
+            raise Refused("session_busy", "the session is still held by its replica; retry in a moment", 503, 1013,
+                          {"Retry-After": "1"})
+        try:
+            session = await open_session(sid)
+        except Refused as exc:
+            await store.hand_off(claim)  # the lease goes, the snapshot stays: another replica may take it
+            if exc.code != "server_full":
+                raise
+            raise Refused("no_room", "no place is free here for your session (its server went away); it is kept "
+                          f"for {grace:g} s after your disconnect: retry with the same token",
+                          503, 1013, {"Retry-After": "2"}) from None
+        restore(session, restored)
+        self.keep_log(session)
+        await self.adopt(session, claim, previous_token=token)  # its lease is renewed during a rebuild
+        replayed, failed = await self.rebuild(session, engine.call)  # the model's state, if it can
+        if failed:
+            log.warning("session %s: the model's state could not be rebuilt (%s); it starts afresh", sid, failed)
+            await engine.call(engine.model.close, session.state)
+            session.state = await engine.open_state(sid)
+            self.keep_log(session, restart=True)
+        log.info("session %s restored from the store (%d conversation entries, %d micro-turns replayed)", sid,
+                 len(session.log.entries), replayed)
+        return session, restored, failed
 
     async def adopt(self, session: Session, claim: Claim, previous_token: str) -> None:
         """A session restored here from the store under `claim`: write it and its new token."""

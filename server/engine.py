@@ -25,7 +25,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -33,6 +32,7 @@ import numpy as np
 
 from models.base import InteractionModel, ModelFeatures, SessionState, TickInput
 from server.inference import Batch, InferenceThread, StepResult
+from server.media_gate import MediaGate
 from server.metrics import Metrics
 from server.schedule import PhaseGrid
 from server.sessions import Pace, Session
@@ -86,7 +86,7 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._miss_logged_at = -float("inf")  # when the last missed deadline was logged (rate limit)
-        self._hooked: set[int] = set()  # off-thread work whose completion will wake the media loop
+        self._gate = MediaGate(self.features.pending_work, self._media_wake.set)  # media pace's other waits
 
     @property
     def groups(self) -> int:
@@ -182,14 +182,12 @@ class Engine:
 
     def push_audio(self, session: Session, audio: np.ndarray) -> int:
         """Queue real-time input; returns samples dropped because the client ran ahead."""
-        session.inbox.audio_started = True
-        before = session.inbox.chunker.ready()
-        dropped = session.inbox.chunker.push(audio)
+        dropped, completed = session.inbox.push(audio)
         if dropped:
             self.metrics.dropped_samples.inc(dropped)
         if session.settings.pace is Pace.REALTIME:
             self._start_ticking(session)
-        if session.settings.pace is Pace.REALTIME and session.inbox.chunker.ready() > before:
+        if session.settings.pace is Pace.REALTIME and completed:
             session.sched.ready_at = self.clock()
             self._rephase(session, session.sched.ready_at)
             self._rt_wake.set()  # the loop may be waiting out the late-input allowance for this chunk
@@ -201,11 +199,9 @@ class Engine:
         """Queue media-pace input, waiting while the backlog is full (back-pressure, nothing dropped)."""
         for start in range(0, len(audio), TICK_SAMPLES):
             piece = audio[start : start + TICK_SAMPLES]
-            chunker = session.inbox.chunker
-            while chunker.buffered + len(piece) > chunker.max_samples and not session.closed:
-                session.inbox.room.clear()
+            while not session.inbox.fits(len(piece)) and not session.closed:
                 self._media_wake.set()
-                await session.inbox.room.wait()
+                await session.inbox.wait_room()
             self.push_audio(session, piece)
 
     def nudge(self, session: Session) -> None:
@@ -245,7 +241,7 @@ class Engine:
         (a silent or text-only client) still ticks, `late_input` after its deadline.
         """
         deadline = self._deadline(s)
-        if s.inbox.audio_started and s.inbox.chunker.ready() == 0:
+        if s.inbox.starved():
             return deadline + self.late_input
         return deadline
 
@@ -274,45 +270,11 @@ class Engine:
             # a session that only types must still be answered, and its text must not pile up. A media
             # session also waits for its background reasoner to reach the session's virtual time.
             ready = [s for s in self._media if s.attached and not s.closed and s.sched.in_flight == 0
-                     and (s.inbox.chunker.ready() >= 1 or s.inbox.pending())
-                     and self._background_caught_up(s) and self._work_done(s)]
+                     and s.inbox.steppable()
+                     and self._gate.ready(s)]
             if ready:
                 await self._launch(ready, realtime=False)
                 self._media_wake.set()  # more may have become ready while stepping
-
-    def _background_caught_up(self, s: Session) -> bool:
-        """A media-pace tick waits until the session's background request has run as long, in wall
-        time, as it would have by that tick in real time (the session's virtual clock)."""
-        wait = s.background.media_wait(s.tick)
-        if wait > 0:
-            asyncio.get_running_loop().call_later(wait, self._media_wake.set)
-            return False
-        return True
-
-    def _work_done(self, s: Session) -> bool:
-        """A media-pace tick waits until the off-thread work its step uses is done (`OffThreadWork`),
-        so the step never falls back to a cheaper answer than it would have had in real time."""
-        pending_work = self.features.pending_work
-        if pending_work is None:
-            return True
-        waiting = [f for f in pending_work(s.state) if not f.done()]
-        if not waiting:
-            return True
-        loop = asyncio.get_running_loop()
-
-        def woken(done: Future[Any]) -> None:  # on the worker's thread
-            with contextlib.suppress(RuntimeError):  # the loop closed (server shut down) first
-                loop.call_soon_threadsafe(self._woken, id(done))
-
-        for f in waiting:
-            if id(f) not in self._hooked:  # one wake-up per piece of work, however often we look
-                self._hooked.add(id(f))
-                f.add_done_callback(woken)
-        return False
-
-    def _woken(self, key: int) -> None:
-        self._hooked.discard(key)
-        self._media_wake.set()
 
     # -- stepping -----------------------------------------------------------------------------
 
@@ -327,16 +289,15 @@ class Engine:
                 # when it never came, from the end of the wait for it.
                 if s.sched.catch_up:
                     deadline = self.clock()
-                elif s.inbox.chunker.ready() == 0:
+                elif s.inbox.ready() == 0:
                     deadline = self._due_at(s)
                 else:
                     deadline = max(self._deadline(s), s.sched.ready_at)
-                    ready_at = s.sched.ready_at if s.inbox.chunker.ready() == 1 else None  # older surplus: not timed
+                    ready_at = s.sched.ready_at if s.inbox.ready() == 1 else None  # older surplus: not timed
                 if not s.sched.catch_up:
                     self.phases.advance(s.sched)  # absolute cadence: the next deadline is one period on
                 s.sched.catch_up = False
             tick_input = self._take_input(s, realtime)
-            s.inbox.heard += tick_input.received
             inputs.append((s.state, tick_input))
             planned.append(_Planned(s, s.tick, deadline, ready_at, s.inbox.heard))
             s.tick += 1
@@ -365,19 +326,14 @@ class Engine:
         return min(nexts)
 
     def _take_input(self, s: Session, realtime: bool) -> TickInput:
-        chunk = s.inbox.chunker.pop()
+        tick = s.inbox.take(s.background.drain())
         if realtime:
-            if chunk.received < TICK_SAMPLES:
+            if tick.received < TICK_SAMPLES:
                 self.metrics.underruns.inc()
             # A surplus that persists means the client got ahead (burst or late phase): drain it.
-            s.sched.surplus_streak = s.sched.surplus_streak + 1 if s.inbox.chunker.ready() >= 1 else 0
+            s.sched.surplus_streak = s.sched.surplus_streak + 1 if s.inbox.ready() >= 1 else 0
             if s.sched.surplus_streak >= CATCH_UP_STREAK:
                 s.sched.catch_up, s.sched.surplus_streak = True, 0
-        s.inbox.room.set()
-        box = s.inbox
-        tick = TickInput(audio=chunk.audio, received=chunk.received, video=box.video, text=box.take_text(),
-                         background=s.background.drain(), cancel=box.cancel)
-        box.video, box.cancel = None, False
         return tick
 
     async def _step_and_deliver(self, planned: list[_Planned], inputs: Batch, realtime: bool,

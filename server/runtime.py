@@ -1,97 +1,67 @@
 """Everything a running server holds, and the one owner of a session's life.
 
-`Runtime.create` builds it whole (model, engine, registry, background reasoner) and starts it; there
-is no half-built state. Transports (WebSocket, WebRTC) only parse messages and move bytes: they ask
-the runtime to `attach` a sink (new session or resume), hand it the client's input (`push_audio`,
-`push_text`, `cancel`, `settings_changed`...), and `detach` when their connection ends; the runtime
-(or its reaper, or a drain) `close`s sessions. The registry, the engine and a session's inbox are
-called here and nowhere else; so are reaping, draining and shutting down.
+`Runtime.create` builds it whole (server/startup.py: model, engine, capacity, reasoner) and starts it;
+there is no half-built state. Transports and protocols only parse messages and move bytes: they ask
+the runtime to `attach` a sink (a new session, or one resumed here or restored from the session
+store), hand it the client's input through its verbs (server/verbs.py), and report how their
+connection ended (`detach` with an `Ended`); the runtime decides what becomes of the session and its
+resume token, and it (or its upkeep loop, or a drain) `close`s sessions. The registry, the engine and
+a session's inbox are called from the runtime and nowhere else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
-from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from models import heap
-from models.background import Reasoner
-from models.base import InteractionModel, Preloading
-from models.registry import load_model
+from models.base import InteractionModel
 from server import protocol as p
-from server._continuity import continue_work, parse, restore
-from server.admission import HARD_CAP, admitted, budget, calibrate
+from server._continuity import Restored, reissue
 from server.agent import AgentServer
 from server.auth import ResumeTokens, TokenCheck, default_origins, session_id_prefix
-from server.background import make_background_factory
 from server.claims import Claims
 from server.config import ServerConfig
-from server.engine import Engine
-from server.metrics import Metrics
+from server.drain import Drain
 from server.sessions import (
     RETRY_AFTER_FULL,
-    BackgroundHook,
+    Ended,
     Load,
     OutputSink,
     Pace,
     Refused,
     Session,
     SessionRegistry,
-    SessionSettings,
 )
+from server.startup import Parts, build
 from server.store import SessionStore
-from streaming.types import Audio
+from server.upkeep import LEASE_S, upkeep_forever
+from server.verbs import Verbs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Refused", "Runtime"]
-
-BackgroundFactory = Callable[[Session], BackgroundHook]
-REAP_EVERY = 1.0  # seconds between reaps of idle and expired sessions
-LAG_PROBE = 0.1  # seconds between event-loop lag probes (duplex_event_loop_lag_seconds)
-OVERRUN_ERROR_INTERVAL = 1.0  # seconds between repeated input_overrun errors to one session
-DRAIN_POLL = 0.1  # seconds between looks at the sessions left during a drain's grace
-# The session store: a lease lasts LEASE_S and is renewed every STORE_SYNC, when changed snapshots are
-# written too. A replica killed with -9 stops renewing; its sessions can be claimed LEASE_S later.
-LEASE_S = 1.5
-STORE_SYNC = 0.4
+__all__ = ["Ended", "Refused", "Runtime"]
 
 
-def _report_preload(done: Future[None]) -> None:
-    """Runs on the reasoner's thread: a reasoner that failed to start is an error in the log now, not
-    only in the first answer (which gets an error chunk, as every answer does until it starts)."""
-    if not done.cancelled() and (exc := done.exception()) is not None:
-        log.error("background reasoner did not start: %s; answers get an error until it does", exc)
-
-
-class Runtime:
+class Runtime(Verbs):
     """Use `await Runtime.create(config)`; `__init__` only stores parts that are already built."""
 
-    def __init__(self, config: ServerConfig, metrics: Metrics, model: InteractionModel, engine: Engine,
-                 capacity: int, reasoner: Reasoner | None, background_factory: BackgroundFactory) -> None:
+    def __init__(self, config: ServerConfig, parts: Parts) -> None:
         self.config = config
-        self.metrics = metrics
-        self.model = model
-        self.engine = engine
-        self.reasoner = reasoner  # shared by every session's background worker; closed at stop
-        self.background_factory = background_factory
+        self.metrics = metrics = parts.metrics
+        self.model = parts.model
+        self.engine = engine = parts.engine
+        self.reasoner = parts.reasoner  # shared by every session's background worker; closed at stop
+        self.background_factory = parts.background_factory
         self.tokens = ResumeTokens(config.replica_id, config.cluster_secret)
-        self.registry = SessionRegistry(capacity, engine.open_state, self._free, config.max_backlog_ticks,
+        self.registry = SessionRegistry(parts.capacity, engine.open_state, config.max_backlog_ticks,
                                         config.resume_grace, config.idle_timeout, self.tokens.mint,
                                         session_id_prefix(config.replica_id))
         # Read when scraped: sessions being opened count as well as those held, as admission counts them.
         metrics.sessions_live.set_function(lambda: self.registry.in_use)
-        self.draining = False
-        self.drained = asyncio.Event()  # set once drain() closes sessions: transports stop waiting on slow clients
-        self._grace_until: float | None = None  # monotonic end of a drain's grace, while it runs
+        self._drain = Drain()
         self.claims: Claims | None = None  # --session-store: sessions can continue on another replica
         self.allowed_origins = default_origins(config.host, config.port) | set(config.allowed_origins)
         self.started_at = time.time()
@@ -101,85 +71,65 @@ class Runtime:
 
     @classmethod
     async def create(cls, config: ServerConfig, model: InteractionModel | None = None) -> Runtime:
-        """Load the model on a worker thread, measure capacity, build the reasoner, start the loops."""
+        """Build the parts (server/startup.py: model, engine, capacity, reasoner), then start the loops."""
         cfg = config
-        if model is None:
-            log.info("loading model %s ...", cfg.model)
-            # Loading imports torch and reads weights: keep it off the event loop.
-            model = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: load_model(cfg.model, cfg.checkpoint, cfg.device, cfg.native))
-        metrics = Metrics()
-        engine = Engine(model, metrics, phase_groups=cfg.phase_groups or 1, guard=cfg.guard_ms / 1000,
-                        late_input=cfg.late_input_ms / 1000, hang_after=cfg.step_watchdog_s)
-        groups, capacity = cfg.phase_groups, cfg.max_sessions
-        if groups is None or capacity is None:
-            cal = await calibrate(engine)
-            groups = groups or cal.groups(budget(engine))
-            capacity = capacity or cal.capacity(budget(engine), groups, model.max_sessions or HARD_CAP)
-        engine.set_phase_groups(groups)
-        reasoner, factory = make_background_factory(cfg, metrics)
-        capacity, why = admitted(capacity, cfg.max_sessions, model.max_sessions, model.name, reasoner,
-                                 engine.features.delegates)
-        log.info("model %s ready; admitting up to %d sessions (%s); %d phase groups (%.1f ms apart)",
-                 model.name, capacity, why, groups, engine.grid * 1000)
-        if isinstance(reasoner, Preloading) and engine.features.delegates:
-            # On the reasoner's own thread, now: the first answer does not wait for the weights to load
-            # and their cost to be measured (~1.3 s, token_clock.py). A failure is raised again by that
-            # request. A model that never delegates (`delegates = False`: echo) never pays for it.
-            reasoner.preload().add_done_callback(_report_preload)
-        runtime = cls(cfg, metrics, model, engine, capacity, reasoner, factory)
+        runtime = cls(cfg, await build(cfg, model))
+        metrics, engine = runtime.metrics, runtime.engine
         if cfg.session_store:
             store = SessionStore.from_url(cfg.session_store, cfg.replica_id, cfg.resume_grace, LEASE_S)
-            runtime.claims = Claims(store, model)
+            runtime.claims = Claims(store, runtime.model)
             metrics.store_errors.set_function(lambda: store.errors)
         await engine.start()
         if runtime.agent is not None:
             await runtime.agent.start()
-        runtime._reaper = asyncio.create_task(runtime._reap_forever(), name="duplex-reaper")
+        runtime._reaper = asyncio.create_task(upkeep_forever(
+            metrics, cfg.collect_every, runtime.reap, runtime.sync_store if runtime.claims is not None else None),
+            name="duplex-reaper")
         return runtime
 
     # -- a session's life ---------------------------------------------------------------------------
 
     async def attach(self, sink: OutputSink, resume_token: str | None = None, client: str = "",
                      media: bool = True) -> Session:
-        """Open a session for `sink`, or resume the detached one `resume_token` names; raises Refused.
+        """Open a session for `sink`, or resume the detached one `resume_token` names (here, or from the
+        session store when another replica issued it); raises Refused.
 
         On resume the token is rotated (the old one stops working; the new one is in the greeting),
         the session keeps its settings, and what it produced while detached is replayed in order.
         `media=False`: the transport cannot serve pace 'media' (WebRTC).
         """
-        if self.draining and self.claims is not None and resume_token:
-            # Its session was handed to the store when its connection ended: another replica takes it.
-            raise Refused("session_moving", "this server is going away and has handed your session on; "
-                          "reconnect with the same token (the proxy sends you to another server)", 503, 1013,
-                          {"Retry-After": "1"})
-        if self.draining and not (resume_token and self._grace_until is not None):
-            # During a drain's grace a dropped session may still come back to finish here.
-            raise Refused("server_shutting_down", "server is shutting down; reconnect later", 503, 1013)
-        if resume_token:
-            if self._check_token(resume_token) is TokenCheck.FOREIGN:
-                return await self._restore(sink, resume_token, client, media)
-            session = self.registry.resumable(resume_token)
-            if session is None:
-                raise Refused("invalid_resume_token", "resume token is unknown, expired or already in use; "
-                              "open a new session", 404, 1008)
-            if session.settings.pace is Pace.MEDIA and not media:
-                raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
-                              "endpoint serves; resume it there", 409, 1008)
-            # No await from resumable() to here: nobody else can take the session in between.
-            self.registry.retoken(session)
-            self.registry.reattach(session, sink)
-            sink.bind(session, resumed=True)
-            dropped = session.backlog.replay(sink)
-            if dropped:
-                self.metrics.dropped_events.labels("backlog_full").inc(dropped)
-                sink.emit(p.error_event("backlog_overflow", f"{dropped} outputs/events produced while you were "
-                                        "disconnected did not fit the resume backlog and were dropped; resume "
-                                        "sooner to get them all", kind="server_error"))
-            self.engine.resumed(session)
-            if self.claims is not None:
-                await self.claims.bind_token(session, previous=resume_token)
-            return session
+        refused = self._drain.refusal(resume_token, moving=self.claims is not None)
+        if refused is not None:
+            raise refused
+        if not resume_token:
+            return await self._seat(await self._open(client), sink)
+        if self._check_token(resume_token) is TokenCheck.FOREIGN:
+            return await self._restore(sink, resume_token, client, media)
+        session = self.registry.resumable(resume_token)
+        if session is None:
+            raise Refused("invalid_resume_token", "resume token is unknown, expired or already in use; "
+                          "open a new session", 404, 1008)
+        if session.settings.pace is Pace.MEDIA and not media:
+            raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
+                          "endpoint serves; resume it there", 409, 1008)
+        # No await from resumable() to here: nobody else can take the session in between.
+        self.registry.retoken(session)
+        return await self._seat(session, sink, resume_token)
+
+    async def _restore(self, sink: OutputSink, token: str, client: str, media: bool) -> Session:
+        """A resume whose token another replica issued: the session store's story (server/claims.py)."""
+        assert self.claims is not None
+        started = time.monotonic()
+        session, restored, failed = await self.claims.take_over(
+            token, media, lambda sid: self.registry.open(client, session_id=sid, reserve=self.config.restore_reserve),
+            self.engine, self.config.resume_grace)  # its replica died: it may take a place of the reserve
+        await self._seat(session, sink, token, restored, failed)
+        self.metrics.sessions_restored.inc()
+        self.metrics.restore_seconds.observe(time.monotonic() - started)
+        return session
+
+    async def _open(self, client: str) -> Session:
+        """A new session in the registry, within the per-client cap and the capacity."""
         cap = self.config.max_sessions_per_client
         if cap and client and self.registry.count(client) >= cap:
             raise Refused("too_many_sessions", f"this client already holds {cap} sessions (the limit per client); "
@@ -191,16 +141,43 @@ class Runtime:
             self.metrics.sessions_refused.inc()
             raise
         if self.draining:  # the drain began while the model state was being opened
-            await self.registry.close(session)
+            await self.close(session)
             raise Refused("server_shutting_down", "server is shutting down; reconnect later", 503, 1013)
-        session.background = self.background_factory(session)
-        self.registry.reattach(session, sink)
-        sink.bind(session, resumed=False)
-        if self.claims is not None:
+        return session
+
+    async def _seat(self, session: Session, sink: OutputSink, came_with: str | None = None,
+                    restored: Restored | None = None, failed: str | None = None) -> Session:
+        """The one way a session takes its seat at a connection: new (`came_with` None), resumed here (the
+        token it came back with), or restored from the store (`restored`; `failed`: why its model's
+        state starts afresh). The client is greeted, then given what it missed, in order."""
+        here = came_with is not None and restored is None  # resumed on this replica: its worker lives on
+        if not here:
+            session.background = self.background_factory(session)
+        if came_with is None and self.claims is not None:
             self.claims.keep_log(session)  # before its first step
-        self.engine.add(session)
-        if self.claims is not None:
+        self.registry.reattach(session, sink)
+        session.came_with = came_with
+        sink.bind(session, resumed=came_with is not None)
+        if failed:
+            sink.emit(p.error_event("model_state_lost", f"the model's memory of this conversation could not be "
+                                    f"rebuilt on this server ({failed}); it starts afresh", kind="server_error"))
+        lost = session.backlog.replay(sink)
+        if restored is not None:
+            reissue(session, restored)  # background requests that were in flight are asked again here
+        if lost:
+            self.metrics.dropped_events.labels("backlog_full").inc(lost)
+            why = ("did not fit the resume backlog and were dropped; resume sooner to get them all" if here else
+                   "were not carried to this server and are lost")
+            sink.emit(p.error_event("backlog_overflow", f"{lost} outputs/events produced while you were "
+                                    f"disconnected {why}", kind="server_error"))
+        if here:
+            self.engine.resumed(session)
+        else:
+            self.engine.add(session)
+        if self.claims is not None and came_with is None:
             await self.claims.own(session)
+        elif self.claims is not None and here:
+            await self.claims.bind_token(session, previous=came_with)
         return session
 
     def _check_token(self, token: str) -> TokenCheck:
@@ -215,90 +192,19 @@ class Runtime:
                           "cannot resume; open a new session", 421, 1008)
         return verdict
 
-    # -- the session store (--session-store) ---------------------------------------------------------
-
-    async def _restore(self, sink: OutputSink, token: str, client: str, media: bool) -> Session:
-        """A resume whose token another replica issued (it is down, or the proxy sent it here): take the
-        session over from the store, with its settings and conversation, under its own id."""
-        assert self.claims is not None
-        store = self.claims.store
-        started = time.monotonic()
-        gone = Refused("invalid_resume_token", "resume token is unknown or expired, and its replica cannot be "
-                       "reached; open a new session", 404, 1008)
-        sid = await store.session_for(token)
-        loaded = await store.load(sid) if sid is not None else None
-        if sid is None or loaded is None:
-            raise gone
-        try:
-            restored = parse(loaded[1])
-        except ValueError as exc:
-            log.error("session %s cannot be restored from the store: %s", sid, exc)
-            raise Refused("invalid_resume_token", "the stored session behind this resume token could not be "
-                          "read; open a new session", 404, 1008) from None
-        if restored.settings.pace is Pace.MEDIA and not media:
-            raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
-                          "endpoint serves; resume it there", 409, 1008)
-        claim = await store.claim(sid)
-        if claim is None:  # its replica still holds the lease: alive, or dead for less than LEASE_S
-            raise Refused("session_busy", "the session is still held by its replica; retry in a moment", 503, 1013,
-                          {"Retry-After": "1"})
-        try:
-            # Its replica died: it may take a place of the restore reserve, above the capacity.
-            session = await self.registry.open(client, session_id=sid, reserve=self.config.restore_reserve)
-        except Refused as exc:
-            await store.hand_off(claim)  # the lease goes, the snapshot stays: another replica may take it
-            if exc.code != "server_full":
-                raise
-            raise Refused("no_room", "no place is free here for your session (its server went away); it is kept "
-                          f"for {self.config.resume_grace:g} s after your disconnect: retry with the same token",
-                          503, 1013, {"Retry-After": "2"}) from None
-        restore(session, restored)
-        self.claims.keep_log(session)
-        await self.claims.adopt(session, claim, previous_token=token)  # its lease is renewed during a rebuild
-        replayed, failed = await self.claims.rebuild(session, self.engine.call)  # the model's state, if it can
-        if failed:
-            log.warning("session %s: the model's state could not be rebuilt (%s); it starts afresh", sid, failed)
-            await self.engine.call(self.model.close, session.state)
-            session.state = await self.engine.open_state(sid)
-            self.claims.keep_log(session, restart=True)
-        session.background = self.background_factory(session)
-        self.registry.reattach(session, sink)
-        sink.bind(session, resumed=True)
-        self.engine.add(session)
-        if failed:
-            sink.emit(p.error_event("model_state_lost", f"the model's memory of this conversation could not be "
-                                    f"rebuilt on this server ({failed}); it starts afresh", kind="server_error"))
-        lost = continue_work(session, sink, restored)  # what its client missed; background asked again
-        if lost:
-            self.metrics.dropped_events.labels("backlog_full").inc(lost)
-            sink.emit(p.error_event("backlog_overflow", f"{lost} outputs/events produced while you were "
-                                    "disconnected were not carried to this server and are lost", kind="server_error"))
-        self.metrics.sessions_restored.inc()
-        self.metrics.restore_seconds.observe(time.monotonic() - started)
-        log.info("session %s restored from the store (%d conversation entries, %d micro-turns replayed)", sid,
-                 len(session.log.entries), replayed)
-        return session
-
-    async def sync_store(self) -> None:
-        """Renew this replica's leases and write changed snapshots (every STORE_SYNC s, from the reaper).
-        A session another replica took over is closed here: it is served there now."""
-        if self.claims is None:
+    async def detach(self, session: Session, sink: OutputSink, ended: Ended) -> None:
+        """`sink`'s connection to `session` ended as `ended` says; a no-op when `sink` no longer owns the
+        session (it was resumed elsewhere, or closed). A goodbye closes the session now; otherwise it is
+        kept for the resume grace period, and the token its connection came with keeps working when the
+        client may not have the rotated one (a session whose client never got its first token is closed)."""
+        if session.closed or session.sink is not sink:
             return
-        for session in await self.claims.sync(self.registry.sessions()):
-            await self.close(session, "session moved to another server", 1001)
-
-    async def detach(self, session: Session, normal: bool, sink: OutputSink | None = None,
-                     restore_token: str | None = None, keep_token: str | None = None) -> None:
-        """The transport's connection ended. `normal` (the client said goodbye): close the session now;
-        otherwise keep it for the resume grace period. A no-op when `sink` no longer owns the session
-        (it was resumed elsewhere, or closed). `restore_token`: the connection never delivered the
-        rotated token, so the client's old one must keep working. `keep_token`: the client may or may
-        not have the rotated token, so the old one works too, until either is used."""
-        if session.closed or (sink is not None and session.sink is not sink):
-            return
-        if normal:
+        came_with = session.came_with
+        if ended is Ended.GOODBYE or (ended is Ended.NEVER_CONNECTED and came_with is None):
             await self.close(session)
             return
+        restore_token = came_with if ended is Ended.NEVER_CONNECTED else None  # the client has only that one
+        keep_token = came_with if ended is Ended.UNCONFIRMED else None  # it may have either
         if self.draining and self.claims is not None and self.claims.holds(session):
             # Draining with a store: the client will reconnect elsewhere; hand the session on now.
             for token in (restore_token, keep_token):
@@ -316,84 +222,52 @@ class Runtime:
             await self.claims.alias(session, restore_token or keep_token or "")
 
     async def close(self, session: Session, reason: str = "", code: int = 1000) -> None:
-        """End a session for good: tell its client why (when `reason`), free its model state and slot."""
-        await self.registry.close(session, code, reason)
-
-    async def _free(self, session: Session) -> None:
-        """Registry closer: stop the background worker, drop the session from the engine, close its state,
-        and forget it in the session store."""
+        """End a session for good: tell its client why (when `reason`); stop its background worker, drop
+        it from the engine, close its model state and forget it in the session store."""
+        if session.closed:
+            return
+        sink = self.registry.unregister(session)  # its place and tokens are free whatever happens below
         try:
-            await session.background.stop()
+            if reason and sink is not None:
+                sink.end(code, reason)
+        except Exception:  # a broken transport must not keep the model state alive
+            log.exception("session %s: telling the client why it closes failed", session.id)
+        try:
+            try:
+                await session.background.stop()
+            finally:
+                await self.engine.close_state(session)
+                if self.claims is not None:
+                    await self.claims.release(session)
         finally:
-            await self.engine.close_state(session)
-            if self.claims is not None:
-                await self.claims.release(session)
+            # A closed Session can stay reachable for a while (reference cycles through its connection
+            # and background worker); the model state it held (KV slot, resamplers with their threads,
+            # recogniser) must not wait for the garbage collector with it.
+            session.state = None
+
+    async def sync_store(self) -> None:
+        """Renew this replica's leases and write changed snapshots (from the upkeep loop). A session
+        another replica took over is closed here: it is served there now."""
+        if self.claims is None:
+            return
+        for session in await self.claims.sync(self.registry.sessions()):
+            await self.close(session, "session moved to another server", 1001)
 
     def session(self, session_id: str) -> Session | None:
         """The session (attached or awaiting resume) with this id, whatever its transport."""
         return self.registry.get(session_id)
 
-    # -- a session's input (every transport's) ------------------------------------------------------
-
-    async def push_audio(self, session: Session, audio: Audio) -> None:
-        """Client audio, mono float32 at 24 kHz: media pace waits while the session's backlog is full
-        (back-pressure), real time drops the oldest (`push_live_audio`)."""
-        if session.settings.pace is Pace.MEDIA:
-            await self.engine.push_audio_media(session, audio)
-        else:
-            self.push_live_audio(session, audio)
-
-    def push_live_audio(self, session: Session, audio: Audio) -> None:
-        """Real-time audio (RTP comes only this way): what overruns the backlog drops its oldest input,
-        and the client is told (an `input_overrun` error, at most one a second)."""
-        if not self.engine.push_audio(session, audio):
-            return
-        box = session.inbox
-        now = time.monotonic()
-        if now - box.overrun_reported_at > OVERRUN_ERROR_INTERVAL:
-            box.overrun_reported_at = now
-            self.metrics.client_errors.labels("input_overrun").inc()
-            session.emit(p.error_event("input_overrun", "audio is arriving faster than real time; the oldest input "
-                                       f"was dropped ({box.chunker.dropped} samples so far). Send at real-time pace "
-                                       "or use session.pace 'media'"))
-
-    def push_text(self, session: Session, text: str) -> None:
-        """Typed user text for the next micro-turn; raises TextFull past the inbox's bound."""
-        session.inbox.add_text(text)
-        session.log.add(session.tick * self.engine.period, "user", text, kind="typed")
-        self.engine.nudge(session)
-
-    def push_video(self, session: Session, frame: npt.NDArray[np.uint8]) -> None:
-        """The newest camera frame; the next micro-turn takes it (an older one not yet taken is replaced)."""
-        session.inbox.video = frame
-
-    def respond(self, session: Session) -> None:
-        """The client asked for a response: only a hint (the model decides every micro-turn), but a media
-        session may be steppable now."""
-        self.engine.nudge(session)
-
-    def cancel(self, session: Session) -> None:
-        """The client asked to stop the current utterance: the next micro-turn carries the request."""
-        session.inbox.cancel = True
-        self.engine.nudge(session)
-
-    def clear_input(self, session: Session) -> None:
-        """Drop the audio waiting for the coming micro-turns (input_audio_buffer.clear)."""
-        session.inbox.chunker.clear()
-        session.inbox.room.set()
-
-    def settings_changed(self, session: Session, new: SessionSettings) -> None:
-        """The client changed its settings (session.update); a new pace moves it to the other engine loop."""
-        pace_changed = new.pace is not session.settings.pace
-        session.settings = new
-        if pace_changed:
-            self.engine.add(session)
-
-    def client_event(self, session: Session, event: dict[str, Any]) -> bool:
-        """A client event for the background reasoner; False when the server runs none."""
-        return session.background.on_client_event(event)
-
     # -- server life --------------------------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """Going away: no new session (server/drain.py)."""
+        return self._drain.active
+
+    @property
+    def drained(self) -> asyncio.Event:
+        """Set once a drain closes sessions: transports stop waiting on slow clients."""
+        return self._drain.done
 
     @property
     def capacity(self) -> int:
@@ -437,10 +311,12 @@ class Runtime:
         its resume token and the seconds left) and lets the sessions go on for up to S seconds or until
         their clients have closed them; then it closes what is left, as without a grace."""
         first = not self.draining
-        self.draining = True
+        self._drain.active = True
         if first and self.config.drain_grace > 0 and len(self.registry):
-            await self._drain_grace(reason, self.config.drain_grace)
-        self.drained.set()
+            log.info("draining: %d sessions have %.0f s to finish", len(self.registry), self.config.drain_grace)
+            await self._drain.grace(self.registry.sessions, reason, self.config.drain_grace, self.claims is not None,
+                                    self.metrics)
+        self._drain.done.set()
         for session in self.registry.sessions():
             if self.claims is not None:
                 await self.claims.hand_off(session)  # with a store: what is left can still continue elsewhere
@@ -449,24 +325,6 @@ class Runtime:
                 await self.close(session, reason, 1001)
             except Exception:  # one broken session must not keep the others open
                 log.exception("closing session %s during drain failed", session.id)
-
-    async def _drain_grace(self, reason: str, grace: float) -> None:
-        self._grace_until = time.monotonic() + grace
-        self.metrics.drains.inc()
-        log.info("draining: %d sessions have %.0f s to finish", len(self.registry), grace)
-        moving = self.claims is not None
-        for session in self.registry.sessions():
-            session.emit({"type": "duplex.session.draining", "event_id": p.new_id("event"), "reason": reason,
-                          "seconds_left": grace, "resume_token": session.resume_token, "reconnect": moving,
-                          "message": "this server is going away: reconnect with your resume token and the "
-                          "session continues on another server" if moving else "this server is going away: "
-                          "finish, or open a new session (the proxy sends it to another server); what is left "
-                          "is closed when the time is up"})
-        try:
-            while len(self.registry) and time.monotonic() < self._grace_until:
-                await asyncio.sleep(DRAIN_POLL)
-        finally:
-            self._grace_until = None
 
     async def stop(self) -> None:
         """Drain, end the transports' connections, stop the reaper and the engine, close the reasoner
@@ -492,35 +350,3 @@ class Runtime:
         if self.claims is not None:
             await self.claims.store.aclose()
 
-    async def _reap_forever(self) -> None:
-        """Housekeeping: every LAG_PROBE s measure how late the loop woke us; every second reap; every
-        --collect-every s (server/limits.py: COLLECT_EVERY) collect garbage and trim the heap."""
-        collected = reaped = synced = time.monotonic()
-        while True:
-            due = time.monotonic() + LAG_PROBE
-            await asyncio.sleep(LAG_PROBE)
-            now = time.monotonic()
-            # A late wake-up is time the loop spent on something else: a slow handler or a pause delays
-            # every client's bytes even when the engine keeps its deadlines (the tick thread is separate).
-            self.metrics.loop_lag_seconds.observe(max(0.0, now - due))
-            if self.claims is not None and now - synced >= STORE_SYNC:
-                synced = now
-                try:
-                    await self.sync_store()
-                except Exception:  # the store's upkeep must never stop the reaper
-                    log.exception("session store upkeep failed")
-            if now - reaped < REAP_EVERY:
-                continue
-            reaped = now
-            try:
-                await self.reap(time.monotonic())
-            except Exception:  # reaping must never stop; log and go on
-                log.exception("session reaper failed")
-            if time.monotonic() - collected >= self.config.collect_every:
-                started = time.monotonic()
-                gc.collect()
-                self.metrics.loop_lag_seconds.observe(time.monotonic() - started)  # the loop waited on it too
-                # What the collection (and the model's worker threads) freed goes back to the OS, off
-                # the loop: a trim walks every heap arena (models/heap.py).
-                await asyncio.to_thread(heap.trim)
-                collected = time.monotonic()

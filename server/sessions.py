@@ -1,4 +1,4 @@
-"""Session state held by the server and the registry that holds it (open / get / close / expired).
+"""Session state held by the server and the registry that holds it (open / get / unregister / expired).
 
 A session outlives its connection: when a client drops, the session is detached and paused (not
 stepped, so its model state is exactly where the client left it) and can be resumed with its token
@@ -7,35 +7,28 @@ calls (attach / detach / close / reap); transports never call the registry thems
 
 A `Session` is three parts with different owners:
   - `settings`: what the client chose (formats, instructions, tools, stats); survives a resume;
-  - `inbox`: client input waiting for the next micro-turn (audio, typed text, video, cancel), bounded;
+  - `inbox`: client input waiting for the next micro-turn (server/inbox.py), bounded;
   - `sched`: the engine's scheduling state (server/schedule.py), private to it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any, Protocol
-
-import numpy as np
-import numpy.typing as npt
 
 from models.base import BackgroundChunk, SessionState, TickOutput
 from server.conversation import ConversationLog
+from server.inbox import Inbox
 from server.items import ConversationItems
-from server.limits import BACKLOG_BYTES, BACKLOG_ITEMS, MAX_PENDING_TEXT_CHARS
+from server.limits import BACKLOG_BYTES, BACKLOG_ITEMS
 from server.protocol import AudioFormat
 from server.schedule import Schedule
-from streaming.chunker import Chunker
-
-log = logging.getLogger(__name__)
 
 RETRY_AFTER_FULL = 5  # seconds a client refused for want of room is told to wait before trying again
 
@@ -54,6 +47,16 @@ class Refused(Exception):
 class Pace(StrEnum):
     REALTIME = "realtime"  # ticks at absolute deadlines, whatever arrived
     MEDIA = "media"  # ticks as soon as a full micro-turn of input has arrived
+
+
+class Ended(Enum):
+    """How a transport's connection to its session ended, as the transport saw it. The runtime decides
+    what becomes of the session and of its resume tokens (Runtime.detach)."""
+
+    GOODBYE = "goodbye"  # the client closed cleanly: it is done with the session
+    DROPPED = "dropped"  # lost after the client showed it had the greeting (and with it the new token)
+    UNCONFIRMED = "unconfirmed"  # lost before the client showed that: it may hold only the token it came with
+    NEVER_CONNECTED = "never_connected"  # the greeting never reached the client
 
 
 class OutputSink(Protocol):
@@ -126,43 +129,6 @@ class SessionSettings:
     # that a client steps in lockstep (bench/fdbench/lockstep.py). The shared background reasoner then
     # times their requests against each other as real time would (models/background/clock.py).
     media_clock: int | None = None
-
-
-class TextFull(Exception):
-    """Typed text waiting for the next micro-turn is over its bound."""
-
-
-@dataclass
-class Inbox:
-    """Client input waiting for the next micro-turn. Every part is bounded."""
-
-    chunker: Chunker = field(default_factory=Chunker)  # pending audio, bounded by max_backlog_ticks
-    text: list[str] = field(default_factory=list)  # typed text, at most MAX_PENDING_TEXT_CHARS in all
-    text_chars: int = 0
-    video: npt.NDArray[np.uint8] | None = None  # newest frame since the last tick (one, replaced)
-    cancel: bool = False  # response.cancel waiting for the next tick
-    audio_started: bool = False  # any audio received yet (pace and input format are fixed after that)
-    heard: int = 0  # samples of real input taken by micro-turns so far (padding of underruns excluded)
-    overrun_reported_at: float = 0.0  # monotonic time the client was last told its input overran
-    room: asyncio.Event = field(default_factory=asyncio.Event)  # media pace: audio buffer has room
-
-    def __post_init__(self) -> None:
-        self.room.set()  # empty: there is room
-
-    def add_text(self, text: str) -> None:
-        if self.text_chars + len(text) > MAX_PENDING_TEXT_CHARS:
-            raise TextFull(f"{self.text_chars} characters of typed text are already waiting for the next "
-                           f"micro-turn (limit {MAX_PENDING_TEXT_CHARS}); send less text at once")
-        self.text.append(text)
-        self.text_chars += len(text)
-
-    def pending(self) -> bool:
-        """Anything besides audio waiting (media pace steps for it even without a micro-turn of audio)."""
-        return bool(self.text) or self.cancel
-
-    def take_text(self) -> list[str]:
-        text, self.text, self.text_chars = self.text, [], 0
-        return text
 
 
 class Backlog:
@@ -253,6 +219,7 @@ class Session:
     closed: bool = False
     backlog: Backlog = field(default_factory=Backlog)  # produced while detached; replayed on resume
     spare_token: str | None = None  # the token it last resumed with, while the client may lack the new one
+    came_with: str | None = None  # the token its current connection resumed (or restored) it with; None if new
 
     @property
     def attached(self) -> bool:
@@ -266,12 +233,12 @@ class Session:
     @property
     def buffered_samples(self) -> int:
         """Input samples waiting for the coming micro-turns."""
-        return self.inbox.chunker.buffered
+        return self.inbox.buffered
 
     @property
     def dropped_samples(self) -> int:
         """Input samples dropped because the client ran ahead of real time, in all."""
-        return self.inbox.chunker.dropped
+        return self.inbox.dropped
 
     def emit(self, event: dict[str, Any]) -> None:
         """Send an event to the client; while detached it waits in the backlog for the resume."""
@@ -288,11 +255,10 @@ class Session:
 
 
 Opener = Callable[[str], Awaitable[SessionState]]
-Closer = Callable[[Session], Awaitable[None]]
 
 
 class SessionRegistry:
-    def __init__(self, capacity: int, opener: Opener, closer: Closer, max_backlog_ticks: int = 10,
+    def __init__(self, capacity: int, opener: Opener, max_backlog_ticks: int = 10,
                  resume_grace: float = 30.0, idle_timeout: float = 0.0,
                  mint_token: Callable[[], str] | None = None, id_prefix: str = "sess_") -> None:
         self.capacity = capacity
@@ -300,7 +266,6 @@ class SessionRegistry:
         self._mint = mint_token or (lambda: secrets.token_urlsafe(24))
         self._id_prefix = id_prefix  # the runtime's names this replica, so a proxy can route by session id
         self._open_state = opener  # allocates model state on the inference thread
-        self._close = closer  # engine removal + model close + background stop
         self.max_backlog_ticks = max_backlog_ticks
         self.resume_grace = resume_grace
         self.idle_timeout = idle_timeout  # 0 = never reap attached sessions for idleness
@@ -337,7 +302,7 @@ class SessionRegistry:
         finally:
             self._opening -= 1
         session = Session(id=sid, resume_token=self._mint(), state=state,
-                          inbox=Inbox(Chunker(max_backlog_ticks=self.max_backlog_ticks)), client=client)
+                          inbox=Inbox(self.max_backlog_ticks), client=client)
         self._by_id[sid] = session
         self._by_token[session.resume_token] = session
         return session
@@ -378,28 +343,16 @@ class SessionRegistry:
         session.detached_at = None
         session.last_activity = time.monotonic()
 
-    async def close(self, session: Session, code: int = 1000, reason: str = "") -> None:
-        if session.closed:
-            return
+    def unregister(self, session: Session) -> OutputSink | None:
+        """Forget a session for good (its place and tokens are free at once) and return the sink it was
+        attached to; the runtime frees what it holds."""
         session.closed = True
-        # Unregister first, so that whatever happens below the slot and the token are freed.
         self._by_id.pop(session.id, None)
         self._by_token.pop(session.resume_token, None)
         if session.spare_token is not None:
             self._by_token.pop(session.spare_token, None)
         sink, session.sink = session.sink, None
-        try:
-            if reason and sink is not None:
-                sink.end(code, reason)
-        except Exception:  # a broken transport must not keep the model state alive
-            log.exception("session %s: telling the client why it closes failed", session.id)
-        try:
-            await self._close(session)
-        finally:
-            # A closed Session can stay reachable for a while (reference cycles through its
-            # connection and background worker); the model state it held (KV slot, resamplers with
-            # their threads, recogniser) must not wait for the garbage collector with it.
-            session.state = None
+        return sink
 
     def expired(self, now: float) -> list[Session]:
         """Sessions past their resume grace, and attached sessions idle past the idle timeout (the

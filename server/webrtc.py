@@ -31,7 +31,7 @@ from server._rtc_call import RtcCall
 from server.auth import client_id, origin_ok, resume_token
 from server.limits import MAX_OFFER_BYTES, MAX_OFFER_MLINES
 from server.protocol import ProtocolError
-from server.runtime import Refused, Runtime
+from server.runtime import Ended, Refused, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Calls:
         """Attach (new or resumed) a session to a new call and answer the offer. Raises Refused."""
         runtime = self.runtime
         pc = RTCPeerConnection(RTCConfiguration(iceServers=self.ice_servers))
-        call = RtcCall(runtime, pc, resume_token=resume_token, on_end=self.live.discard)
+        call = RtcCall(runtime, pc, on_end=self.live.discard)
         try:
             session = await runtime.attach(call.conn, resume_token, client, media=False)
         except Refused:
@@ -87,10 +87,7 @@ class Calls:
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 await pc.close()
-            if resume_token:  # the client never saw the rotated token: give it back its old one
-                await runtime.detach(session, normal=False, sink=call.conn, restore_token=resume_token)
-            else:
-                await runtime.close(session)  # never connected: free its model state at once
+            await runtime.detach(session, call.conn, Ended.NEVER_CONNECTED)  # the client never saw its greeting
             if isinstance(exc, ProtocolError):
                 raise Refused(exc.code, exc.message, 400) from None
             if isinstance(exc, ValueError | AssertionError):  # aiortc's complaints about a malformed offer

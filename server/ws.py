@@ -27,7 +27,7 @@ from server.auth import (
 from server.outbox import Close
 from server.realtime import RealtimeConnection
 from server.runtime import Refused, Runtime
-from server.sessions import Session
+from server.sessions import Ended, Session
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         runtime.metrics.client_errors.labels(exc.code).inc()
         await _refuse(ws, exc.ws_close, exc.code, exc.message)
         return
-    await _serve(ws, conn, session, runtime, token)
+    await _serve(ws, conn, session, runtime)
 
 
 async def _refuse(ws: WebSocket, code: int, err: str, message: str) -> None:
@@ -88,8 +88,7 @@ async def _refuse(ws: WebSocket, code: int, err: str, message: str) -> None:
         await ws.close(code, message[:120])
 
 
-async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runtime: Runtime,
-                 resumed_with: str | None = None) -> None:
+async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runtime: Runtime) -> None:
     heard = asyncio.Event()  # the client sent something on this connection
     writer = asyncio.create_task(_write(ws, conn), name=f"ws-writer-{session.id}")
     reader = asyncio.create_task(_read(ws, conn, heard), name=f"ws-reader-{session.id}")
@@ -104,7 +103,7 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
             await reader
-        await runtime.detach(session, normal=False, sink=conn, keep_token=_unconfirmed(resumed_with, heard))
+        await runtime.detach(session, conn, _dropped(heard))
         draining = asyncio.create_task(runtime.drained.wait(), name=f"ws-drain-{session.id}")
         await asyncio.wait({writer, draining}, timeout=CUT_CLOSE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
         draining.cancel()  # a shutdown does not wait for a client that does not read
@@ -116,10 +115,8 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
     code = reader.result() if reader.done() and not reader.cancelled() and reader.exception() is None else None
     if code is None and reader.done() and not reader.cancelled() and reader.exception() is not None:
         log.error("session %s: reader failed", session.id, exc_info=reader.exception())
-    # The client said goodbye (1000): free its model state and slot now. Any other end (a drop, the
-    # server cutting a client that does not read) keeps it resumable for the grace period.
-    await runtime.detach(session, normal=code == NORMAL_CLOSURE, sink=conn,
-                         keep_token=_unconfirmed(resumed_with, heard))
+    # The client said goodbye (1000); any other end is a drop (or the server cut a client that does not read).
+    await runtime.detach(session, conn, Ended.GOODBYE if code == NORMAL_CLOSURE else _dropped(heard))
     conn.release()
     with contextlib.suppress(Exception):
         if ws.application_state is not WebSocketState.DISCONNECTED:
@@ -127,11 +124,10 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
             await asyncio.wait_for(ws.close(CLOSE_POLICY if conn.cut.is_set() else 1000), 1.0)
 
 
-def _unconfirmed(resumed_with: str | None, heard: asyncio.Event) -> str | None:
-    """The token this connection resumed with, if the client never spoke on it: the greeting with the
-    rotated token may never have reached it (a flaky network drops the new connection too), so its
-    old token must keep working, next to the new one, or the session is lost with the connection."""
-    return resumed_with if resumed_with and not heard.is_set() else None
+def _dropped(heard: asyncio.Event) -> Ended:
+    """A client that never spoke on this connection may never have got its greeting (a flaky network drops
+    the new connection too): unconfirmed, so the runtime keeps the token it came with working."""
+    return Ended.DROPPED if heard.is_set() else Ended.UNCONFIRMED
 
 
 async def _read(ws: WebSocket, conn: RealtimeConnection, heard: asyncio.Event) -> int:

@@ -321,7 +321,7 @@ async def test_engine_feeds_only_live_chunks_into_the_models_tick_input(stub: Sc
     async def step_until(pred: Callable[[], bool]) -> None:
         for _ in range(300):  # bounded: 300 micro-turns
             await engine.push_audio_media(session, tick)
-            await until(lambda: session.sched.in_flight == 0 and session.inbox.chunker.ready() == 0)
+            await until(lambda: session.sched.in_flight == 0 and session.inbox.ready() == 0)
             if pred():
                 return
             await asyncio.sleep(0.01)

@@ -45,7 +45,7 @@ async def test_a_close_queued_after_the_input_was_taken_runs_after_the_step() ->
         session.state = await engine.open_state(session.id)
         session.settings.pace = Pace.MEDIA
         engine.add(session)
-        session.inbox.chunker.push(np.zeros(TICK_SAMPLES, dtype=np.float32))
+        session.inbox.push(np.zeros(TICK_SAMPLES, dtype=np.float32))
         engine.remove(session)  # this test drives the step itself
         # The race, made certain: the micro-turn's input is taken, then the client leaves before the
         # event loop runs anything else (the registry marks it closed, then frees its state).

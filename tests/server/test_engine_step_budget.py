@@ -18,7 +18,7 @@ from tests.manual_clock import ManualClock
 
 class BudgetRecorder(EchoModel):
     """Echo that records the budget of each step (a hand-written fake at the edge: the cascade is the
-    real user of the budget, tested in tests/models/test_cascade_work.py)."""
+    real user of the budget, tested in tests/models/test_turns_work.py)."""
 
     def __init__(self) -> None:
         super().__init__(delay=0)
@@ -65,7 +65,7 @@ async def test_a_step_may_wait_until_its_next_deadline_or_a_little_past_another_
         b = await _session(engine, "b", Pace.REALTIME)
         for s in (a, b):
             s.sched.ticking = True
-            s.inbox.chunker.push(np.zeros(TICK_SAMPLES, dtype=np.float32))
+            s.inbox.push(np.zeros(TICK_SAMPLES, dtype=np.float32))
         engine._schedule_at(a, clock.now)  # a is due now
         engine._schedule_at(b, clock.now + 0.05)  # b's slot is 50 ms later in the micro-turn
         await engine._launch([a], realtime=True)
@@ -75,12 +75,12 @@ async def test_a_step_may_wait_until_its_next_deadline_or_a_little_past_another_
         # Alone, a may use its whole micro-turn: ending past its next deadline would be a miss.
         engine.remove(b)
         clock.now = engine._deadline(a)
-        a.inbox.chunker.push(np.zeros(TICK_SAMPLES, dtype=np.float32))
+        a.inbox.push(np.zeros(TICK_SAMPLES, dtype=np.float32))
         await engine._launch([a], realtime=True)
         assert model.budgets[-1] is not None and abs(model.budgets[-1] - engine.period) < 1e-6, model.budgets
         # Media pace waits for nothing on the clock: no bound.
         m = await _session(engine, "m", Pace.MEDIA)
-        m.inbox.chunker.push(np.zeros(TICK_SAMPLES, dtype=np.float32))
+        m.inbox.push(np.zeros(TICK_SAMPLES, dtype=np.float32))
         await engine._launch([m], realtime=False)
         assert model.budgets[-1] is None
         assert cast(Sink, a.sink).ticks == [0, 1] and cast(Sink, m.sink).ticks == [0]

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from bench._flops import matmul_peak_gflops, step_flops
+from bench._reprefill import baseline_step, reprefills
 from models.base import Ageing, InteractionModel, TickInput
 from models.registry import load_model
 from streaming.types import TICK_SAMPLES, TICK_SECONDS
@@ -196,7 +197,7 @@ def measure_baseline(model: InteractionModel, age: int, repeats: int) -> Baselin
             model.fast_forward(state, age)
         tick = _ticks(1, seed=99)[0]
         with heartbeat(f"re-prefill of {age + 1} micro-turns"):
-            times = [_time(lambda: model.baseline_step([(state, tick)]))[0] for _ in range(repeats)]  # type: ignore[attr-defined]
+            times = [_time(lambda: baseline_step(model, [(state, tick)]))[0] for _ in range(repeats)]  # type: ignore[arg-type]
     finally:
         model.close(state)
     return Baseline(age, round(statistics.median(times), 1), repeats)
@@ -213,7 +214,7 @@ def _load(args: argparse.Namespace, sessions: int) -> InteractionModel:
 def run(args: argparse.Namespace) -> Report:
     per_point = "{n}" in args.model
     model = _load(args, args.sessions[0])
-    can_age, can_baseline = isinstance(model, Ageing), hasattr(model, "baseline_step")
+    can_age, can_baseline = isinstance(model, Ageing), reprefills(model)
     report = Report(
         args.model, str(getattr(model, "device", "cpu")), getattr(model, "session_bytes", None), model.max_sessions
     )

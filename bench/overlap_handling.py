@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from models.base import BackgroundChunk, TickInput
+from models.base import BackgroundChunk, TickInput, wait_work
 from models.cascade import CascadeModel, load_cascade
-from models.cascade.level import speech_db
 from models.speech.tts import list_voices, synthesize
 from models.speech.vad import speech_segments
+from models.turns.level import speech_db
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, Audio
 
@@ -66,7 +66,7 @@ class Session:
     def step(self, audio: Audio) -> None:
         tick = np.zeros(TICK_SAMPLES, dtype=np.float32)
         tick[: len(audio)] = audio[:TICK_SAMPLES]
-        self.m.wait_work([self.s])
+        wait_work(self.m, [self.s])
         bg = [self.pending.pop(self.n)] if self.n in self.pending else []
         out = self.m.step([(self.s, TickInput(tick, TICK_SAMPLES, background=bg))])[0]
         if any(e.type == "delegate" for e in out.events):

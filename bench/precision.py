@@ -26,9 +26,9 @@ import torch
 from bench.vocoder_quality import speech_like
 from models.interaction import dmel
 from models.interaction.checkpoint import build
-from models.interaction.config import ACTIONS, FRAMES_PER_TURN, NO_BYTE
-from models.interaction.flow import turn_noise
-from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
+from models.interaction.config import ACTIONS, FRAMES_PER_TICK, NO_BYTE
+from models.interaction.flow import tick_noise
+from models.interaction.model import HeadOutputs, InteractionTransformer, TickFeatures
 from models.interaction.serving import MATMUL_DTYPES
 from models.interaction.video import PATCH
 
@@ -50,11 +50,11 @@ class PrecisionReport:
     mel_sc: float
 
 
-def features(net: InteractionTransformer, turns: int) -> TurnFeatures:
+def features(net: InteractionTransformer, turns: int) -> TickFeatures:
     cfg = net.cfg
     audio = speech_like(turns * 0.2 + 0.1)
     fe = dmel.DMelFrontend(cfg.dmel_bins, cfg.dmel_levels, torch.device("cpu"))
-    n = FRAMES_PER_TURN * dmel.HOP
+    n = FRAMES_PER_TICK * dmel.HOP
     chunks = torch.stack([audio[i * n : i * n + dmel.CONTEXT + n] for i in range(turns)])
     typed = torch.full((turns, cfg.typed_tokens), NO_BYTE)
     text = b"what is the weather like in paris today?"
@@ -62,9 +62,9 @@ def features(net: InteractionTransformer, turns: int) -> TurnFeatures:
         piece = text[i : i + cfg.typed_tokens]
         typed[10 + i // cfg.typed_tokens, : len(piece)] = torch.tensor(list(piece))
     nb = torch.full((turns, 1), NO_BYTE)
-    return TurnFeatures(
+    return TickFeatures(
         user_dmel=fe(chunks, det=True),
-        self_dmel=torch.zeros(turns, FRAMES_PER_TURN, cfg.dmel_bins, dtype=torch.long),
+        self_dmel=torch.zeros(turns, FRAMES_PER_TICK, cfg.dmel_bins, dtype=torch.long),
         video=torch.zeros(turns, cfg.video_grid**2, PATCH, PATCH, 3),
         video_present=torch.zeros(turns, dtype=torch.bool),
         typed=typed,
@@ -98,7 +98,7 @@ def run(preset: str, checkpoint: str | None, matmul: str, turns: int) -> Precisi
     feats = features(net, turns)
     outs: dict[str, HeadOutputs] = {}
     mels: dict[str, torch.Tensor] = {}
-    noise = turn_noise([7] * turns, list(range(turns)), (net.cfg.audio_out_tokens, net.flow.width), torch.device("cpu"))
+    noise = tick_noise([7] * turns, list(range(turns)), (net.cfg.audio_out_tokens, net.flow.width), torch.device("cpu"))
     for name in ("fp32", matmul):
         _set_matmul(net, name)
         print(f"[bench.precision] {turns} micro-turns with {name} products ...", file=sys.stderr, flush=True)

@@ -7,7 +7,7 @@ them from the FD-bench generator's texts, each whole ("finished") and cut after 
 second to the last but one ("cut"). A cut can itself be a sentence ("Let's meet at the cafe | near the
 station"): that is the real difficulty, so cuts are not filtered, and no judge can be perfect.
 
-Judges: the word list of `models.cascade.text.looks_complete` (a turn is finished unless its last word
+Judges: the word list of `models.turns.words.looks_complete` (a turn is finished unless its last word
 needs a continuation), and the language model of `models.speech.text_turn` at several thresholds.
 For each: the share of finished sentences it calls finished (their turns end at once) and the share
 of cuts it calls finished (a pause the assistant may talk into), plus the model's cost per call.
@@ -23,8 +23,8 @@ import time
 
 from tqdm import tqdm
 
-from models.cascade.text import looks_complete
 from models.speech.text_turn import TextTurn
+from models.turns.words import looks_complete
 
 SENTENCES = (
     "Can you tell me how to cook rice?",

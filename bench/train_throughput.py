@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from models.interaction.config import FRAMES_PER_TURN, NO_BYTE, preset
-from models.interaction.model import TurnFeatures
+from models.interaction.config import FRAMES_PER_TICK, NO_BYTE, preset
+from models.interaction.model import TickFeatures
 from models.interaction.video import PATCH
 from train.client import AdamParams, TrainingClient, resolve_precision
 from train.losses import Batch
@@ -50,9 +50,9 @@ def synthetic_batch(preset_name: str, batch: int, ticks: int, seed: int = 0) -> 
     def ints(hi: int, *shape: int) -> torch.Tensor:
         return torch.randint(0, hi, shape, generator=g)
 
-    feats = TurnFeatures(
-        user_dmel=ints(cfg.dmel_levels, rows, FRAMES_PER_TURN, cfg.dmel_bins),
-        self_dmel=ints(cfg.dmel_levels, rows, FRAMES_PER_TURN, cfg.dmel_bins),
+    feats = TickFeatures(
+        user_dmel=ints(cfg.dmel_levels, rows, FRAMES_PER_TICK, cfg.dmel_bins),
+        self_dmel=ints(cfg.dmel_levels, rows, FRAMES_PER_TICK, cfg.dmel_bins),
         video=torch.zeros(rows, cfg.video_grid**2, PATCH, PATCH, 3),
         video_present=torch.zeros(rows, dtype=torch.bool),
         typed=torch.full((rows, cfg.typed_tokens), NO_BYTE),
@@ -62,7 +62,7 @@ def synthetic_batch(preset_name: str, batch: int, ticks: int, seed: int = 0) -> 
     return Batch(
         feats=feats, n_ticks=ticks, control=ints(5, rows), user_speaking=ints(2, rows).float(),
         text=ints(257, rows, cfg.text_tokens), transcript=ints(257, rows, cfg.transcript_tokens),
-        mel=torch.randn(rows, FRAMES_PER_TURN, cfg.mel_bins, generator=g), mel_mask=ints(2, rows).bool(),
+        mel=torch.randn(rows, FRAMES_PER_TICK, cfg.mel_bins, generator=g), mel_mask=ints(2, rows).bool(),
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from models.interaction import vocoder as voc
-from models.interaction.config import FRAMES_PER_TURN
+from models.interaction.config import FRAMES_PER_TICK
 from models.interaction.dmel import mel_filterbank
 
 
@@ -78,7 +78,7 @@ def measure(sessions: int, iters: int, seconds: float, repeats: int) -> VocoderR
     # The flow head's target: normalised log-mel of 10 ms frames, 20 per micro-turn.
     pad = torch.cat([torch.zeros(voc.N_FFT // 2), x, torch.zeros(voc.N_FFT)])
     mel = _stft_mag(pad) @ fb.T  # [frames, mels]
-    ticks = (mel.shape[0] - 1) // FRAMES_PER_TURN
+    ticks = (mel.shape[0] - 1) // FRAMES_PER_TICK
     norm = (torch.log(mel.clamp(min=1e-5)) - voc.MEL_MEAN) / voc.MEL_STD
     v = voc.GriffinLim(80, iters, dev)
     mag, phase = v.initial_state(dev)
@@ -86,7 +86,7 @@ def measure(sessions: int, iters: int, seconds: float, repeats: int) -> VocoderR
     phases = phase[None].expand(sessions, *phase.shape).contiguous()
     out, times, cpu = [], [], []
     for n in range(ticks):
-        chunk = norm[n * FRAMES_PER_TURN : (n + 1) * FRAMES_PER_TURN][None].repeat(sessions, 1, 1)
+        chunk = norm[n * FRAMES_PER_TICK : (n + 1) * FRAMES_PER_TICK][None].repeat(sessions, 1, 1)
         t0, c0 = time.perf_counter(), time.process_time()
         y, mags, phases = v(chunk, mags, phases, True)
         times.append(time.perf_counter() - t0)

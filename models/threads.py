@@ -1,7 +1,9 @@
-"""Thread pools whose threads exist from the start."""
+"""Threads: pools whose threads exist from the start, and how many threads torch's matmuls use."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,3 +23,16 @@ def started_pool(threads: int, prefix: str, initializer: Callable[..., object] |
         pool.submit(gate.wait)  # each task holds its thread until all are there
     gate.wait()
     return pool
+
+
+def set_cpu_threads(threads: int) -> int:
+    """One inference thread calls step; let its matmuls use the cores this process may run on.
+    `threads`: 0 = every core. Torch is imported here only: the thread pools above need none."""
+    import torch
+
+    n = threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(n)
+    # No inter-op parallelism in one fixed-shape step. Fails if already set or work already ran: harmless.
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(1)
+    return n

@@ -20,8 +20,7 @@ from typing import Any
 
 import uvicorn
 
-from models.registry import (
-    DEFAULT_MODEL,
+from models.interaction.options import (
     GRAPH_MODES,
     MATMUL_MODES,
     OVERLAP_CHECK_MODES,
@@ -29,8 +28,8 @@ from models.registry import (
     TURN_CHECK_MODES,
     VOICE_MODES,
     NativeOptions,
-    available,
 )
+from models.registry import DEFAULT_MODEL, available
 from server.config import ServerConfig
 from server.connection_limits import uvicorn_options
 from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S

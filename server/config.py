@@ -5,7 +5,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from models.registry import DEFAULT_MODEL, NativeOptions
+from models.interaction.options import NativeOptions
+from models.registry import DEFAULT_MODEL
 from server.auth import REPLICA_ID, new_replica_id
 from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 

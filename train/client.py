@@ -26,7 +26,7 @@ from models.interaction.checkpoint import INIT_SEED, add_heard_channel, build, s
 from models.interaction.config import ACTIONS, InteractionConfig
 from models.interaction.config import preset as preset_config
 from models.interaction.listener import Listener
-from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures, init_weights
+from models.interaction.model import HeadOutputs, InteractionTransformer, TickFeatures, init_weights
 from models.interaction.phrases import PhraseSet
 from models.interaction.serving import NativeModel
 from train.lora import apply_lora, merge_lora
@@ -225,12 +225,12 @@ class TrainingClient:
 
     def rollout(
         self, ticks: Sequence[TickInput], session_id: str = "sample", on_step: Callable[[int], None] | None = None
-    ) -> tuple[list[TickOutput], TurnFeatures, Tensor]:
+    ) -> tuple[list[TickOutput], TickFeatures, Tensor]:
         """`sample`, plus what RL needs: the features the model saw each micro-turn (its own audio and
         text fed back included) [N rows] and the control action it chose [N] (greedy, as served)."""
         model = self.sampler()
         st = model.open(session_id)
-        trace: list[tuple[TurnFeatures, HeadOutputs]] = []
+        trace: list[tuple[TickFeatures, HeadOutputs]] = []
         try:
             outs = []
             for i, tick in enumerate(ticks):
@@ -239,7 +239,7 @@ class TrainingClient:
                     on_step(i)
         finally:
             model.close(st)
-        feats = TurnFeatures.cat([f for f, _ in trace])
+        feats = TickFeatures.cat([f for f, _ in trace])
         actions = torch.cat([h.control[:, : len(ACTIONS)].argmax(-1) for _, h in trace])
         return outs, feats, actions
 

@@ -9,7 +9,7 @@ import numpy.typing as npt
 import torch
 
 from models.interaction.config import InteractionConfig
-from models.interaction.model import TurnFeatures
+from models.interaction.model import TickFeatures
 from models.interaction.video import PATCH
 from train.features import load_cache
 from train.losses import Batch
@@ -56,7 +56,7 @@ class EpisodeData:
             x = torch.from_numpy(np.ascontiguousarray(a[name][idx]))
             return x.reshape(rows, *x.shape[2:]).to(dtype)
 
-        feats = TurnFeatures(
+        feats = TickFeatures(
             user_dmel=take("user_dmel", torch.long),
             self_dmel=take("self_dmel", torch.long),
             video=torch.zeros(rows, cfg.video_grid**2, PATCH, PATCH, 3),

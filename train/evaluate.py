@@ -45,7 +45,7 @@ import torch
 from models.interaction import vocoder
 from models.interaction.checkpoint import build, checkpoint_metadata
 from models.interaction.config import ACTIONS, NO_BYTE
-from models.interaction.flow import turn_noise
+from models.interaction.flow import tick_noise
 from models.interaction.model import InteractionTransformer
 from models.interaction.onset import choose_delegate, choose_onset, decide
 from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES, PhraseSet, PhraseWriter
@@ -195,7 +195,7 @@ def evaluate(net: InteractionTransformer, data: EpisodeData, episodes: int, voic
                 if len(ticks) < max(seg["turns"], 2):
                     continue  # cut short by a barge-in or the episode's end: not a whole phrase
                 idx = torch.tensor(ticks)
-                noise = turn_noise([e] * len(ticks), ticks, (net.cfg.audio_out_tokens, net.flow.width),
+                noise = tick_noise([e] * len(ticks), ticks, (net.cfg.audio_out_tokens, net.flow.width),
                                    torch.device("cpu"))
                 mel = net.flow.sample(out.audio_cond[idx], noise)  # [K, 20, mels]
                 for name, m in (("model", mel), ("target", b.mel[idx])):

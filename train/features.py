@@ -25,7 +25,7 @@ import numpy.typing as npt
 import torch
 
 from models.interaction import dmel, vocoder
-from models.interaction.config import FRAMES_PER_TURN, NO_BYTE, InteractionConfig
+from models.interaction.config import FRAMES_PER_TICK, NO_BYTE, InteractionConfig
 from models.interaction.listener import hear_track
 from streaming.types import TICK_SAMPLES
 from train.episodes import BACKCHANNEL, SPEAK, Episode, Speaker, make_episode
@@ -50,10 +50,10 @@ class TargetMel:
         n = len(audio) // TICK_SAMPLES
         lead = vocoder.N_FFT // 2 - vocoder.HOP // 2  # 360: frame 0 starts 360 samples before the track
         x = torch.from_numpy(np.pad(audio, (lead, vocoder.N_FFT)))
-        frames = x.unfold(0, vocoder.N_FFT, vocoder.HOP)[: n * FRAMES_PER_TURN]  # [N*20, N_FFT]
+        frames = x.unfold(0, vocoder.N_FFT, vocoder.HOP)[: n * FRAMES_PER_TICK]  # [N*20, N_FFT]
         mag = torch.fft.rfft(frames * self.window, dim=-1).abs()
         logmel = torch.log((mag @ self.fb_t).clamp(min=1e-5))
-        return ((logmel - vocoder.MEL_MEAN) / vocoder.MEL_STD).reshape(n, FRAMES_PER_TURN, -1)
+        return ((logmel - vocoder.MEL_MEAN) / vocoder.MEL_STD).reshape(n, FRAMES_PER_TICK, -1)
 
 
 def _spread(text: str, first: int, ticks: int, out: npt.NDArray[np.int16], width: int) -> None:
@@ -124,7 +124,7 @@ class Featurizer:
                 mag, phase = mag3[0], phase3[0]
                 if emits[t]:
                     spoken_audio[t * TICK_SAMPLES : (t + 1) * TICK_SAMPLES] = y[0]
-        self_dmel = torch.zeros(n, FRAMES_PER_TURN, c.dmel_bins, dtype=torch.long)
+        self_dmel = torch.zeros(n, FRAMES_PER_TICK, c.dmel_bins, dtype=torch.long)
         self_dmel[1:] = self._dmel(spoken_audio)[:-1]  # heard one micro-turn later
         own = np.full_like(text, NO_BYTE)
         own[1:] = text[:-1]

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from models.interaction.config import ACTIONS
 from models.interaction.flow import TIME_DIM, FlowHead
-from models.interaction.model import HeadOutputs, TurnFeatures
+from models.interaction.model import HeadOutputs, TickFeatures
 
 SPEAK = ACTIONS.index("speak")
 SILENT = ACTIONS.index("silent")
@@ -25,7 +25,7 @@ SILENT = ACTIONS.index("silent")
 class Batch:
     """B episodes of N micro-turns, rows episode-major: inputs and every label the losses need."""
 
-    feats: TurnFeatures  # [B*N] rows
+    feats: TickFeatures  # [B*N] rows
     n_ticks: int
     control: Tensor  # [B*N] int64 action labels
     user_speaking: Tensor  # [B*N] float 0/1

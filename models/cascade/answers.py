@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from models.base import BackgroundChunk, Event
 from models.cascade.options import CascadeOptions
-from models.cascade.speaker import Speaker, TickSpeech
 from models.cascade.text import SentenceSplitter, words_of
-from models.cascade.work import StepClock
+from models.speech.speaker import Speaker, TickSpeech
+from models.turns.work import StepClock
 
 _ECHO_MEMORY_MS = 10_000  # how long the assistant's words count as possible echo
 

@@ -3,8 +3,8 @@
 pocketsphinx streams partial transcripts while a user turn is open: each micro-turn's audio is sent as
 it comes and its partial is used one micro-turn later (the recogniser decodes in a worker process
 while the tick thread steps other sessions; in-process recognisers keep the same delay, so that both,
-and media and real-time pace, agree). Whisper (`Ears`) transcribes on worker threads what the pause
-cues, the overlap handling and the finished turn ask for.
+and media and real-time pace, agree). Whisper (`Ears`, models/speech/ears.py) transcribes on worker
+threads what the pause cues, the overlap handling and the finished turn ask for.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.cascade.level import SpeechLevel
-from models.cascade.work import LATE, Job, StepClock
-from models.speech.asr import Recognizer, Transcript, WhisperTranscriber
-from models.speech.text_turn import TextTurn
+from models.speech.asr import Recognizer
+from models.speech.ears import Heard
+from models.turns.level import SpeechLevel
+from models.turns.work import LATE, Job, StepClock
 from streaming.types import Audio
 
 _TURN_AUDIO_TICKS = 150  # 30 s: the longest turn kept for Whisper's final transcript
@@ -30,29 +30,6 @@ _UTTERANCE_TICKS = 150
 
 def joined(earlier: str, text: str) -> str:
     return f"{earlier} {text}".strip() if earlier else text
-
-
-@dataclass
-class Heard:
-    """What a Whisper job heard: its transcript and, when asked, the text model's P(the words are finished)."""
-
-    transcript: Transcript
-    p_text: float | None = None
-
-
-class Ears:
-    """Whisper and, where it loaded, the text model that judges Whisper's words; called on worker threads."""
-
-    def __init__(self, whisper: WhisperTranscriber, text_turn: TextTurn | None) -> None:
-        self.whisper, self.text_turn = whisper, text_turn
-
-    def hear(self, audio: Audio, judge: bool) -> Heard:
-        """Whisper's transcript of `audio`; with `judge`, also the text model's P(finished) of its
-        words, in the same job, so both are due at the same micro-turn."""
-        transcript = self.whisper.transcribe(audio)
-        if not judge or self.text_turn is None or not transcript.text:
-            return Heard(transcript)
-        return Heard(transcript, self.text_turn.probability(transcript.text))
 
 
 @dataclass

@@ -29,19 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from models.base import Event, TickInput, TickOutput, wait_work
+from models.base import Event, TickInput, TickOutput
 from models.cascade.aec import EchoCanceller
 from models.cascade.answers import AnswerState
-from models.cascade.hearing import Ears, HearingState
-from models.cascade.level import UserLevel, bystander_turn
+from models.cascade.hearing import HearingState
 from models.cascade.options import CascadeOptions
 from models.cascade.overlaps import OverlapJudge, OverlapState, log_overlap
 from models.cascade.pauses import PauseJudge, PauseState
 from models.cascade.policy import Decision, TurnPolicy, TurnState
 from models.cascade.sight import OFFER_WAIT_TICKS, Sight, SightState, offer_to_go_on, reply_to_offer
-from models.cascade.speaker import Speaker, Synthesizer
-from models.cascade.text import only_backchannel
-from models.cascade.work import StepClock, Workers
 from models.speech.asr import (
     ASR_RATE,
     DecoderPool,
@@ -51,11 +47,16 @@ from models.speech.asr import (
     shared_pool,
     whisper_available,
 )
+from models.speech.ears import Ears
 from models.speech.overlap import OverlapProbe, OverlapProbeError
 from models.speech.smart_turn import SmartTurn, SmartTurnError, shared_smart_turn
+from models.speech.speaker import Speaker, Synthesizer
 from models.speech.sphinx_remote import RemoteSphinxRecognizer, SphinxProcesses
 from models.speech.text_turn import TextTurn, TextTurnError
 from models.speech.vad import VADStream, shared_vad
+from models.turns.level import UserLevel, bystander_turn
+from models.turns.words import only_backchannel
+from models.turns.work import StepClock, Workers
 from streaming.resample import StreamResampler
 from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
 
@@ -196,10 +197,6 @@ class CascadeModel:
         work += s.answers.speaker.waiting()
         work += self.sight.waiting(s.session_id)
         return work  # callers skip what is already done
-
-    def wait_work(self, states: Sequence[CascadeState], timeout: float = 30.0) -> None:
-        """Block until the off-thread work the next micro-turn of `states` uses is done (models.base.wait_work)."""
-        wait_work(self, states, timeout)
 
     def shutdown(self) -> None:
         """Stop the synthesis and worker threads (the model is unusable afterwards)."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from models.turns.level import BYSTANDER_DB
+from models.turns.words import TEXT_DONE, TEXT_OPEN
+
 
 @dataclass
 class CascadeOptions:
@@ -24,7 +27,7 @@ class CascadeOptions:
     # machine (0.55 s in Whisper's fixed 30 s window). Later work is used a micro-turn later in real time.
     whisper_ticks: int = 1
     # How long a real-time step waits, all its sessions together, for off-thread work due now before
-    # leaving it to the next micro-turn (models.cascade.work.StepClock), and never longer than the engine
+    # leaving it to the next micro-turn (models.turns.work.StepClock), and never longer than the engine
     # allows less the step's own work (models.base.StepBudget: before its sessions' next deadline, at
     # most 100 ms past another phase slot's), so waiting misses no deadline. Media pace never waits: the
     # engine steps a media session once its due work is done. A pause's Whisper + text-model job takes
@@ -51,7 +54,7 @@ class CascadeOptions:
     eot_workers: int = 2
     tts_workers: int = 1  # synthesis threads owned by the model (2 cores are shared with the ticks)
     # A phrase plays from `tts_budget_ms + tts_ms_per_char * len(text)` after it was queued (rounded
-    # up to micro-turns), never sooner, so media and real-time pace agree (models/cascade/speaker.py).
+    # up to micro-turns), never sooner, so media and real-time pace agree (models/speech/speaker.py).
     # Piper (joe) measured 2.5-3.4 ms per character on one quiet core (0.10 s for 31 characters): the
     # budget leaves ~2.5x for a loaded machine; a phrase later than that plays a micro-turn later.
     tts_budget_ms: float = 60.0
@@ -106,10 +109,10 @@ class CascadeOptions:
     # P >= 0.02 for 100% of whole sentences and 22% of cuts (the last-word list: 100% / 56%); P >= 0.2
     # for 88% of whole sentences and 4% of cuts. Below `text_open` the words need a continuation (the
     # turn waits as for "... because"); at `text_done` or above they may end whatever their last word
-    # ("... to me?"), and they end without Smart Turn's vote (text.verdict, policy.TurnPolicy.turn_ends).
+    # ("... to me?"), and they end without Smart Turn's vote (words.verdict, policy.TurnPolicy.turn_ends).
     text_turn: bool = True
-    text_open: float = 0.02
-    text_done: float = 0.2
+    text_open: float = TEXT_OPEN
+    text_done: float = TEXT_DONE
     eot_silence_ms: int = 500  # silence that ends a turn whose transcript looks complete (no Smart Turn)
     eot_max_silence_ms: int = 1500  # silence that ends a turn whatever the transcript (no Smart Turn)
     min_turn_speech_ms: int = 200  # turns with less speech are noise: no delegate, no reply
@@ -162,13 +165,13 @@ class CascadeOptions:
     barge_in_max_ms: int = 1000
     # Overlap quieter than the user's own voice by this many dB (the level of their earlier turns) is
     # a bystander (a television, a person across the room): it never pauses or stops the assistant
-    # (level.UserLevel; the option keeps the name of FD-bench's "background speech" it was tuned on).
-    # Levels are active speech levels (level.SpeechLevel), judged from the overlap's second
+    # (turns.level.UserLevel; the option keeps the name of FD-bench's "background speech" it was tuned on).
+    # Levels are active speech levels (turns.level.SpeechLevel), judged from the overlap's second
     # mostly-speech micro-turn on. Measured on FD-bench v1.5 samples (seed 0, 10 each): the user's own
     # interruptions and backchannels sit -4.1 to +1.3 dB from their earlier turn's level; television
     # speech mixed 10.5 dB under them reads 3.3-10.2 dB under at two ticks, 4.9-11.3 at three (an
     # utterance's first words are its loudest). 5 dB sits between the two; 0 disables the gate.
-    background_db: float = 5.0
+    background_db: float = BYSTANDER_DB
     echo_max_delay_ms: int = 800  # how far back the echo canceller looks for its own voice
     echo_min_corr: float = 0.3  # input this correlated with what was played is treated as echo
     # --- replies

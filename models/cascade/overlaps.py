@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from models.cascade.hearing import Ears, Heard, HearingState
+from models.cascade.hearing import HearingState
 from models.cascade.options import CascadeOptions
 from models.cascade.policy import TurnState
-from models.cascade.work import Job, StepClock, Workers
+from models.speech.ears import Ears, Heard
 from models.speech.overlap import OverlapProbe, onset_index
+from models.turns.work import Job, StepClock, Workers
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.cascade.hearing import Ears, Heard, HearingState
+from models.cascade.hearing import HearingState
 from models.cascade.options import CascadeOptions
 from models.cascade.policy import PauseCues, TurnState
-from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, looks_complete, verdict
-from models.cascade.work import Job, StepClock, Workers
 from models.speech.asr import Transcript
+from models.speech.ears import Ears, Heard
 from models.speech.smart_turn import SmartTurn
+from models.turns.words import FINISHED, UNCLEAR, UNFINISHED, looks_complete, verdict
+from models.turns.work import Job, StepClock, Workers
 from streaming.types import Audio
 
 # What a pause is judged on: Smart Turn reads the last 8 s, and Whisper's verdict on the pause (does the

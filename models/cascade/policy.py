@@ -48,7 +48,8 @@ import numpy as np
 import numpy.typing as npt
 
 from models.cascade.options import EAGERNESS, CascadeOptions
-from models.cascade.text import (
+from models.speech.vad import WINDOW_SECONDS
+from models.turns.words import (
     FINISHED,
     UNCLEAR,
     backchannel_word,
@@ -56,7 +57,6 @@ from models.cascade.text import (
     looks_complete,
     only_backchannel,
 )
-from models.speech.vad import WINDOW_SECONDS
 
 WINDOW_MS = WINDOW_SECONDS * 1000.0  # 32 ms per Silero window
 OVERLAP_END_MS = 300  # silence that closes an overlap which never became a barge-in
@@ -89,7 +89,7 @@ class PauseCues:
     """What is known, at this micro-turn, about whether the current pause ends the user's turn."""
 
     p_end: float | None = None  # Smart Turn's P(end of turn); None until its answer is due
-    words: str | None = None  # what the turn's words say (text.verdict: finished / unclear / unfinished;
+    words: str | None = None  # what the turn's words say (words.verdict: finished / unclear / unfinished;
     # Whisper's transcript, or the streaming one's last word without Whisper); None until due
     p_text: float | None = None  # the text model's P(the words are finished); None without it
 
@@ -121,7 +121,7 @@ class TurnPolicy:
           - the words end a sentence: now if Smart Turn agrees, else after `eot_unsure_ms`;
           - unclear words (no closing punctuation): after `eot_unsure_ms` if Smart Turn agrees;
           - unfinished words ("... because"), or none of the above: the eagerness' maximum.
-        The text model (`cues.p_text`, when there is one) has already judged the words (text.verdict:
+        The text model (`cues.p_text`, when there is one) has already judged the words (words.verdict:
         cut short under `text_open` whatever Whisper punctuated, able to end at `text_done` whatever
         their last word); at `text_done` or above it also counts as Smart Turn agreeing.
         Measured on synthetic voices, Smart Turn alone separates poorly (P(end) >= 0.5 for half the

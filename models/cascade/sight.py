@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from models.base import Event
-from models.cascade.speaker import Speaker
 from models.cascade.text import words_of
+from models.speech.speaker import Speaker
 from models.vision.tracker import Tracker
 from models.vision.types import Observation
 from models.vision.worker import VisionWorker

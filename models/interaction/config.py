@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # Audio frames are 10 ms (the dMel paper's hop); a 200 ms micro-turn always has 20 of them.
-FRAMES_PER_TURN = 20
+FRAMES_PER_TICK = 20
 # Byte-level text: ids 0..255 are bytes, 256 means "no byte in this slot".
 NO_BYTE = 256
 BYTE_VOCAB = 257
@@ -70,8 +70,8 @@ class InteractionConfig:
                 f"dim {self.dim} must divide into n_heads {self.n_heads}, and n_heads into n_kv_heads "
                 f"{self.n_kv_heads}; pick sizes that divide evenly"
             )
-        if FRAMES_PER_TURN % self.audio_tokens or FRAMES_PER_TURN % self.audio_out_tokens:
-            raise ValueError(f"audio_tokens and audio_out_tokens must divide {FRAMES_PER_TURN} frames")
+        if FRAMES_PER_TICK % self.audio_tokens or FRAMES_PER_TICK % self.audio_out_tokens:
+            raise ValueError(f"audio_tokens and audio_out_tokens must divide {FRAMES_PER_TICK} frames")
         if not 0 <= self.sink_turns < self.global_turns:
             raise ValueError(f"need 0 <= sink_turns ({self.sink_turns}) < global_turns ({self.global_turns})")
         if not 0 <= self.heard_tokens <= self.audio_tokens:

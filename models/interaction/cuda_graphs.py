@@ -27,7 +27,7 @@ from torch import Tensor
 
 from models.interaction.config import NO_BYTE
 from models.interaction.kv import KVPool, StreamCache
-from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
+from models.interaction.model import HeadOutputs, InteractionTransformer, TickFeatures
 
 _HEADS = ("control", "text", "transcript", "audio_cond")
 
@@ -43,7 +43,7 @@ def buckets(max_batch: int) -> list[int]:
 
 @dataclass
 class _Bucket:
-    feats: TurnFeatures  # static inputs, [bucket, ...] each
+    feats: TickFeatures  # static inputs, [bucket, ...] each
     slots: Tensor  # [bucket] int64 on the device
     turns: Tensor  # [bucket] int64 on the device
     heads: HeadOutputs | None = None  # static outputs (filled by capture, or by each eager run)
@@ -79,10 +79,10 @@ class BucketedStep:
         x = net.embed(bk.feats)
         return net.heads(net._run_tiles(x, bk.turns, StreamCache(self.pool, bk.slots, bk.turns)))
 
-    def _new_bucket(self, size: int, like: TurnFeatures) -> _Bucket:
+    def _new_bucket(self, size: int, like: TickFeatures) -> _Bucket:
         first = like.rows(0, 1)
-        feats = TurnFeatures(**{f.name: None if (t := getattr(first, f.name)) is None  # type: ignore[arg-type]
-                                else t.expand(size, *t.shape[1:]).clone() for f in fields(TurnFeatures)})
+        feats = TickFeatures(**{f.name: None if (t := getattr(first, f.name)) is None  # type: ignore[arg-type]
+                                else t.expand(size, *t.shape[1:]).clone() for f in fields(TickFeatures)})
         dev = like.user_dmel.device
         slots = torch.full((size,), self.scratch, dtype=torch.long, device=dev)
         bk = _Bucket(feats, slots, torch.zeros(size, dtype=torch.long, device=dev))
@@ -106,9 +106,9 @@ class BucketedStep:
             bk.heads = self._forward(bk)
         bk.graph = graph
 
-    def _load(self, bk: _Bucket, feats: TurnFeatures, slots: Sequence[int], turns: Tensor) -> None:
+    def _load(self, bk: _Bucket, feats: TickFeatures, slots: Sequence[int], turns: Tensor) -> None:
         b = len(slots)
-        for f in fields(TurnFeatures):
+        for f in fields(TickFeatures):
             dst, src = getattr(bk.feats, f.name), getattr(feats, f.name)
             if dst is None or src is None:  # no heard-words channel
                 continue
@@ -122,7 +122,7 @@ class BucketedStep:
         bk.turns[:b].copy_(turns)
         bk.turns[b:] = 0
 
-    def __call__(self, feats: TurnFeatures, slots: Sequence[int], turns: Tensor) -> HeadOutputs:
+    def __call__(self, feats: TickFeatures, slots: Sequence[int], turns: Tensor) -> HeadOutputs:
         b, top = len(slots), self.sizes[-1]
         if b > top:  # more sessions than the largest bucket: run it several times (still invariant)
             parts = [

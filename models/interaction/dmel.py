@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from models.interaction.config import FRAMES_PER_TURN, InteractionConfig
+from models.interaction.config import FRAMES_PER_TICK, InteractionConfig
 from models.interaction.layers import Lin, tile_matmul
 
 RATE = 24_000
@@ -51,7 +51,7 @@ class DMelFrontend:
 
     def __call__(self, audio: Tensor, det: bool) -> Tensor:
         """audio [B, CONTEXT + 4800] float32 -> levels [B, 20, n_mels] int64 in [0, levels)."""
-        assert audio.shape[1] == CONTEXT + FRAMES_PER_TURN * HOP, f"want [B, {CONTEXT + 4800}], got {audio.shape}"
+        assert audio.shape[1] == CONTEXT + FRAMES_PER_TICK * HOP, f"want [B, {CONTEXT + 4800}], got {audio.shape}"
         frames = audio.unfold(1, WIN, HOP) * self.window  # [B, 20, WIN]
         # |X| from mul/add/sqrt (not complex abs): same bits in vectorised and scalar code, so a row's
         # levels cannot depend on where the batch size puts the kernel's scalar tail.
@@ -72,7 +72,7 @@ class DMelEmbed(nn.Module):
         self.bins, self.levels, self.tokens = cfg.dmel_bins, cfg.dmel_levels, cfg.audio_tokens
         self.table = nn.Embedding(cfg.dmel_bins * cfg.dmel_levels, cfg.dmel_embed)
         self.register_buffer("offset", torch.arange(cfg.dmel_bins) * cfg.dmel_levels, persistent=False)
-        self.group = Lin(FRAMES_PER_TURN // cfg.audio_tokens * cfg.dmel_embed, cfg.dim)
+        self.group = Lin(FRAMES_PER_TICK // cfg.audio_tokens * cfg.dmel_embed, cfg.dim)
 
     def forward(self, levels: Tensor) -> Tensor:
         b = levels.shape[0]

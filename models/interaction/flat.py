@@ -42,10 +42,10 @@ def _window_mask(g: Geometry, block: int, prev: int, device: torch.device) -> Te
 
 
 class FlatAttention:
-    """Per-layer attention over whole sequences of n_turns micro-turns (see the module docstring)."""
+    """Per-layer attention over whole sequences of n_ticks micro-turns (see the module docstring)."""
 
-    def __init__(self, cfg: InteractionConfig, n_turns: int, device: torch.device, mode: str = "auto") -> None:
-        self.n_turns, self.geoms = n_turns, geometries(cfg)
+    def __init__(self, cfg: InteractionConfig, n_ticks: int, device: torch.device, mode: str = "auto") -> None:
+        self.n_ticks, self.geoms = n_ticks, geometries(cfg)
         self.mode = mode
         self.cfg = cfg
         self.device = device
@@ -55,7 +55,7 @@ class FlatAttention:
         g = self.geoms[layer]
         if self.mode != "auto":
             return self.mode
-        if g.sink + g.ring >= self.n_turns:  # m < n - ring + 1 then implies m < sink: all visible
+        if g.sink + g.ring >= self.n_ticks:  # m < n - ring + 1 then implies m < sink: all visible
             return "causal"
         if g.sink == 0:
             return "windowed"
@@ -69,7 +69,7 @@ class FlatAttention:
         if kind == "masked":
             key = ("masked", layer)
             if key not in self._masks:
-                self._masks[key] = flat_mask(self.cfg, self.n_turns, layer, self.device)
+                self._masks[key] = flat_mask(self.cfg, self.n_ticks, layer, self.device)
             return _sdpa(q, k, v, self._masks[key], False)
         return self._windowed(layer, g, q, k, v)
 
@@ -85,17 +85,17 @@ class FlatAttention:
         g = self.geoms[layer]
         b, _, h, hd = q.shape
         t, n_out = g.tokens, g.tokens - first
-        qs = q.view(b, self.n_turns, n_out, h, hd)
+        qs = q.view(b, self.n_ticks, n_out, h, hd)
         if self.mode == "masked":  # the reference: the rows of the one full mask, every key
             key = ("masked", layer)
             if key not in self._masks:
-                self._masks[key] = flat_mask(self.cfg, self.n_turns, layer, self.device)
-            rows = self._masks[key].view(self.n_turns, t, -1)[:, first:].reshape(self.n_turns * n_out, -1)
+                self._masks[key] = flat_mask(self.cfg, self.n_ticks, layer, self.device)
+            rows = self._masks[key].view(self.n_ticks, t, -1)[:, first:].reshape(self.n_ticks * n_out, -1)
             return _sdpa(q, k, v, rows, False)
         c = max(1, self.cfg.window_turns // 4)  # micro-turns per query chunk
         outs = []
-        for a in range(0, self.n_turns, c):
-            e = min(a + c, self.n_turns)
+        for a in range(0, self.n_ticks, c):
+            e = min(a + c, self.n_ticks)
             lo = 0 if g.sink else max(0, a - g.ring + 1)  # first micro-turn any query here may see
             turns = torch.arange(a, e, device=q.device)
             qpos = (turns[:, None] * t + torch.arange(first, t, device=q.device)).reshape(-1)
@@ -116,7 +116,7 @@ class FlatAttention:
         t = g.tokens
         w = max(1, g.ring // 4)  # query block, micro-turns
         prev = -(-(g.ring - 1) // w)  # earlier blocks a query block can see into
-        nb = -(-self.n_turns // w)
+        nb = -(-self.n_ticks // w)
         pad = nb * w * t - length
 
         def blocks(x: Tensor) -> Tensor:  # [B, L, *, hd] -> [B, nb, W*T, *, hd]

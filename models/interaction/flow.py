@@ -2,7 +2,7 @@
 
 Rectified flow (Liu et al. 2022): x_t = (1 - t) * noise + t * mel, the network predicts the velocity
 mel - noise, and sampling is a few Euler steps from noise (t = 0) to mel (t = 1). Each audio-out slot
-generates FRAMES_PER_TURN / audio_out_tokens frames conditioned on its own hidden state.
+generates FRAMES_PER_TICK / audio_out_tokens frames conditioned on its own hidden state.
 
 The noise for micro-turn n of a session comes from a generator seeded with (session seed, n): a
 session replays bit for bit, and its audio cannot depend on the batch it was stepped in.
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.interaction.config import FRAMES_PER_TURN, InteractionConfig
+from models.interaction.config import FRAMES_PER_TICK, InteractionConfig
 from models.interaction.layers import Lin
 
 TIME_DIM = 64
@@ -26,7 +26,7 @@ def noise_seed(seed: int, turn: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + turn * 0xBF58476D1CE4E5B9 + 1) & _MASK63
 
 
-def turn_noise(seeds: list[int], turns: list[int], shape: tuple[int, ...], device: torch.device) -> Tensor:
+def tick_noise(seeds: list[int], turns: list[int], shape: tuple[int, ...], device: torch.device) -> Tensor:
     """[B, *shape] standard normal noise, row b drawn from noise_seed(seeds[b], turns[b]) on the CPU.
 
     Drawn on the CPU so that CPU and GPU runs of the same session get the same noise.
@@ -48,7 +48,7 @@ class FlowHead(nn.Module):
     def __init__(self, cfg: InteractionConfig) -> None:
         super().__init__()
         self.steps = cfg.flow_steps
-        self.frames = FRAMES_PER_TURN // cfg.audio_out_tokens
+        self.frames = FRAMES_PER_TICK // cfg.audio_out_tokens
         self.mels = cfg.mel_bins
         width = self.frames * cfg.mel_bins
         self.cond = Lin(cfg.dim, cfg.flow_hidden, bias=True)
@@ -74,7 +74,7 @@ class FlowHead(nn.Module):
         for i in range(self.steps):
             x = x + dt * self.velocity(x, i * dt, cond_h)
         b = x.shape[0]
-        return x.reshape(b, FRAMES_PER_TURN, self.mels)
+        return x.reshape(b, FRAMES_PER_TICK, self.mels)
 
     def loss(self, cond: Tensor, mel: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Training objective: cond [B, M, dim], target normalised log-mel [B, 20, mels] -> scalar MSE."""

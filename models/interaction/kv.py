@@ -224,11 +224,11 @@ class _Gathered:
 class _LazyMask:
     """Per-micro-turn masks of a whole sequence, built on demand ([N, T, K] at once is gigabytes)."""
 
-    def __init__(self, geom: Geometry, n_turns: int, device: torch.device) -> None:
-        self.geom, self.n_turns, self.device = geom, n_turns, device
+    def __init__(self, geom: Geometry, n_ticks: int, device: torch.device) -> None:
+        self.geom, self.n_ticks, self.device = geom, n_ticks, device
 
     def __len__(self) -> int:
-        return self.n_turns
+        return self.n_ticks
 
     def __getitem__(self, i: int) -> Tensor:  # -> [T, written*T]
         return self.geom.prefix_mask(i, self.device)
@@ -243,9 +243,9 @@ class SequenceCache:
 
     batchable = False  # N micro-turns' keys stacked would be N x the whole store: always per tile
 
-    def __init__(self, cfg: InteractionConfig, n_turns: int, device: torch.device) -> None:
+    def __init__(self, cfg: InteractionConfig, n_ticks: int, device: torch.device) -> None:
         self.geoms = geometries(cfg)
-        self.turns = torch.arange(n_turns, device=device)
+        self.turns = torch.arange(n_ticks, device=device)
         self.k1 = cfg.conv_kernel - 1
 
     def conv_prev(self, layer: int, h: Tensor) -> Tensor:
@@ -265,7 +265,7 @@ class SequenceCache:
         raise NotImplementedError("a teacher-forced sequence attends per tile (batchable is False)")
 
 
-def flat_mask(cfg: InteractionConfig, n_turns: int, layer: int, device: torch.device) -> Tensor:
+def flat_mask(cfg: InteractionConfig, n_ticks: int, layer: int, device: torch.device) -> Tensor:
     """The same visibility written as one [N*T, N*T] mask over the whole sequence (the reference path).
 
     Query in micro-turn n sees key in micro-turn m when: m == n and causal; or m < n and
@@ -273,8 +273,8 @@ def flat_mask(cfg: InteractionConfig, n_turns: int, layer: int, device: torch.de
     """
     g = geometries(cfg)[layer]
     t = g.tokens
-    turn = torch.arange(n_turns * t, device=device) // t
+    turn = torch.arange(n_ticks * t, device=device) // t
     n, m = turn[:, None], turn[None, :]
-    causal = torch.ones(n_turns * t, n_turns * t, dtype=torch.bool, device=device).tril()
+    causal = torch.ones(n_ticks * t, n_ticks * t, dtype=torch.bool, device=device).tril()
     recent = (m <= n) & (m > n - g.ring)
     return causal & (recent | (m < g.sink))

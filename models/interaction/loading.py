@@ -1,64 +1,24 @@
-"""The native interaction model: an encoder-free streaming transformer with persistent per-session KV.
+"""`load_native`: the native model built from a preset or checkpoint and served with `NativeOptions`."""
 
-`load_native("tiny", options=...)` is what `duplex serve --model native:tiny [--checkpoint FILE]` calls;
-its serving options (`NativeOptions`, models/registry.py) are `duplex serve` options, whose defaults
-the environment variables DUPLEX_KV_BUDGET_MB, DUPLEX_NATIVE_DETERMINISTIC, DUPLEX_TORCH_THREADS,
-DUPLEX_NATIVE_MATMUL, DUPLEX_NATIVE_GRAPHS, DUPLEX_GRAPH_MAX_BATCH, DUPLEX_NATIVE_VOICE, DUPLEX_NATIVE_ONSET
-and DUPLEX_NATIVE_DELEGATE override.
-"""
-
-import contextlib
 import logging
-import os
 
 import torch
 
-from models.interaction.checkpoint import build, checkpoint_metadata, parameter_count, save_checkpoint
-from models.interaction.config import PRESETS, InteractionConfig, preset
-from models.interaction.kv import KVPool, PoolFullError
+from models.interaction.checkpoint import build, checkpoint_metadata, parameter_count
+from models.interaction.config import InteractionConfig
+from models.interaction.kv import KVPool
 from models.interaction.listener import Listener
-from models.interaction.model import InteractionTransformer, TurnFeatures, init_weights
 from models.interaction.onset import choose_delegate, choose_onset
+from models.interaction.options import NativeOptions
 from models.interaction.overlap_check import OverlapChecker
 from models.interaction.phrases import PhraseSet
 from models.interaction.query import QueryTranscriber
-from models.interaction.serving import NativeModel, NativeSession, StepObserver
+from models.interaction.serving import NativeModel
 from models.interaction.turn_check import TurnChecker
 from models.interaction.voice import choose_voice
-from models.registry import NativeOptions
+from models.threads import set_cpu_threads
 
-__all__ = [
-    "PRESETS",
-    "InteractionConfig",
-    "InteractionTransformer",
-    "KVPool",
-    "NativeModel",
-    "NativeSession",
-    "PoolFullError",
-    "StepObserver",
-    "TurnFeatures",
-    "init_weights",
-    "load_native",
-    "parameter_count",
-    "preset",
-    "save_checkpoint",
-    "set_cpu_threads",
-    "slots_for_budget",
-]
 log = logging.getLogger(__name__)
-
-
-def set_cpu_threads(threads: int | None = None) -> int:
-    """One inference thread calls step; let its matmuls use the cores this process may run on.
-    `threads`: 0 = every core; None = NativeOptions' default (DUPLEX_TORCH_THREADS overrides it)."""
-    if threads is None:
-        threads = NativeOptions.from_env().threads
-    n = threads or len(os.sched_getaffinity(0))
-    torch.set_num_threads(n)
-    # No inter-op parallelism in one fixed-shape step. Fails if already set or work already ran: harmless.
-    with contextlib.suppress(RuntimeError):
-        torch.set_num_interop_threads(1)
-    return n
 
 
 def slots_for_budget(cfg: InteractionConfig, dtype: torch.dtype, budget_bytes: int, what: str) -> int:
@@ -110,7 +70,7 @@ def load_native(
              f"decoded within its {len(phrases.replies)} trained phrases" if phrases else "decoded freely")
     talker = None
     if voice == "piper":
-        from models.interaction.talker import PiperTalker  # imports the cascade's speaker: only when used
+        from models.interaction.talker import PiperTalker  # imports the speech parts' speaker: only when used
 
         talker = PiperTalker(phrases)
     listener = Listener.for_config(net.cfg)  # an ASR worker process, for a checkpoint that reads heard words

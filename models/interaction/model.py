@@ -7,7 +7,7 @@ It knows nothing about sessions, sockets or clocks. Three ways to run the same w
   baseline a server without persistent sessions pays every micro-turn, and the bit-exact check);
 * `forward_reference(feats)`: the same sequence as one flat pass with a full [NT, NT] mask (an
   independent statement of the attention pattern, checked to a tolerance);
-* `forward_batched(feats, n_turns)`: B whole sequences at once, [B, N*T] tokens, the same mask run
+* `forward_batched(feats, n_ticks)`: B whole sequences at once, [B, N*T] tokens, the same mask run
   blockwise (flat.py): the training path.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor, nn
 
-from models.interaction.config import ACTIONS, BYTE_VOCAB, FRAMES_PER_TURN, NO_BYTE, InteractionConfig
+from models.interaction.config import ACTIONS, BYTE_VOCAB, FRAMES_PER_TICK, NO_BYTE, InteractionConfig
 from models.interaction.dmel import DMelEmbed
 from models.interaction.flat import FlatAttention
 from models.interaction.flow import FlowHead
@@ -27,7 +27,7 @@ from models.interaction.video import HMLP, PATCH
 
 
 @dataclass
-class TurnFeatures:
+class TickFeatures:
     """Everything one micro-turn feeds the model, for B rows (sessions or micro-turns)."""
 
     user_dmel: Tensor  # [B, 20, bins] int64 dMel levels of the user's audio
@@ -42,25 +42,25 @@ class TurnFeatures:
     heard: Tensor | None = None
 
     @staticmethod
-    def cat(parts: Sequence["TurnFeatures"]) -> "TurnFeatures":
-        return TurnFeatures(**{f.name: _cat([getattr(p, f.name) for p in parts])  # type: ignore[arg-type]
-                               for f in fields(TurnFeatures)})
+    def cat(parts: Sequence["TickFeatures"]) -> "TickFeatures":
+        return TickFeatures(**{f.name: _cat([getattr(p, f.name) for p in parts])  # type: ignore[arg-type]
+                               for f in fields(TickFeatures)})
 
-    def rows(self, start: int, stop: int) -> "TurnFeatures":
-        return TurnFeatures(**{f.name: _rows(getattr(self, f.name), start, stop)  # type: ignore[arg-type]
+    def rows(self, start: int, stop: int) -> "TickFeatures":
+        return TickFeatures(**{f.name: _rows(getattr(self, f.name), start, stop)  # type: ignore[arg-type]
                                for f in fields(self)})
 
-    def row(self, i: int) -> "TurnFeatures":
+    def row(self, i: int) -> "TickFeatures":
         return self.rows(i, i + 1)
 
-    def to(self, device: torch.device) -> "TurnFeatures":
-        return TurnFeatures(**{f.name: None if (t := getattr(self, f.name)) is None  # type: ignore[arg-type]
+    def to(self, device: torch.device) -> "TickFeatures":
+        return TickFeatures(**{f.name: None if (t := getattr(self, f.name)) is None  # type: ignore[arg-type]
                                else t.to(device) for f in fields(self)})
 
 
 def _cat(parts: list[Tensor | None]) -> Tensor | None:
     if any(p is None for p in parts):  # all or none: a batch mixes no checkpoints
-        assert all(p is None for p in parts), "TurnFeatures.cat: heard given for some rows only"
+        assert all(p is None for p in parts), "TickFeatures.cat: heard given for some rows only"
         return None
     return torch.cat(parts)  # type: ignore[arg-type]
 
@@ -114,10 +114,10 @@ class InteractionTransformer(nn.Module):
 
     # -- pieces -------------------------------------------------------------------------------
 
-    def embed(self, f: TurnFeatures) -> Tensor:
+    def embed(self, f: TickFeatures) -> Tensor:
         """features of B micro-turns -> [B, T, D] in slot order (config.py)."""
         cfg, b = self.cfg, f.user_dmel.shape[0]
-        assert f.user_dmel.shape == (b, FRAMES_PER_TURN, cfg.dmel_bins), f.user_dmel.shape
+        assert f.user_dmel.shape == (b, FRAMES_PER_TICK, cfg.dmel_bins), f.user_dmel.shape
         assert f.video.shape == (b, cfg.video_grid**2, PATCH, PATCH, 3), f.video.shape
         dtype = self.slot.dtype
         if bool(f.video_present.any()):
@@ -129,7 +129,7 @@ class InteractionTransformer(nn.Module):
         user = self.dmel(f.user_dmel)
         if self.heard is not None:
             if f.heard is None:
-                raise ValueError("this checkpoint reads heard words (heard_tokens > 0): give TurnFeatures.heard")
+                raise ValueError("this checkpoint reads heard words (heard_tokens > 0): give TickFeatures.heard")
             k = cfg.heard_tokens
             user = torch.cat([user[:, :k] + self.heard(f.heard).to(user.dtype), user[:, k:]], dim=1)
         parts = [
@@ -174,23 +174,23 @@ class InteractionTransformer(nn.Module):
 
     # -- the three entry points ---------------------------------------------------------------
 
-    def forward_step(self, f: TurnFeatures, pool: KVPool, slots: Sequence[int], turns: Tensor) -> HeadOutputs:
+    def forward_step(self, f: TickFeatures, pool: KVPool, slots: Sequence[int], turns: Tensor) -> HeadOutputs:
         """One micro-turn of B sessions: their pool slots [B] and micro-turn indices turns [B]."""
         x = self.embed(f)
         return self.heads(self._run_tiles(x, turns, StreamCache(pool, slots, turns)))
 
-    def forward_sequence(self, f: TurnFeatures) -> HeadOutputs:
+    def forward_sequence(self, f: TickFeatures) -> HeadOutputs:
         """Micro-turns 0..N-1 of one session (rows of f), teacher-forced, with tiles exactly as streamed."""
         x = self.embed(f)
         n = x.shape[0]
         turns = torch.arange(n, device=x.device)
         return self.heads(self._run_tiles(x, turns, SequenceCache(self.cfg, n, x.device)))
 
-    def forward_reference(self, f: TurnFeatures) -> HeadOutputs:
+    def forward_reference(self, f: TickFeatures) -> HeadOutputs:
         """The same sequence as one row of N*T tokens with explicit full masks (no tiles, no cache)."""
         return self.forward_batched(f, f.user_dmel.shape[0], mode="masked")
 
-    def forward_batched(self, f: TurnFeatures, n_turns: int, mode: str = "auto") -> HeadOutputs:
+    def forward_batched(self, f: TickFeatures, n_ticks: int, mode: str = "auto") -> HeadOutputs:
         """B whole sequences, rows of f episode-major ([B*N] micro-turns) -> head outputs for [B*N] rows.
 
         Every micro-turn of every sequence in one pass, exactly the streaming visibility; mode picks
@@ -198,14 +198,14 @@ class InteractionTransformer(nn.Module):
         """
         x = self.embed(f)
         bn, t, d = x.shape
-        if bn % n_turns:
-            raise ValueError(f"{bn} rows are not whole sequences of {n_turns} micro-turns")
-        b = bn // n_turns
-        turns = torch.arange(n_turns, device=x.device)
+        if bn % n_ticks:
+            raise ValueError(f"{bn} rows are not whole sequences of {n_ticks} micro-turns")
+        b = bn // n_ticks
+        turns = torch.arange(n_ticks, device=x.device)
         cos, sin = self._positions(turns)  # [N, T, 1, hd/2]: the same for every sequence
-        cs = (cos.reshape(1, n_turns * t, 1, -1), sin.reshape(1, n_turns * t, 1, -1))
-        attend = FlatAttention(self.cfg, n_turns, x.device, mode)
-        h = x.reshape(b, n_turns * t, d)
+        cs = (cos.reshape(1, n_ticks * t, 1, -1), sin.reshape(1, n_ticks * t, 1, -1))
+        attend = FlatAttention(self.cfg, n_ticks, x.device, mode)
+        h = x.reshape(b, n_ticks * t, d)
         for blk in self.blocks[:-1]:
             h = blk.forward_flat(h, cs, attend)  # type: ignore[operator]
         # The heads read only the output slots, which are the last ones of a micro-turn (config.py), so

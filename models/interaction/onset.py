@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from models.interaction.config import ACTIONS
-from models.registry import check_delegate, check_onset
+from models.interaction.options import check_delegate, check_onset
 
 ONSET_KEY = "onset_threshold"  # checkpoint metadata: p(speak) an onset needs, "0.65"
 ONSET_NOTE_KEY = "onset_calibration"  # checkpoint metadata: how it was measured (set, figures)

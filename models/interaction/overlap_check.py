@@ -18,7 +18,7 @@ opens, and two cues the cascade already uses (models/cascade/overlaps.py) are ga
 While the model speaks and the overlap is young, a stop the model decides (a yield; with the flow head
 any action but speak, which gates its voice to silence; with the talker, silent or a backchannel let the
 phrase under way play out) is *held*, and it goes on speaking, when the cues say backchannel (`ruling`):
-its latest words are only backchannel words and phrases (`models.cascade.text.only_backchannel`:
+its latest words are only backchannel words and phrases (`models.turns.words.only_backchannel`:
 "okay", "mm-hm, I see", "oh, really?"), or, before any words are in, the probe gives P(interruption) <
 `EARLY_P`. Words that say anything else ("hang on", "okay, stop"), or the user still talking when the
 hold ends (`LONGEST_TICKS`; twice that while the words are only backchannels), give the held stop back
@@ -46,13 +46,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.cascade.level import LEVEL_TICKS, SpeechLevel
-from models.cascade.options import CascadeOptions
-from models.cascade.text import only_backchannel
-from models.interaction.query import settle, shared_whisper, speech_clip, wants_whisper
+from models.interaction.query import shared_whisper, speech_clip, wants_whisper
 from models.speech.asr import ASR_RATE, WhisperTranscriber
 from models.speech.overlap import OverlapProbe, OverlapProbeError
 from models.speech.vad import speech_segments
+from models.turns.level import BYSTANDER_DB, LEVEL_TICKS, SpeechLevel
+from models.turns.words import only_backchannel
+from models.turns.work import settle
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
 
@@ -73,10 +73,9 @@ EARLY_P = 0.5
 STOP_P = 0.9
 # ... but not for a bystander: television speech mixed well under the user sounds like an interruption to the
 # probe too (on the v1.5 background lines of seed 6363 it stopped 4 of 12 sooner than the model alone), so an
-# overlap this much quieter than the user's own voice (`UserAudio.level`) is left to the model. The cascade's
-# `background_db` (models/cascade/options.py: the user's own overlaps sit -4.1 to +1.3 dB from their level,
-# television 3.3-10.2 dB under it).
-BYSTANDER_DB = CascadeOptions().background_db
+# overlap `BYSTANDER_DB` quieter than the user's own voice (`UserAudio.level`) is left to the model
+# (models/turns/level.py, the cascade's `background_db` too: the user's own overlaps sit -4.1 to +1.3 dB from
+# their level, television 3.3-10.2 dB under it).
 # ... and the first words of one read louder than it is, so the sure stop waits where the overlap's level so far
 # is between the two: over its first micro-turn, television lines mixed ~10.5 dB under the user read 1.7-15.5 dB
 # under the user's question (50 v1.5 background lines, seeds 4444, 5151, 9595: 7 within 5 dB, so not yet a

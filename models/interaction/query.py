@@ -28,22 +28,18 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import numpy as np
 
-from models.cascade.level import SpeechLevel
-from models.cascade.work import LATE
 from models.speech.asr import ASR_RATE, WhisperTranscriber, whisper_available
 from models.speech.shared import Shared
 from models.speech.vad import speech_segments
+from models.turns.level import SpeechLevel
+from models.turns.work import settle
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
-
-T = TypeVar("T")  # what a worker's job answers
 
 log = logging.getLogger(__name__)
 
@@ -99,29 +95,6 @@ def speech_clip(audio: np.ndarray, min_speech_s: float = 0.25) -> Audio | None:
     if not spans:
         return None
     return clip[int(spans[0][0] * ASR_RATE) : int(spans[-1][1] * ASR_RATE)]
-
-
-def arrived(job: Future[Any], wait: float) -> bool:
-    """Whether a worker's answer is in, waited for up to `wait` seconds (it is left running either way)."""
-    if not job.done():
-        futures.wait([job], timeout=max(0.0, wait))
-    return job.done()
-
-
-def settle(job: Future[T], wait: float, what: str) -> T | None:
-    """A worker's answer due now, waited for up to `wait` seconds: None where it is late (then cancelled and
-    counted with the late work as `what`), was cancelled, or failed (logged); the caller decides without it."""
-    if not arrived(job, wait):
-        job.cancel()
-        LATE.note(what)
-        return None
-    if job.cancelled():  # the model shut down under it
-        return None
-    error = job.exception()
-    if error is not None:
-        log.warning("%s failed (%s); decided without it", what, error)
-        return None
-    return job.result()
 
 
 def wants_whisper(mode: str, option: str, on: str, off: str) -> bool:

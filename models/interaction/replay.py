@@ -1,7 +1,7 @@
 """A native session's micro-turn log, and rebuilding the session's state by replaying it.
 
 The native model is deterministic per session: decisions are greedy, the flow noise is seeded by the
-session id and the micro-turn (flow.turn_noise), and in batch-invariant mode a row's result does not
+session id and the micro-turn (flow.tick_noise), and in batch-invariant mode a row's result does not
 depend on who shares its batch. So everything a session holds (its KV-pool row and conv state, the
 feedback tails, the text queues, the floor state) is a function of the inputs it was given. The log
 keeps each micro-turn's input compactly, with a digest of the output it produced; `replay` steps a

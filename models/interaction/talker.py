@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.cascade.speaker import Speaker, Synthesizer
 from models.interaction.phrases import PhraseSet
+from models.speech.speaker import Speaker, Synthesizer
 from streaming.types import Audio
 
 log = logging.getLogger(__name__)

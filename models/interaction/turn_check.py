@@ -11,7 +11,7 @@ budget buys a model that knows *that* someone may be done, not yet *whether*.
 
 What knows whether is the cascade's end-of-turn evidence: Whisper tiny.en's punctuated transcript of
 the user's last seconds and, where it loads, the text model's P(finished) of those words
-(models/speech/text_turn.py), combined by `models.cascade.text.verdict` into finished, unfinished or
+(models/speech/text_turn.py), combined by `models.turns.words.verdict` into finished, unfinished or
 unclear. It is asked once per user utterance, when the model's own voice head says the user stopped,
 on a worker thread of its own, and used a fixed `DUE_TICKS` later, as the hand-off's query is (query.py):
 a media-pace engine and a replay wait for it through `pending_work`; in real time, one later than a short
@@ -53,13 +53,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.cascade.hearing import Ears
-from models.cascade.level import UserLevel, speech_db
-from models.cascade.text import FINISHED, UNCLEAR, UNFINISHED, only_backchannel, verdict
 from models.interaction.onset import BYSTANDER, WAITED, Words
-from models.interaction.overlap_check import BYSTANDER_DB
-from models.interaction.query import arrived, settle, shared_whisper, speech_clip, wants_whisper
+from models.interaction.query import shared_whisper, speech_clip, wants_whisper
 from models.speech.asr import WhisperTranscriber
+from models.speech.ears import Ears
+from models.turns.level import BYSTANDER_DB, UserLevel, speech_db
+from models.turns.words import FINISHED, UNCLEAR, UNFINISHED, only_backchannel, verdict
+from models.turns.work import arrived, settle
 from streaming.types import SAMPLE_RATE
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.interaction.config import FRAMES_PER_TURN
+from models.interaction.config import FRAMES_PER_TICK
 from models.interaction.dmel import mel_filterbank
 from models.interaction.layers import tile_matmul
 
@@ -61,7 +61,7 @@ class GriffinLim:
         self.iters = iters
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)  # [N_FFT]
         self.inv_t = _mel_inverse(n_mels).to(device)  # [mels, BINS]
-        self.frames = CONTEXT + FRAMES_PER_TURN
+        self.frames = CONTEXT + FRAMES_PER_TICK
         self.length = (self.frames - 1) * HOP + N_FFT
         ones = self.window.pow(2)[None, None].expand(1, self.frames, N_FFT)
         self.inv_wss = 1.0 / self._overlap_add(ones).clamp(min=1e-3)  # [1, L]: window-square sum, inverted
@@ -110,7 +110,7 @@ class GriffinLim:
             y = self._overlap_add(self._frames(new_mag, est), ctx.clone(), CONTEXT) * self.inv_wss
             est = self._phasors(y)  # [B, 20, BINS, 2]
         y = self._overlap_add(self._frames(new_mag, est), ctx, CONTEXT) * self.inv_wss
-        y = y[:, self.start : self.start + FRAMES_PER_TURN * HOP]
-        assert y.shape == (b, FRAMES_PER_TURN * HOP), y.shape
+        y = y[:, self.start : self.start + FRAMES_PER_TICK * HOP]
+        assert y.shape == (b, FRAMES_PER_TICK * HOP), y.shape
         # The next micro-turn's context: the last frames' magnitudes and their final phasors.
         return y.clamp(-1.0, 1.0), new_mag[:, -CONTEXT:].contiguous(), est[:, -CONTEXT:].contiguous()

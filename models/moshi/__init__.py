@@ -76,10 +76,10 @@ def load_moshi(arg: str = "", checkpoint: str | None = None, device: str | None 
     import_moshi(device)
     import torch
 
-    from models.interaction import set_cpu_threads
     from models.moshi.checkpoint import load
     from models.moshi.sampling import Sampling
     from models.moshi.serving import MoshiModel
+    from models.threads import set_cpu_threads
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():

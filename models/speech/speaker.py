@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.cascade.work import LATE
 from models.speech.tts import TTSError, Voice, load_voice
+from models.turns.work import LATE
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, Audio
 

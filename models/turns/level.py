@@ -18,6 +18,9 @@ _FLOOR = 1e-12
 # Mostly-speech micro-turns a turn needs before its level says whose voice it is (`bystander_turn`).
 LEVEL_TICKS = 2
 _SILENT_POWER = 10 ** (-60.0 / 10)  # a chunk whose loudest frame is under -60 dBFS is silence, not speech
+# Speech this many dB quieter than the user's own voice is a bystander's (a television, someone across the
+# room): both voices read it (the cascade's `background_db` defaults to it; the native turn and overlap checks).
+BYSTANDER_DB = 5.0
 
 
 def _frame_power(x: Audio) -> npt.NDArray[np.float64]:

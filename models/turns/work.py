@@ -1,5 +1,8 @@
 """Off-thread work whose result is used at a fixed micro-turn: the same in media and real-time pace.
 
+Both voices use it: the cascade through `Workers` and `Job` (postponed while late, within a patience), the
+native model's checks through `arrived` and `settle` on a plain future (used or given up at its micro-turn).
+
 The cascade's slow parts (Smart Turn, Whisper) run on worker threads that release the GIL
 (onnxruntime, CTranslate2), so the tick thread only submits and collects. If results were used "as
 soon as they are done", a media-pace run (ticks flat out) would see them at other micro-turns than a
@@ -19,10 +22,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from models.threads import started_pool
 from streaming.types import TICK_SECONDS
@@ -227,3 +231,26 @@ class Workers:
     def close(self) -> None:
         for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def arrived(job: Future[Any], wait: float) -> bool:
+    """Whether a worker's answer is in, waited for up to `wait` seconds (it is left running either way)."""
+    if not job.done():
+        futures.wait([job], timeout=max(0.0, wait))
+    return job.done()
+
+
+def settle(job: Future[T], wait: float, what: str) -> T | None:
+    """A worker's answer due now, waited for up to `wait` seconds: None where it is late (then cancelled and
+    counted with the late work as `what`), was cancelled, or failed (logged); the caller decides without it."""
+    if not arrived(job, wait):
+        job.cancel()
+        LATE.note(what)
+        return None
+    if job.cancelled():  # the model shut down under it
+        return None
+    error = job.exception()
+    if error is not None:
+        log.warning("%s failed (%s); decided without it", what, error)
+        return None
+    return job.result()

@@ -8,7 +8,7 @@ import numpy as np
 from models.base import Event, TickInput
 from models.interaction import NativeModel
 from models.interaction.config import ACTIONS
-from models.interaction.serving import NativeSession
+from models.interaction.session import NativeSession
 from models.interaction.turn_check import TurnChecker, Words
 from streaming.types import TICK_SAMPLES
 
@@ -30,10 +30,11 @@ class LateChecker:
 
     def release(self, st: NativeSession) -> Future[Words] | None:
         """Hand over the session's verdict once it is `late` micro-turns past due; the one still held, if any."""
-        if st.checking is None or st.checking.verdict not in self.held:
+        checking = st.floor.checking
+        if checking is None or checking.verdict not in self.held:
             return None
-        handed = st.checking.verdict
-        if st.tick < st.checking.due + self.late:
+        handed = checking.verdict
+        if st.tick < checking.due + self.late:
             return handed
         if handed.set_running_or_notify_cancel():
             handed.set_result(self.held.pop(handed).result(timeout=60))
@@ -52,10 +53,10 @@ def step_through(model: NativeModel, audio: np.ndarray, name: str, ticks: int | 
         audio = audio[: ticks * TICK_SAMPLES]
     n = -(-len(audio) // TICK_SAMPLES)
     audio = np.pad(audio, (0, n * TICK_SAMPLES - len(audio))).astype(np.float32)
-    real = model.checker
+    real = model.floor.checker
     delayed = LateChecker(real, late) if late and real is not None else None
     if delayed is not None:
-        model.checker = delayed  # type: ignore[assignment]  # a TurnChecker whose verdicts come late
+        model.floor.checker = delayed  # type: ignore[assignment]  # a TurnChecker whose verdicts come late
     st = model.open(name)
     if sessions is not None:
         sessions.append(st)
@@ -75,5 +76,5 @@ def step_through(model: NativeModel, audio: np.ndarray, name: str, ticks: int | 
             out += "S" if st.speaking else "D" if st.last_action == DELEGATE else "."
     finally:
         model.close(st)
-        model.checker = real
+        model.floor.checker = real
     return out

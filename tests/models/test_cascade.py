@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
-from models.base import BackgroundChunk, TickInput, TickOutput
+from models.base import BackgroundChunk, TickInput, TickOutput, wait_work
 from models.cascade import CascadeModel, load_cascade, parse_options
 from models.speech.asr import transcribe_words
 from models.speech.tts import synthesize
@@ -68,7 +68,7 @@ class Conversation:
     def step(self, audio: np.ndarray, text: tuple[str, ...] = (), cancel: bool = False) -> TickOutput:
         tick = np.zeros(TICK_SAMPLES, dtype=np.float32)
         tick[: len(audio)] = audio[:TICK_SAMPLES]
-        self.m.wait_work([self.s])  # off-thread work as the engine's media pace waits for it
+        wait_work(self.m, [self.s])  # off-thread work as the engine's media pace waits for it
         bg = self.pending.pop(self.n, [])
         out = self.m.step([(self.s, TickInput(tick, TICK_SAMPLES, text=list(text), background=bg, cancel=cancel))])[0]
         if any(e.type == "delegate" for e in out.events):

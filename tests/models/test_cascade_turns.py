@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from models.cascade import CascadeModel, load_cascade
-from models.cascade.level import speech_db
 from models.cascade.options import CascadeOptions
 from models.cascade.policy import Decision, PauseCues, TurnPolicy, TurnState
-from models.cascade.text import FINISHED, UNFINISHED, verdict
 from models.speech.tts import list_voices, synthesize
+from models.turns.level import speech_db
+from models.turns.words import FINISHED, UNFINISHED, verdict
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES
 from tests.models.test_cascade import TICK, Conversation, _talking, silence, speech, speech_end
@@ -143,7 +143,7 @@ def test_a_long_turn_restarts_the_recogniser_and_keeps_its_words(model: CascadeM
 
 
 def test_the_text_models_verdict_overrides_punctuation_and_stands_in_for_smart_turn() -> None:
-    """Pure rules: what the words say (text.verdict) and when a pause after them ends the turn."""
+    """Pure rules: what the words say (words.verdict) and when a pause after them ends the turn."""
     # Whisper closed a fragment with a full stop: the text model reads it as cut short.
     assert verdict("My sister told me that her neighbour.") == FINISHED
     assert verdict("My sister told me that her neighbour.", p_text=0.001) == UNFINISHED

@@ -12,7 +12,7 @@ import torch
 from models.interaction.checkpoint import add_heard_channel
 from models.interaction.config import BYTE_VOCAB, NO_BYTE
 from models.interaction.heard import LastWord, WordCommitter, words_of
-from models.interaction.model import TurnFeatures
+from models.interaction.model import TickFeatures
 from tests.models.test_interaction_core import N_TURNS, as_tuple, random_features, small_cfg, small_net, stream
 
 
@@ -59,10 +59,10 @@ def test_the_channel_holds_the_last_word_first_bytes() -> None:
     assert w.take() == [ord("s"), ord("o"), NO_BYTE, NO_BYTE]
 
 
-def _with_heard(feats: TurnFeatures, seed: int) -> TurnFeatures:
+def _with_heard(feats: TickFeatures, seed: int) -> TickFeatures:
     g = torch.Generator().manual_seed(seed)
     n = feats.user_dmel.shape[0]
-    return TurnFeatures(**{**vars(feats), "heard": torch.randint(0, BYTE_VOCAB, (n, 4), generator=g)})
+    return TickFeatures(**{**vars(feats), "heard": torch.randint(0, BYTE_VOCAB, (n, 4), generator=g)})
 
 
 @torch.inference_mode()
@@ -73,7 +73,7 @@ def test_reading_heard_words_streams_exactly_as_taught() -> None:
     feats = _with_heard(random_features(net.cfg, N_TURNS), 1)
     for a, b in zip(as_tuple(stream(net, feats)), as_tuple(net.forward_sequence(feats)), strict=True):
         assert torch.equal(a, b)
-    batched = net.forward_batched(TurnFeatures.cat([feats, feats]), N_TURNS)
+    batched = net.forward_batched(TickFeatures.cat([feats, feats]), N_TURNS)
     torch.testing.assert_close(batched.control[:N_TURNS], net.forward_sequence(feats).control, rtol=1e-4, atol=1e-5)
     # The words change what it does (the channel is read at all).
     other = _with_heard(random_features(net.cfg, N_TURNS), 2)
@@ -96,7 +96,7 @@ def test_bad_heard_settings_and_inputs_are_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="heard_tokens"):
         small_cfg(heard_tokens=5)  # more bytes than user-audio slots to add them onto
     net = small_net(small_cfg(heard_tokens=4))
-    with pytest.raises(ValueError, match=r"give TurnFeatures\.heard"):
+    with pytest.raises(ValueError, match=r"give TickFeatures\.heard"):
         net.forward_sequence(random_features(net.cfg, 2))  # a checkpoint that reads words, given none
     with pytest.raises(ValueError, match="already reads"):
         add_heard_channel(net, 2)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from models.interaction import InteractionConfig, InteractionTransformer, KVPool, TurnFeatures, init_weights
-from models.interaction.config import BYTE_VOCAB, FRAMES_PER_TURN
+from models.interaction import InteractionConfig, InteractionTransformer, KVPool, TickFeatures, init_weights
+from models.interaction.config import BYTE_VOCAB, FRAMES_PER_TICK
 from models.interaction.model import HeadOutputs
 
 N_TURNS = 12
@@ -41,16 +41,16 @@ def small_net(cfg: InteractionConfig | None = None, seed: int = 0) -> Interactio
     return net.eval()
 
 
-def random_features(cfg: InteractionConfig, n: int, seed: int = 0) -> TurnFeatures:
+def random_features(cfg: InteractionConfig, n: int, seed: int = 0) -> TickFeatures:
     g = torch.Generator().manual_seed(seed)
     p = cfg.video_grid**2
 
     def ints(hi: int, *shape: int) -> torch.Tensor:
         return torch.randint(0, hi, shape, generator=g)
 
-    return TurnFeatures(
-        user_dmel=ints(cfg.dmel_levels, n, FRAMES_PER_TURN, cfg.dmel_bins),
-        self_dmel=ints(cfg.dmel_levels, n, FRAMES_PER_TURN, cfg.dmel_bins),
+    return TickFeatures(
+        user_dmel=ints(cfg.dmel_levels, n, FRAMES_PER_TICK, cfg.dmel_bins),
+        self_dmel=ints(cfg.dmel_levels, n, FRAMES_PER_TICK, cfg.dmel_bins),
         video=torch.randn(n, p, 40, 40, 3, generator=g),
         video_present=torch.arange(n) % 3 == 0,
         typed=ints(BYTE_VOCAB, n, cfg.typed_tokens),
@@ -59,7 +59,7 @@ def random_features(cfg: InteractionConfig, n: int, seed: int = 0) -> TurnFeatur
     )
 
 
-def stream(net: InteractionTransformer, feats: TurnFeatures) -> HeadOutputs:
+def stream(net: InteractionTransformer, feats: TickFeatures) -> HeadOutputs:
     """Step micro-turn by micro-turn through a pool slot; stack the outputs like a sequence."""
     pool = KVPool(net.cfg, 2, torch.device("cpu"), torch.float32)
     pool.alloc()  # slot 0 taken by someone else: the session under test lives in slot 1
@@ -125,7 +125,7 @@ def test_batched_step_is_batch_invariant_in_deterministic_mode() -> None:
     for n in range(N_TURNS - 5):
         alone = net.forward_step(fx.row(n), alone_pool, [a], torch.tensor([n]))
         rows = [(fy, y, n + 5), (fx, x, n)] + ([(fz, z, n - 2)] if n >= 2 else [])
-        feats = TurnFeatures.cat([f.row(t) for f, _, t in rows])
+        feats = TickFeatures.cat([f.row(t) for f, _, t in rows])
         batched = net.forward_step(feats, pool, [s for _, s, _ in rows], torch.tensor([t for *_, t in rows]))
         for u, v in zip(as_tuple(alone), as_tuple(batched), strict=True):
             assert torch.equal(u[0], v[1]), f"micro-turn {n}: differs by {(u[0] - v[1]).abs().max().item()}"

@@ -13,15 +13,15 @@ from models.interaction import (
     NativeModel,
     NativeSession,
     PoolFullError,
-    TurnFeatures,
+    TickFeatures,
     save_checkpoint,
     slots_for_budget,
 )
 from models.interaction.checkpoint import build
 from models.interaction.config import ACTIONS
 from models.interaction.dmel import CONTEXT, DMelFrontend
+from models.interaction.inputs import QUEUE_LIMIT
 from models.interaction.model import HeadOutputs
-from models.interaction.serving import QUEUE_LIMIT
 from tests.models.test_interaction_core import one_thread, small_cfg, small_net  # noqa: F401 - fixture
 
 CPU = torch.device("cpu")
@@ -87,10 +87,10 @@ def test_runtime_stream_equals_teacher_forced_sequence_including_feedback() -> N
     net = speaking_net()
     model = NativeModel(net, "native:test", 1, CPU, deterministic=True)
     s = model.open("trace")
-    trace: list[tuple[TurnFeatures, HeadOutputs]] = []
+    trace: list[tuple[TickFeatures, HeadOutputs]] = []
     for t in ticks(3, 9):
         model.step([(s, t)], observe=lambda _, f, h: trace.append((f, h)))
-    feats = TurnFeatures.cat([f for f, _ in trace])
+    feats = TickFeatures.cat([f for f, _ in trace])
     assert feats.self_dmel[1:].any(), "the model's own audio must come back as input"
     with torch.inference_mode():
         whole = net.forward_sequence(feats)

@@ -12,7 +12,7 @@ import torch
 
 from bench._flops import step_flops
 from bench.vocoder_quality import measure as vocoder_quality
-from models.interaction import NativeModel, TurnFeatures
+from models.interaction import NativeModel, TickFeatures
 from models.interaction.kv import geometries
 from models.interaction.model import HeadOutputs
 from models.interaction.rowblock import ROW_BLOCK, det_linear, rows_invariant
@@ -82,11 +82,11 @@ def test_bf16_products_stay_bit_exact_where_it_matters_and_close_to_fp32() -> No
     alone = NativeModel(net, "native:test", 1, CPU, deterministic=True, matmul="bf16")
     batch = NativeModel(net, "native:test", 2, CPU, deterministic=True, matmul="bf16")
     x_alone, y, x = alone.open("x"), batch.open("y"), batch.open("x")
-    trace: list[tuple[TurnFeatures, HeadOutputs]] = []
+    trace: list[tuple[TickFeatures, HeadOutputs]] = []
     for n, (tx, ty) in enumerate(zip(ticks(0, 5), ticks(1, 5), strict=True)):
         (ref,) = alone.step([(x_alone, tx)], observe=lambda _, f, h: trace.append((f, h)))
         assert same(ref, batch.step([(y, ty), (x, tx)])[1]), f"bf16: alone and batched differ at micro-turn {n}"
-    feats = TurnFeatures.cat([f for f, _ in trace])
+    feats = TickFeatures.cat([f for f, _ in trace])
     whole = net.forward_sequence(feats)  # still in bf16: the serving copies live in the modules
     streamed = torch.cat([h.audio_cond for _, h in trace])
     assert torch.equal(streamed, whole.audio_cond), "bf16: streaming and teacher-forced differ"
@@ -121,12 +121,12 @@ def test_bucketed_step_the_cuda_graph_path_run_eagerly_keeps_batch_invariance() 
     assert alone.graphs is not None and batch.graphs is not None
     assert batch.graphs.sizes == [1, 2, 3] and batch.graphs.bucket_for(3) == 3
     x_alone, y, x, z = alone.open("x"), batch.open("y"), batch.open("x"), batch.open("z")
-    trace: list[tuple[TurnFeatures, HeadOutputs]] = []
+    trace: list[tuple[TickFeatures, HeadOutputs]] = []
     for n, (tx, ty, tz) in enumerate(zip(ticks(0, 5), ticks(1, 5), ticks(2, 5), strict=True)):
         (ref,) = alone.step([(x_alone, tx)], observe=lambda _, f, h: trace.append((f, h)))
         rows = [(y, ty), (x, tx)] + ([(z, tz)] if n >= 2 else [])  # bucket 2, then bucket 3
         assert same(ref, batch.step(rows)[1]), f"bucketed: alone and batched differ at micro-turn {n}"
-    feats = TurnFeatures.cat([f for f, _ in trace])
+    feats = TickFeatures.cat([f for f, _ in trace])
     plain = net.forward_sequence(feats)  # the per-tile, written-keys-only path
     streamed = torch.cat([h.audio_cond for _, h in trace])
     torch.testing.assert_close(streamed, plain.audio_cond, rtol=1e-4, atol=1e-5)

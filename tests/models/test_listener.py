@@ -52,7 +52,7 @@ def test_a_native_session_reads_what_its_recogniser_heard(track: tuple[np.ndarra
     import torch
 
     from models.base import TickInput
-    from models.interaction import NativeModel, TurnFeatures
+    from models.interaction import NativeModel, TickFeatures
     from tests.models.test_interaction_core import small_cfg, small_net
 
     x, _ = track
@@ -62,7 +62,7 @@ def test_a_native_session_reads_what_its_recogniser_heard(track: tuple[np.ndarra
                         listener=Listener(4, processes=1))
     seen: list[list[int]] = []
 
-    def observe(_st: object, f: TurnFeatures, _h: object) -> None:
+    def observe(_st: object, f: TickFeatures, _h: object) -> None:
         assert f.heard is not None
         seen.append(f.heard[0].tolist())
 

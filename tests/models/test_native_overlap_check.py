@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from bench.fdbench.generate import generate
-from models.cascade.level import speech_db
 from models.interaction import NativeModel, load_native
+from models.interaction.options import NativeOptions
 from models.interaction.overlap_check import (
     BYSTANDER_TICKS,
     FREE,
@@ -25,8 +25,8 @@ from models.interaction.overlap_check import (
     OverlapChecker,
     ruling,
 )
-from models.registry import NativeOptions
 from models.speech.asr import ASR_RATE
+from models.turns.level import speech_db
 from streaming.resample import resample
 from streaming.types import TICK_SECONDS
 from streaming.wav import read_wav

@@ -14,7 +14,7 @@ from models.interaction import InteractionTransformer, NativeModel, NativeSessio
 from models.interaction.checkpoint import checkpoint_metadata
 from models.interaction.config import ACTIONS, NO_BYTE
 from models.interaction.dmel import CONTEXT, DMelFrontend
-from models.interaction.model import HeadOutputs, TurnFeatures
+from models.interaction.model import HeadOutputs, TickFeatures
 from models.interaction.phrases import (
     MAX_CHAINED,
     TRAINED_ANSWER_LEAD,
@@ -120,11 +120,11 @@ def force(net: InteractionTransformer, action: str, byte: str | None = None) -> 
 
 
 def run(model: NativeModel, st: NativeSession, ticks: list[TickInput],
-        seen: list[TurnFeatures] | None = None) -> list[TickOutput]:
+        seen: list[TickFeatures] | None = None) -> list[TickOutput]:
     """Step like the media-pace engine: wait for the talker's due synthesis, then step."""
     outs = []
 
-    def observe(_: NativeSession, f: TurnFeatures, __: HeadOutputs) -> None:
+    def observe(_: NativeSession, f: TickFeatures, __: HeadOutputs) -> None:
         if seen is not None:
             seen.append(f)
 
@@ -140,7 +140,7 @@ def test_the_model_hears_the_audio_the_client_got_and_a_yield_cuts_it(talker: Pi
     force(net, "speak")
     model = NativeModel(net, "native:test", 1, CPU, deterministic=True, phrases=PHRASES, talker=talker)
     st = model.open("s")
-    seen: list[TurnFeatures] = []
+    seen: list[TickFeatures] = []
     outs = run(model, st, [TickInput(SILENCE, 4800)] * 4, seen)
     said = "".join(o.text for o in outs)
     assert said and any(said.startswith(p[: len(said)]) for p in PHRASES.replies), f"not a phrase: {said!r}"

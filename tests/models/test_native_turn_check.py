@@ -12,12 +12,11 @@ import torch
 
 from bench.fdbench.generate import generate
 from models.base import Event
-from models.cascade.level import UserLevel, speech_db
-from models.cascade.work import LATE
 from models.interaction import load_native
 from models.interaction.config import ACTIONS
 from models.interaction.onset import BYSTANDER, PENDING, WAITED, decide, keener
-from models.interaction.serving import NativeSession
+from models.interaction.options import NativeOptions
+from models.interaction.session import NativeSession
 from models.interaction.turn_check import (
     FINISHED,
     HOLD_TICKS,
@@ -30,8 +29,9 @@ from models.interaction.turn_check import (
     asks_to_look_up,
     whose,
 )
-from models.registry import NativeOptions
 from models.speech.asr import ASR_RATE
+from models.turns.level import UserLevel, speech_db
+from models.turns.work import LATE
 from streaming.resample import resample
 from streaming.types import TICK_SAMPLES, TICK_SECONDS
 from streaming.wav import read_wav
@@ -265,8 +265,8 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     assert "S" not in late[: on.index("S") + 2] and "S" in late[q_end : q_end + 6], f"not answered late: {late}"
     # The turn it answered teaches it the user's level (whose voice a later turn is: after_the_wait).
     said_at = speech_db(resample(question, RATE, ASR_RATE))
-    assert answered[0].user_level.db is None, "the model alone judged no words"
-    assert said_at is not None and answered[1].user_level.db == pytest.approx(said_at, abs=1.0)
+    assert answered[0].floor.user_level.db is None, "the model alone judged no words"
+    assert said_at is not None and answered[1].floor.user_level.db == pytest.approx(said_at, abs=1.0)
     waited = p_end + HOLD_TICKS  # the longest wait after the user stopped (the verdict comes 1-2 micro-turns later)
     assert "S" not in paused[p_end:waited] and "D" not in paused[p_end:], f"did not wait after 'could': {paused}"
     assert "S" in paused[waited : waited + 5], f"silent past the longest wait (the user may be gone): {paused}"

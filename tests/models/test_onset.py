@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bench.native_onset import Run, choose, judge, summarise
+from bench.native.onset import Run, choose, judge, summarise
 from models.base import TickInput
 from models.interaction import InteractionTransformer, NativeModel, save_checkpoint
 from models.interaction.checkpoint import checkpoint_metadata, update_metadata
@@ -23,7 +23,7 @@ from models.interaction.onset import (
     decide,
     onset_from_metadata,
 )
-from models.registry import NativeOptions
+from models.interaction.options import NativeOptions
 from tests.models.test_interaction_core import one_thread, small_net  # noqa: F401 - fixture
 
 SPEAK, SILENT, BACKCHANNEL, YIELD, DELEGATE = range(len(ACTIONS))

@@ -1,4 +1,4 @@
-"""The synthesis pool serves the phrase needed soonest first (models/cascade/speaker.py): with several
+"""The synthesis pool serves the phrase needed soonest first (models/speech/speaker.py): with several
 sessions answering at once, one session's first sentence must not wait behind another's later ones."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from models.cascade.speaker import Speaker, Synthesizer
+from models.speech.speaker import Speaker, Synthesizer
 
 
 @pytest.fixture(scope="module")

@@ -7,22 +7,22 @@ import numpy as np
 import pytest
 
 from bench.asr_wer import edits, normalise
-from models.cascade.speaker import Synthesizer, trim_lead
-from models.cascade.text import (
+from models.cascade.text import SentenceSplitter
+from models.speech.asr import WhisperTranscriber, packaged_whisper_dir, transcribe
+from models.speech.smart_turn import SECONDS, SmartTurn, log_mel
+from models.speech.speaker import Synthesizer, trim_lead
+from models.speech.text_turn import TextTurn
+from models.speech.tts import synthesize
+from models.speech.whisper_window import FULL_S, looks_looped, window_seconds
+from models.turns.words import (
     FINISHED,
     UNCLEAR,
     UNFINISHED,
-    SentenceSplitter,
     clearly_backchannel,
     only_backchannel,
     sentence_finished,
     verdict,
 )
-from models.speech.asr import WhisperTranscriber, packaged_whisper_dir, transcribe
-from models.speech.smart_turn import SECONDS, SmartTurn, log_mel
-from models.speech.text_turn import TextTurn
-from models.speech.tts import synthesize
-from models.speech.whisper_window import FULL_S, looks_looped, window_seconds
 from streaming.resample import resample
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from models.base import TickInput
+from models.base import TickInput, wait_work
 from models.cascade import CascadeModel, load_cascade
 from models.speech import sphinx_worker as wire
 from models.speech.sphinx import ASR_RATE, SphinxRecognizer, shared_pool
@@ -134,7 +134,7 @@ def test_the_cascade_decides_the_same_with_asr_in_a_worker_as_in_process(
         s = m.open("agree")
         events = []
         for i in range(0, len(mic) - TICK_SAMPLES + 1, TICK_SAMPLES):
-            m.wait_work([s])
+            wait_work(m, [s])
             out = m.step([(s, TickInput(mic[i : i + TICK_SAMPLES], TICK_SAMPLES))])[0]
             events += [(i // TICK_SAMPLES, e.type, sorted(e.data.items())) for e in out.events]
         m.close(s)

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from models.cascade.work import Job, StepClock, Workers
+from models.turns.work import Job, StepClock, Workers
 
 
 def test_on_every_thread_runs_once_on_each_thread_at_the_same_time() -> None:
@@ -56,7 +56,7 @@ def test_late_jobs_of_one_step_share_its_grace_and_a_slow_step_says_where_its_ti
     assert taken == [(False, None)] * 5  # each left for the next micro-turn
     assert clock.left() == 0.0  # the first wait used the whole grace; the other four did not wait
     assert 0.04 <= clock.spent["smart turn"] < 0.5, clock.spent
-    caplog.set_level(logging.WARNING, logger="models.cascade.work")
+    caplog.set_level(logging.WARNING, logger="models.turns.work")
     clock.finish(batch=5)
     lines = [r.getMessage() for r in caplog.records if "slow cascade step" in r.getMessage()]
     assert len(lines) == 1 and "5 sessions" in lines[0] and "smart turn" in lines[0], lines

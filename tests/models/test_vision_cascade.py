@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.vision import text_card
-from bench.vision_clips import backgrounds
-from bench.vision_reactions import FLOORS, Trial, run_trial
-from models.base import TickInput, TickOutput
+from bench.vision.clips import backgrounds
+from bench.vision.cost import text_card
+from bench.vision.reactions import FLOORS, Trial, run_trial
+from models.base import TickInput, TickOutput, wait_work
 from models.cascade import CascadeModel
 from streaming.types import TICK_SAMPLES
 from tests.models.test_cascade import ANSWER, TICK, Conversation, silence, speech
@@ -31,7 +31,7 @@ class SeeingConversation(Conversation):
     def step(self, audio: np.ndarray, text: tuple[str, ...] = (), cancel: bool = False) -> TickOutput:
         tick = np.zeros(TICK_SAMPLES, dtype=np.float32)
         tick[: len(audio)] = audio[:TICK_SAMPLES]
-        self.m.wait_work([self.s])  # off-thread work, the vision worker's included, as media pace waits for it
+        wait_work(self.m, [self.s])  # off-thread work, the vision worker's included, as media pace waits for it
         bg = self.pending.pop(self.n, [])
         out = self.m.step([(self.s, TickInput(tick, TICK_SAMPLES, video=self.frame, text=list(text),
                                               background=bg, cancel=cancel))])[0]

@@ -46,7 +46,7 @@ def test_media_and_real_time_pace_agree_within_one_micro_turn(duplex_server, tmp
     finally:
         stub.stop()
     if "late past its micro-turn" in server.log():
-        # Real time kept its deadlines and took late work a micro-turn later (models/cascade/work.py):
+        # Real time kept its deadlines and took late work a micro-turn later (models/turns/work.py):
         # the paces are promised to agree only on a machine that keeps the budgets.
         late = [line for line in server.log().splitlines() if "late past its micro-turn" in line]
         pytest.skip(f"this machine was too busy for the cascade's budgets during the real-time run: {late[:3]}")

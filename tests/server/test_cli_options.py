@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.registry import NativeOptions
+from models.interaction.options import NativeOptions
 from server.cli import build_parser, config_from_args
 
 ENV = ("DUPLEX_NATIVE_DETERMINISTIC", "DUPLEX_TORCH_THREADS", "DUPLEX_NATIVE_MATMUL", "DUPLEX_NATIVE_GRAPHS",

@@ -4,17 +4,17 @@ import pytest
 import torch
 
 from models.interaction.layers import Lin
-from models.interaction.model import HeadOutputs, TurnFeatures
+from models.interaction.model import HeadOutputs, TickFeatures
 from tests.models.test_interaction_core import as_tuple, random_features, small_cfg, small_net, stream
 
 
-def _cat(parts: list[TurnFeatures]) -> TurnFeatures:
-    return TurnFeatures.cat(parts)
+def _cat(parts: list[TickFeatures]) -> TickFeatures:
+    return TickFeatures.cat(parts)
 
 
-@pytest.mark.parametrize("n_turns", [12, 13])  # a whole number of window blocks, and one over
+@pytest.mark.parametrize("n_ticks", [12, 13])  # a whole number of window blocks, and one over
 @torch.inference_mode()
-def test_batched_training_path_equals_streaming(n_turns: int) -> None:
+def test_batched_training_path_equals_streaming(n_ticks: int) -> None:
     """Three episodes in one pass vs each streamed micro-turn by micro-turn through a pool slot.
 
     Tolerance 1e-4 relative / 1e-5 absolute in float32: the blockwise attention sums in another
@@ -23,10 +23,10 @@ def test_batched_training_path_equals_streaming(n_turns: int) -> None:
     sliding layers and "masked" on the capped global layer.
     """
     net = small_net()
-    eps = [random_features(net.cfg, n_turns, seed=s) for s in range(3)]
-    batched = net.forward_batched(_cat(eps), n_turns)
+    eps = [random_features(net.cfg, n_ticks, seed=s) for s in range(3)]
+    batched = net.forward_batched(_cat(eps), n_ticks)
     for i, ep in enumerate(eps):
-        rows = slice(i * n_turns, (i + 1) * n_turns)
+        rows = slice(i * n_ticks, (i + 1) * n_ticks)
         streamed = stream(net, ep)
         for a, b in zip(as_tuple(streamed), as_tuple(batched), strict=True):
             torch.testing.assert_close(a, b[rows], rtol=1e-4, atol=1e-5)

@@ -7,9 +7,9 @@ sft_loss with every head judged (control, VAD, text, transcript, flow).
 
 import torch
 
-from models.interaction.config import ACTIONS, BYTE_VOCAB, FRAMES_PER_TURN
+from models.interaction.config import ACTIONS, BYTE_VOCAB, FRAMES_PER_TICK
 from models.interaction.layers import Block
-from models.interaction.model import HeadOutputs, InteractionTransformer, TurnFeatures
+from models.interaction.model import HeadOutputs, InteractionTransformer, TickFeatures
 from tests.models.test_interaction_core import random_features, small_net
 from train.losses import Batch, LossWeights, sft_loss
 
@@ -19,7 +19,7 @@ EPISODES = 2
 
 def _batch(net: InteractionTransformer) -> Batch:
     cfg = net.cfg
-    feats = TurnFeatures.cat([random_features(cfg, N_TICKS, seed=10 + e) for e in range(EPISODES)])
+    feats = TickFeatures.cat([random_features(cfg, N_TICKS, seed=10 + e) for e in range(EPISODES)])
     g = torch.Generator().manual_seed(7)
     rows = EPISODES * N_TICKS
     return Batch(
@@ -28,7 +28,7 @@ def _batch(net: InteractionTransformer) -> Batch:
         user_speaking=torch.randint(0, 2, (rows,), generator=g).float(),
         text=torch.randint(0, BYTE_VOCAB, (rows, cfg.text_tokens), generator=g),
         transcript=torch.randint(0, BYTE_VOCAB, (rows, cfg.transcript_tokens), generator=g),
-        mel=torch.randn(rows, FRAMES_PER_TURN, cfg.mel_bins, generator=g),
+        mel=torch.randn(rows, FRAMES_PER_TICK, cfg.mel_bins, generator=g),
         mel_mask=torch.arange(rows) % 2 == 0,
     )
 

@@ -24,6 +24,18 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 
 
+# Inside models/: the voices are siblings that never import each other; what they share (the turn-taking parts,
+# the speech parts, the base protocols, threads, ...) sits below them and imports none; only the registry, which
+# maps names to loaders, imports a voice. models.turns, the lowest, imports no speech part either.
+VOICES = ("models.interaction", "models.cascade", "models.moshi")
+ABOVE_VOICES = ("models.registry",)
+BELOW_SPEECH = ("models.turns",)
+
+
+def _within(module: str, packages: tuple[str, ...]) -> str | None:
+    return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+
 def _modules() -> Iterator[tuple[str, Path]]:
     for pkg in PACKAGES:
         for path in sorted((ROOT / pkg).rglob("*.py")) if (ROOT / pkg).is_dir() else []:
@@ -69,12 +81,31 @@ def test_each_layer_imports_only_what_it_may() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def test_models_voices_are_siblings_over_shared_parts() -> None:
+    wrong = []
+    for module, path in _modules():
+        if not module.startswith("models.") or _within(module, ABOVE_VOICES):
+            continue
+        own = _within(module, VOICES)
+        for target, line in _imports(module, path, top_level_only=False):
+            other = _within(target, VOICES)
+            if other is not None and other != own:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} (a voice imports no other voice, "
+                             "and what they share imports none)")
+            if _within(module, BELOW_SPEECH) and _within(target, ("models.speech",)):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} (models.turns sits below the "
+                             "speech parts)")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_no_import_cycle() -> None:
+    """Imports inside functions count too: a cycle through one still ties the two modules' designs together
+    (and fails once the call runs during the other's import)."""
     names = dict(_modules())
     graph: dict[str, set[str]] = {}
     for module, path in names.items():
         deps = set()
-        for target, _ in _imports(module, path, top_level_only=True):
+        for target, _ in _imports(module, path, top_level_only=False):
             while target and target not in names:  # `from a.b import name`: the module is a.b
                 target = target.rpartition(".")[0]
             if target and target != module:

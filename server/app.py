@@ -18,6 +18,8 @@ from fastapi.staticfiles import StaticFiles
 from models.base import InteractionModel
 from server.auth import APIKeyMiddleware
 from server.config import ServerConfig
+from server.live.endpoint import PATH as LIVE_PATH
+from server.live.endpoint import live_endpoint
 from server.runtime import Runtime
 from server.ws import realtime_endpoint
 
@@ -99,6 +101,7 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
         return Response(m.render(), media_type="text/plain; version=0.0.4")
 
     app.add_api_websocket_route("/v1/realtime", realtime_endpoint)
+    app.add_api_websocket_route(LIVE_PATH, live_endpoint)  # GPT-Live (docs/live.md)
     if webrtc is not None:
         webrtc.register_routes(app)
 

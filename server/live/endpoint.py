@@ -1,0 +1,124 @@
+"""WebSocket endpoint `/v1/live/sessions`: the checks `/v1/realtime` makes, then a reader and a writer.
+
+Origins and the API key are checked before the upgrade, with the same helpers as `/v1/realtime`
+(server/auth.py); admission, per-client caps and resume happen at `session.start`, in `Runtime.attach`.
+A resume token (header `X-Duplex-Resume-Token` or subprotocol `duplex-resume-token.TOKEN`) makes that
+`session.start` resume the session instead of opening one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from starlette.responses import JSONResponse
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from server.auth import KEY_SUBPROTOCOL_PREFIXES, RESUME_SUBPROTOCOL_PREFIX, client_id, key_ok, origin_ok, resume_token
+from server.live.connection import LiveConnection
+from server.live.events import error_event
+from server.outbox import Close
+from server.runtime import Runtime
+from server.sessions import Ended
+
+log = logging.getLogger(__name__)
+
+PATH = "/v1/live/sessions"
+NORMAL_CLOSURE = 1000
+CUT_CLOSE_SECONDS = 10.0  # a client cut for not reading has this long to take its close frame
+
+
+async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
+    """Refuse the upgrade with an HTTP status and the protocol's error body."""
+    body = JSONResponse({"error": error_event(code, message)["error"]}, status_code=status)
+    try:
+        await ws.send_denial_response(body)
+    except RuntimeError:  # a server without the denial-response extension: a plain close
+        await ws.close(1008, message[:120])
+
+
+def _subprotocol(offered: list[str]) -> str | None:
+    """GPT-Live clients offer none; a browser's key or resume subprotocol is never echoed."""
+    plain = [x for x in offered if not x.startswith((*KEY_SUBPROTOCOL_PREFIXES, RESUME_SUBPROTOCOL_PREFIX))]
+    return plain[0] if plain else None
+
+
+async def live_endpoint(ws: WebSocket) -> None:
+    runtime: Runtime = ws.app.state.runtime
+    offered = list(ws.scope.get("subprotocols", []))
+    if not origin_ok(ws.headers.get("origin"), runtime.allowed_origins):
+        runtime.metrics.client_errors.labels("origin_not_allowed").inc()
+        await _deny(ws, 403, "origin_not_allowed", f"origin {ws.headers.get('origin')!r} is not allowed; "
+                    "start the server with --allow-origin ORIGIN")
+        return
+    if not key_ok(runtime.config.api_key, ws.headers, offered):
+        runtime.metrics.client_errors.labels("invalid_api_key").inc()
+        await _deny(ws, 401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer <key>'")
+        return
+    await ws.accept(subprotocol=_subprotocol(offered))
+    conn = LiveConnection(runtime, client_id(ws.scope), resume_token(ws))
+    await _serve(ws, conn, runtime)
+
+
+async def _serve(ws: WebSocket, conn: LiveConnection, runtime: Runtime) -> None:
+    heard = asyncio.Event()  # the client spoke after its session.started: it has the resume token
+    writer = asyncio.create_task(_write(ws, conn), name="live-writer")
+    reader = asyncio.create_task(_read(ws, conn, heard), name="live-reader")
+    cut = asyncio.create_task(conn.cut.wait(), name="live-cut")
+    done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+    if cut in done and not writer.done():
+        # Resumable at once, while the writer gets a bounded time to deliver the close frame and reason.
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
+            await reader
+        await _detach(conn, runtime, None, heard)
+        await asyncio.wait({writer}, timeout=CUT_CLOSE_SECONDS)
+    for task in (reader, writer, cut):
+        if task not in done:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
+            await task
+    code = reader.result() if reader.done() and not reader.cancelled() and reader.exception() is None else None
+    if code is None and reader.done() and not reader.cancelled() and reader.exception() is not None:
+        log.error("live connection: reader failed", exc_info=reader.exception())
+    await _detach(conn, runtime, code, heard)
+    conn.release()
+    with contextlib.suppress(Exception):
+        if ws.application_state is not WebSocketState.DISCONNECTED:
+            await asyncio.wait_for(ws.close(1008 if conn.cut.is_set() else NORMAL_CLOSURE), 1.0)
+
+
+async def _detach(conn: LiveConnection, runtime: Runtime, code: int | None, heard: asyncio.Event) -> None:
+    """A goodbye (session.close, or a normal close) ends the session; a drop keeps it for its resume."""
+    session = conn.session
+    if session is None:
+        return
+    if conn.said_goodbye or code == NORMAL_CLOSURE:
+        ended = Ended.GOODBYE
+    else:
+        ended = Ended.DROPPED if heard.is_set() else Ended.UNCONFIRMED
+    await runtime.detach(session, conn, ended)
+
+
+async def _read(ws: WebSocket, conn: LiveConnection, heard: asyncio.Event) -> int:
+    """Feed client messages to the connection; returns the client's close code."""
+    while True:
+        msg = await ws.receive()
+        if msg["type"] == "websocket.disconnect":
+            return int(msg.get("code", 1006))
+        if conn.session is not None:
+            heard.set()
+        if msg.get("text") is not None:
+            await conn.handle_text(msg["text"])
+        elif msg.get("bytes") is not None:
+            conn.handle_binary()
+
+
+async def _write(ws: WebSocket, conn: LiveConnection) -> None:
+    while True:
+        item = await conn.outbox.get()
+        if isinstance(item, Close):
+            await ws.close(item.code, item.reason[:120])
+            return
+        await ws.send_text(item)

@@ -5,22 +5,32 @@ assistant's answer in `response.done`, the user's spoken turn in its transcripti
 and a client may ask for any of them again later, for example after it resumed on another replica. The
 items belong to the session (they survive a resume) and travel in its snapshot (server/_continuity.py).
 
-Bounded like the conversation log: a session may run for hours; the oldest items go first.
+Bounded like the conversation log, in number and in the UTF-8 bytes of the items as JSON (a client may
+fill its items with 4-byte characters): a session may run for hours; the oldest items go first.
 """
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from typing import Any
 
 MAX_ITEMS = 200  # items kept per session; older ones can no longer be retrieved
+MAX_ITEMS_BYTES = 1 << 20  # and their size as JSON in UTF-8: what one session's items may pin
 MAX_ID_CHARS = 64  # a client-chosen item id is cut to this (server/realtime.py does the same)
 
 
+def item_bytes(item: dict[str, Any]) -> int:
+    """The item's size as compact JSON in UTF-8: an upper bound on what its strings hold in memory."""
+    return len(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+
+
 class ConversationItems:
-    def __init__(self, max_items: int = MAX_ITEMS) -> None:
-        self.max_items = max_items
+    def __init__(self, max_items: int = MAX_ITEMS, max_bytes: int = MAX_ITEMS_BYTES) -> None:
+        self.max_items, self.max_bytes = max_items, max_bytes
         self._items: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id -> item, oldest first
+        self._sizes: dict[str, int] = {}  # id -> item_bytes
+        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -34,9 +44,14 @@ class ConversationItems:
         item_id = item.get("id")
         if not isinstance(item_id, str) or not item_id:
             return
+        size = item_bytes(item)
+        self.bytes += size - self._sizes.get(item_id, 0)
         self._items[item_id] = item
-        while len(self._items) > self.max_items:
-            self._items.popitem(last=False)
+        self._sizes[item_id] = size
+        # The newest item is kept whatever its size (each is bounded where it is made).
+        while len(self._items) > self.max_items or (self.bytes > self.max_bytes and len(self._items) > 1):
+            old, _ = self._items.popitem(last=False)
+            self.bytes -= self._sizes.pop(old)
 
     def all(self) -> list[dict[str, Any]]:
         return list(self._items.values())

@@ -238,3 +238,17 @@ async def test_a_dropped_session_resumes_with_its_token_and_configuration(echo: 
     while (await recv_event(ws))["type"] != "session.closed":
         pass
     await ws.close()
+
+
+async def test_a_server_shutdown_closes_the_session_as_expired(duplex_server) -> None:  # type: ignore[no-untyped-def]
+    srv = duplex_server("--model", "echo:0", "--max-sessions", "2")
+    client = AsyncOpenAI(api_key="unused", base_url=f"{srv.url}/v1")
+    async with client.live.connect(max_retries=0) as conn:
+        await start(conn)
+        await conn.session.input_audio.append(audio=base64.b64encode(bytes(9600)).decode())
+        await until(conn, "session.output_audio.delta")
+        stopping = asyncio.get_running_loop().run_in_executor(None, srv.stop)  # SIGTERM: drain, then exit
+        closed, _ = await until(conn, "session.closed", timeout=15)
+        assert closed.reason == "expired"
+        assert closed.model_dump()["duplex"]["code"] == 1001, "the drain's reason and close code are given"
+        await stopping

@@ -139,6 +139,23 @@ async def test_client_delegation_is_answered_by_the_apps_commentary(cascade: Ser
         assert ev.reason == "close_requested"
 
 
+async def test_commentary_without_a_delegation_makes_the_model_speak_now(cascade: ServerProc) -> None:
+    client = AsyncOpenAI(api_key="unused", base_url=f"{cascade.url}/v1")
+    async with client.live.connect(max_retries=0) as conn:
+        await conn.session.start(session={"model": "gpt-live-1", "duplex": {"pace": "media"}})
+        assert (await asyncio.wait_for(conn.recv(), 30)).type == "session.started"
+        mic = Mic(conn)
+        await mic.step(np.zeros(TICK_SAMPLES, np.float32))
+        # How clients open a conversation: no hand-off to answer, the model is to speak now.
+        await conn.session.commentary.append(content="Hello, how can I help you today?", delegation_id=None)
+        await mic.wait(lambda: "help you" in mic.said().lower())
+        ack = mic.of("session.commentary.appended")[0]
+        first = mic.of("session.output_transcript.delta")[0]
+        assert first.start_ms - ack.start_ms <= 2000, "spoken within two seconds of being placed"
+        assert any(np.abs(a).max() > 1e-2 for a in mic.audio[first.start_ms // 200 :])
+        await conn.session.close()
+
+
 async def test_responses_delegation_runs_a_client_tool_and_speaks_the_answer(cascade: ServerProc) -> None:
     client = AsyncOpenAI(api_key="unused", base_url=f"{cascade.url}/v1")
     tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from models.background.clock import RequestClock, SharedWork
 from models.base import BackgroundChunk, TickOutput
 from server import protocol as p
 from server.background_context import Pending, ReasonerContext
-from server.limits import MAX_FUNCTION_OUTPUT_CHARS
+from server.client_tools import ClientTools
 from server.metrics import Metrics
 from server.sessions import Pace, Session
 from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin_async
@@ -98,7 +97,7 @@ class BackgroundWorker:
         self._waiting: deque[_Request] = deque()  # queue policy
         self._current: _Request | None = None
         self._runner: asyncio.Task[None] | None = None
-        self._tool_calls: dict[str, asyncio.Future[str]] = {}  # wire call_id -> the client's output
+        self._client_tools = ClientTools(session)  # tool calls the client executes
         self._stopped = False
         self.context = ReasonerContext(self.settings.context_turns, self.settings.context_chars)
 
@@ -130,8 +129,7 @@ class BackgroundWorker:
         for _ in self._unfinished():
             self._count("cancelled")
         self._waiting.clear()
-        for fut in self._tool_calls.values():
-            fut.cancel()
+        self._client_tools.cancel_all()
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -147,7 +145,7 @@ class BackgroundWorker:
         item = ev.get("item")
         is_output = isinstance(item, dict) and item.get("type") == "function_call_output"
         if etype == "conversation.item.create" and isinstance(item, dict) and is_output:
-            self._tool_output(item, eid)
+            self._client_tools.output(item, eid)
             return True
         return False
 
@@ -332,7 +330,7 @@ class BackgroundWorker:
     async def _run_tool(self, req: _Request, call: ToolCall) -> ToolResult:
         client_names = {t.get("name") for t in self.session.settings.tools}
         if call.name in client_names:
-            result = await self._client_tool(req, call)
+            result = await self._client_tools.call(req.id, call, self.settings.tool_timeout)
         elif call.name in BUILTIN_NAMES:
             result = await run_builtin_async(call.name, call.arguments)
         else:
@@ -340,44 +338,6 @@ class BackgroundWorker:
         self._emit("duplex.background.tool", request_id=req.id, epoch=req.epoch, name=call.name,
                    arguments=call.arguments, ok=result.ok, output=result.output)
         return result
-
-    async def _client_tool(self, req: _Request, call: ToolCall) -> ToolResult:
-        """Executed by the client, the Realtime way: the call goes out, `function_call_output` comes back."""
-        call_id = "call_" + secrets.token_hex(8)  # ours, unique per session (model ids may repeat)
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._tool_calls[call_id] = fut
-        self.session.emit({"type": "response.function_call_arguments.done", "event_id": p.new_id("event"),
-                           "response_id": req.id, "item_id": p.new_id("item"), "output_index": 0,
-                           "call_id": call_id, "name": call.name, "arguments": call.arguments})
-        try:
-            output = await asyncio.wait_for(fut, self.settings.tool_timeout)
-        except TimeoutError:
-            return error_result(call.name, f"the client did not return a function_call_output for call "
-                                f"{call_id} within {self.settings.tool_timeout:g} s")
-        finally:
-            self._tool_calls.pop(call_id, None)
-        return ToolResult(output, ok=True)
-
-    def _tool_output(self, item: dict[str, Any], eid: str | None) -> None:
-        call_id, output = item.get("call_id"), item.get("output")
-        if not isinstance(call_id, str) or not isinstance(output, str):
-            self._client_error("invalid_function_call_output", "a function_call_output item needs string "
-                               "'call_id' and 'output' fields", "item", eid)
-            return
-        if len(output) > MAX_FUNCTION_OUTPUT_CHARS:
-            self._client_error("function_output_too_large", f"function_call_output has {len(output)} characters; "
-                               f"the limit is {MAX_FUNCTION_OUTPUT_CHARS}", "item.output", eid)
-            return
-        fut = self._tool_calls.get(call_id)
-        if fut is None or fut.done():
-            self._client_error("unknown_call_id", f"no background tool call {call_id!r} is waiting for "
-                               "output (it finished, timed out or was cancelled)", "item.call_id", eid)
-            return
-        fut.set_result(output)
-        self.session.emit({"type": "conversation.item.added", "event_id": p.new_id("event"),
-                           "previous_item_id": None, "item": {"id": item.get("id") or p.new_id("item"),
-                                                              "type": "function_call_output",
-                                                              "call_id": call_id, "output": output}})
 
     # -- client requests ----------------------------------------------------------------------------
 

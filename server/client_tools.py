@@ -1,0 +1,67 @@
+"""Tool calls the client executes, the Realtime way: the call goes out as
+`response.function_call_arguments.done`, and the client's `function_call_output` item comes back.
+One per session's background worker (server/background.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+from models.background import ToolCall
+from server import protocol as p
+from server.limits import MAX_FUNCTION_OUTPUT_CHARS
+from server.sessions import Session
+from server.tools import ToolResult, error_result
+
+
+class ClientTools:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._calls: dict[str, asyncio.Future[str]] = {}  # wire call_id -> the client's output
+
+    async def call(self, request_id: str, call: ToolCall, timeout: float) -> ToolResult:
+        """Send the call to the client and wait up to `timeout` s for its output."""
+        call_id = "call_" + secrets.token_hex(8)  # ours, unique per session (model ids may repeat)
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = fut
+        self.session.emit({"type": "response.function_call_arguments.done", "event_id": p.new_id("event"),
+                           "response_id": request_id, "item_id": p.new_id("item"), "output_index": 0,
+                           "call_id": call_id, "name": call.name, "arguments": call.arguments})
+        try:
+            output = await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return error_result(call.name, f"the client did not return a function_call_output for call "
+                                f"{call_id} within {timeout:g} s")
+        finally:
+            self._calls.pop(call_id, None)
+        return ToolResult(output, ok=True)
+
+    def output(self, item: dict[str, Any], eid: str | None) -> None:
+        """A `function_call_output` item from the client: the output of the call it names."""
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(call_id, str) or not isinstance(output, str):
+            self._error("invalid_function_call_output", "a function_call_output item needs string "
+                        "'call_id' and 'output' fields", "item", eid)
+            return
+        if len(output) > MAX_FUNCTION_OUTPUT_CHARS:
+            self._error("function_output_too_large", f"function_call_output has {len(output)} characters; "
+                        f"the limit is {MAX_FUNCTION_OUTPUT_CHARS}", "item.output", eid)
+            return
+        fut = self._calls.get(call_id)
+        if fut is None or fut.done():
+            self._error("unknown_call_id", f"no background tool call {call_id!r} is waiting for "
+                        "output (it finished, timed out or was cancelled)", "item.call_id", eid)
+            return
+        fut.set_result(output)
+        self.session.emit({"type": "conversation.item.added", "event_id": p.new_id("event"),
+                           "previous_item_id": None, "item": {"id": item.get("id") or p.new_id("item"),
+                                                              "type": "function_call_output",
+                                                              "call_id": call_id, "output": output}})
+
+    def cancel_all(self) -> None:
+        for fut in self._calls.values():
+            fut.cancel()
+
+    def _error(self, code: str, message: str, param: str | None, eid: str | None) -> None:
+        self.session.emit(p.error_event(code, message, param, eid))

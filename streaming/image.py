@@ -80,15 +80,18 @@ class JpegLayout:
 def jpeg_layout(data: bytes, stop_after: int) -> JpegLayout:
     """Walk a JPEG's markers (segments by their lengths, entropy-coded data to its next marker).
 
-    Stops at the end of the image, at data that is not a marker (the decoder reports corruption), or
-    once more than `stop_after` scans are seen: the answer is already "too many".
+    Stops at the end of the image or once more than `stop_after` scans are seen: the answer is
+    already "too many". Bytes that are not a marker are skipped to the next one, as the decoder does.
     """
     n, pos = len(data), 2  # past SOI
     sof: int | None = None
     scans = 0
     while pos + 1 < n:
-        if data[pos] != 0xFF:
-            break
+        if data[pos] != 0xFF:  # stray bytes between segments: libjpeg skips them to the next marker too
+            pos = data.find(b"\xff", pos)
+            if pos < 0:
+                break
+            continue
         marker = data[pos + 1]
         if marker == 0xFF:  # fill byte before a marker
             pos += 1

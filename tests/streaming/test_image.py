@@ -70,6 +70,14 @@ def test_empty_scans_jpeg_refused_before_decoding() -> None:
     assert cpu < 0.05, f"refusing it took {cpu:.3f} s of CPU: it was decoded"  # decoding it takes seconds
 
 
+def test_stray_bytes_between_scans_do_not_hide_them() -> None:
+    """libjpeg skips bytes that are not a marker and decodes the scans after them: so does the count."""
+    data = empty_scans_jpeg()
+    first = _scans(data)[0]
+    at = data.index(first) + len(first)
+    _refused(data[:at] + b"\x00\x01" + data[at:], "image_too_complex")
+
+
 def test_scans_are_counted_in_the_markers_not_in_the_bytes() -> None:
     base = photo(320, 240)
     assert jpeg_layout(encode(base, "JPEG"), 99).scans == 1

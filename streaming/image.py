@@ -98,7 +98,7 @@ def jpeg_layout(data: bytes, stop_after: int) -> JpegLayout:
             continue
         if marker == _EOI:
             break
-        if marker in _STANDALONE:
+        if marker in _STANDALONE or marker == 0x00:  # FF 00 outside a scan: discarded by libjpeg too
             pos += 2
             continue
         if pos + 3 >= n:

@@ -76,6 +76,8 @@ def test_stray_bytes_between_scans_do_not_hide_them() -> None:
     first = _scans(data)[0]
     at = data.index(first) + len(first)
     _refused(data[:at] + b"\x00\x01" + data[at:], "image_too_complex")
+    # FF 00 between segments is discarded, not a marker with a length that would jump over the scans.
+    _refused(data[:at] + b"\xff\x00\xff\xff" + data[at:], "image_too_complex")
 
 
 def test_scans_are_counted_in_the_markers_not_in_the_bytes() -> None:

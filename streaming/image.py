@@ -32,6 +32,7 @@ _SOF_REFUSED = {0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical", 0x
                 0xC9: "arithmetic", 0xCA: "arithmetic", 0xCB: "arithmetic", 0xCD: "hierarchical",
                 0xCE: "hierarchical", 0xCF: "hierarchical"}
 _SOS, _EOI = 0xDA, 0xD9
+EMBEDDED_SCANS = 4  # start-of-scan bytes allowed beyond the picture's own scans (EXIF thumbnail, MPF images)
 _STANDALONE = {0x01, *range(0xD0, 0xD8)}  # TEM and RST0-7 have no length field
 
 
@@ -137,7 +138,10 @@ def _check_jpeg(data: bytes, pixels: int, bounds: Bounds) -> None:
     if layout.sof in _SOF_REFUSED:
         raise ImageError("unsupported_image_type", f"{_SOF_REFUSED[layout.sof]} JPEGs are not decoded here; send "
                          "a baseline or progressive JPEG, or a PNG")
-    if layout.scans > most:
+    # Whatever the walk above concluded, libjpeg cannot read a scan whose marker bytes are not in the
+    # file: their raw count bounds what it can decode (less a few for thumbnails and previews that
+    # cameras embed in APP segments, each a JPEG of its own).
+    if layout.scans > most or data.count(b"\xff\xda") - EMBEDDED_SCANS > most:
         raise ImageError("image_too_complex", f"the JPEG has more than {most} scans, the most decoded here at its "
                          "size; send a baseline JPEG (one scan) or a smaller picture")
 

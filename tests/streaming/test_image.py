@@ -80,6 +80,15 @@ def test_stray_bytes_between_scans_do_not_hide_them() -> None:
     _refused(data[:at] + b"\xff\x00\xff\xff" + data[at:], "image_too_complex")
 
 
+def test_start_of_scan_bytes_anywhere_bound_the_scans() -> None:
+    """However the markers are read, a scan libjpeg decodes has its FF DA bytes in the file."""
+    base = encode(photo(640, 480), "JPEG")
+    comment = b"\xff\xda" * 40
+    hidden = base[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + base[2:]
+    assert jpeg_layout(hidden, 99).scans == 1, "the walk skips a comment"
+    _refused(hidden, "image_too_complex")
+
+
 def test_scans_are_counted_in_the_markers_not_in_the_bytes() -> None:
     base = photo(320, 240)
     assert jpeg_layout(encode(base, "JPEG"), 99).scans == 1

@@ -19,7 +19,7 @@ from typing import Any
 from models.base import InteractionModel, Rebuilding
 from server._continuity import Restored, fingerprint, parse, restore, snapshot
 from server.engine import Engine
-from server.sessions import Pace, Refused, Session
+from server.sessions import Refused, Session, check_pace
 from server.store import Claim, SessionStore
 
 log = logging.getLogger(__name__)
@@ -111,9 +111,7 @@ class Claims:
             log.error("session %s cannot be restored from the store: %s", sid, exc)
             raise Refused("invalid_resume_token", "the stored session behind this resume token could not be "
                           "read; open a new session", 404, 1008) from None
-        if restored.settings.pace is Pace.MEDIA and not media:
-            raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
-                          "endpoint serves; resume it there", 409, 1008)
+        check_pace(restored.settings.pace, media)
         claim = await store.claim(sid)
         if claim is None:  # its replica still holds the lease: alive, or dead for less than its lease
             raise Refused("session_busy", "the session is still held by its replica; retry in a moment", 503, 1013,

@@ -30,10 +30,10 @@ from server.sessions import (
     Ended,
     Load,
     OutputSink,
-    Pace,
     Refused,
     Session,
     SessionRegistry,
+    check_pace,
 )
 from server.startup import Parts, build
 from server.store import SessionStore
@@ -109,9 +109,7 @@ class Runtime(Verbs):
         if session is None:
             raise Refused("invalid_resume_token", "resume token is unknown, expired or already in use; "
                           "open a new session", 404, 1008)
-        if session.settings.pace is Pace.MEDIA and not media:
-            raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
-                          "endpoint serves; resume it there", 409, 1008)
+        check_pace(session.settings.pace, media)
         # No await from resumable() to here: nobody else can take the session in between.
         self.registry.retoken(session)
         return await self._seat(session, sink, resume_token)

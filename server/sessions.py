@@ -49,6 +49,13 @@ class Pace(StrEnum):
     MEDIA = "media"  # ticks as soon as a full micro-turn of input has arrived
 
 
+def check_pace(pace: Pace, media: bool) -> None:
+    """Refuse to resume a media-pace session on a transport that cannot serve it (`media` False: WebRTC)."""
+    if pace is Pace.MEDIA and not media:
+        raise Refused("pace_unsupported", "this session runs in pace 'media', which only the WebSocket "
+                      "endpoint serves; resume it there", 409, 1008)
+
+
 class Ended(Enum):
     """How a transport's connection to its session ended, as the transport saw it. The runtime decides
     what becomes of the session and of its resume tokens (Runtime.detach)."""

@@ -139,6 +139,48 @@ async def test_client_delegation_is_answered_by_the_apps_commentary(cascade: Ser
         assert ev.reason == "close_requested"
 
 
+async def test_real_time_speech_gives_ordered_events_and_a_continuous_track(cascade: ServerProc) -> None:
+    """The SDK's own example, at real time: speech in 20 ms appends paced by the wall clock, then silence."""
+    client = AsyncOpenAI(api_key="unused", base_url=f"{cascade.url}/v1")
+    async with client.live.connect(max_retries=0) as conn:
+        await conn.session.start(session={"model": "gpt-live-1", "instructions": "Be brief."})
+        first = await asyncio.wait_for(conn.recv(), 30)
+        assert first.type == "session.started"
+        mic = np.concatenate([speech("Can you look up the weather in Paris for me?"),
+                              np.zeros(4 * SAMPLE_RATE, np.float32)])
+        events: list[Any] = []
+
+        async def receive() -> None:
+            async for ev in conn:
+                events.append(ev)
+                if ev.type == "session.delegation.created":
+                    await conn.session.commentary.append(content="It is sunny.", delegation_id=ev.delegation.id)
+                if ev.type == "session.closed":
+                    return
+
+        reader = asyncio.create_task(receive())
+        step = SAMPLE_RATE // 50  # 20 ms
+        begun = time.monotonic()
+        for k, i in enumerate(range(0, len(mic), step)):
+            await conn.session.input_audio.append(audio=pcm(mic[i : i + step]))
+            await asyncio.sleep(max(0.0, begun + (k + 1) * 0.02 - time.monotonic()))
+        await conn.session.close()
+        await asyncio.wait_for(reader, 10)
+        kinds = [e.type for e in events]
+        assert kinds[-1] == "session.closed" and events[-1].reason == "close_requested"
+        assert "error" not in kinds, [e for e in events if e.type == "error"]
+        # One delta a micro-turn for the whole stream: as many as micro-turns of input (late ones included).
+        deltas = kinds.count("session.output_audio.delta")
+        assert abs(deltas - len(mic) / TICK_SAMPLES) <= 5, (deltas, len(mic) / TICK_SAMPLES)
+        heard = [e for e in events if e.type == "session.input_transcript.delta"]
+        assert heard and "weather" in "".join(e.delta for e in heard).lower()
+        for kind in ("session.input_transcript.delta", "session.output_transcript.delta"):
+            stamps = [(e.start_ms, e.end_ms) for e in events if e.type == kind]
+            assert all(a < b and a % 200 == 0 and b % 200 == 0 for a, b in stamps), stamps
+            assert stamps == sorted(stamps), stamps
+        assert kinds.index("session.input_transcript.delta") < kinds.index("session.delegation.created")
+
+
 async def test_commentary_without_a_delegation_makes_the_model_speak_now(cascade: ServerProc) -> None:
     client = AsyncOpenAI(api_key="unused", base_url=f"{cascade.url}/v1")
     async with client.live.connect(max_retries=0) as conn:

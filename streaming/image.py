@@ -49,9 +49,9 @@ class Bounds:
 
 
 # A 16-megapixel photo is taken as a baseline JPEG (decoded at 1/4 or 1/8 scale); a progressive one
-# up to about 2560x1600 (10 scans); a PNG up to about 1920x1200.
+# up to about 1920x1200 (10 scans), and so is a PNG.
 DEFAULT_BOUNDS = Bounds(max_pixels=4096 * 4096, max_full_pixels=1920 * 1200, max_jpeg_scans=16,
-                        max_jpeg_pixel_scans=2560 * 1600 * 10)
+                        max_jpeg_pixel_scans=1920 * 1200 * 10)
 
 
 class ImageError(ValueError):

@@ -33,6 +33,7 @@ from models.registry import DEFAULT_MODEL, available
 from server.config import ServerConfig
 from server.connection_limits import uvicorn_options
 from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
+from server.ws_keepalive import PatientKeepalive
 
 
 class DrainingServer(uvicorn.Server):
@@ -100,6 +101,15 @@ def _auto_int(value: str) -> int | None:
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a whole number, got {value!r}") from None
+
+
+def _auto_float(value: str) -> float | None:
+    if value == "auto":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {value!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,8 +189,16 @@ def add_serve_command(sub: Any) -> None:
     serve.add_argument("--rtc-connect-timeout", type=float, default=15.0,
                        help="seconds a WebRTC peer has to show its first sign of life; then the call and its new "
                        "session are closed")
-    serve.add_argument("--max-sessions-per-client", type=int, default=0,
-                       help="sessions one client address may hold at once, attached or awaiting resume (0 = no limit)")
+    serve.add_argument("--max-sessions-per-client", type=_auto_int, default="auto", metavar="auto|N",
+                       help="sessions one client address may hold at once, attached, awaiting resume or a WebRTC "
+                       "offer not yet connected (0 = no limit); auto: 8 where clients can be told apart (a "
+                       "non-loopback --host, or --forwarded-allow-ips), else no limit")
+    serve.add_argument("--new-sessions-per-minute", type=_auto_float, default="auto", metavar="auto|N",
+                       help="new WebSockets and WebRTC offers one client address may open a minute, in bursts of "
+                       "up to 10 (0 = no limit); auto: 30 where clients can be told apart, else no limit")
+    serve.add_argument("--forwarded-allow-ips", action="append", default=[], metavar="ADDR",
+                       help="a proxy (address or network) whose X-Forwarded-For header names the client; "
+                       "repeatable; none: the connection's peer is the client, whatever it sends")
     serve.add_argument("--max-outbox-bytes", type=int, default=DEFAULT_OUTBOX_BYTES,
                        help="bytes of events queued for a client that does not read before it is disconnected "
                        "(its session stays resumable)")
@@ -196,6 +214,17 @@ def add_serve_command(sub: Any) -> None:
                        help="offer per-message deflate to WebSocket clients (off: audio deltas are base64 PCM, "
                        "which deflate barely shrinks at a real CPU cost per session, plus ~300 kB of zlib state "
                        "per connection)")
+    serve.add_argument("--ws-ping-interval", type=float, default=20.0, metavar="SECONDS",
+                       help="seconds between the server's WebSocket keepalive pings (0 = none)")
+    serve.add_argument("--ws-ping-timeout", type=float, default=20.0, metavar="SECONDS",
+                       help="seconds a client's pong may take before the connection is closed (1011); time the "
+                       "server itself stops reading (a media-pace client sending ahead) does not count")
+    serve.add_argument("--max-session-minutes", type=float, default=None, metavar="MINUTES",
+                       help="close every session this long after it opened, attached or not (fractions allowed; "
+                       "default: no limit); close code 4000, reason 'session_time_limit' (docs/long-sessions.md)")
+    serve.add_argument("--session-expiry-warning-s", type=float, default=60.0, metavar="SECONDS",
+                       help="with --max-session-minutes: how long before the end a session is warned "
+                       "(duplex.session.expiring)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="the server log's verbosity")
     _add_cluster_options(serve)
@@ -315,10 +344,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         background_max_sentences=args.background_max_sentences, background_threads=args.background_threads,
         background_slots=args.background_slots,
         ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout,
-        max_sessions_per_client=args.max_sessions_per_client, max_outbox_bytes=args.max_outbox_bytes,
+        max_sessions_per_client=args.max_sessions_per_client, new_sessions_per_minute=args.new_sessions_per_minute,
+        forwarded_allow_ips=args.forwarded_allow_ips, max_outbox_bytes=args.max_outbox_bytes,
         step_watchdog_s=args.step_watchdog_s, stalled_connection_s=args.stalled_connection_s,
         collect_every=args.collect_every,
         ws_compression=args.ws_compression, log_level=args.log_level,
+        ws_ping_interval=args.ws_ping_interval, ws_ping_timeout=args.ws_ping_timeout,
+        max_session_minutes=args.max_session_minutes, session_expiry_warning_s=args.session_expiry_warning_s,
         **_cluster_config(args))
 
 
@@ -330,6 +362,17 @@ def _cluster_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.replica_id is not None:
         out["replica_id"] = args.replica_id
     return out
+
+
+def uvicorn_config(app: Any, config: ServerConfig) -> uvicorn.Config:
+    """uvicorn's settings for `app` served as `config` says (tests that serve in a thread use it too)."""
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                          **uvicorn_options(config.max_frame_bytes), ws=PatientKeepalive,
+                          ws_ping_interval=config.ws_ping_interval or None, ws_ping_timeout=config.ws_ping_timeout,
+                          timeout_graceful_shutdown=10, ws_per_message_deflate=config.ws_compression,
+                          # uvicorn trusts X-Forwarded-For from loopback by default: only named proxies here.
+                          proxy_headers=bool(config.forwarded_allow_ips),
+                          forwarded_allow_ips=",".join(config.forwarded_allow_ips) or "127.0.0.1")
 
 
 def serve(config: ServerConfig) -> int:
@@ -344,11 +387,7 @@ def serve(config: ServerConfig) -> int:
     from models import heap
 
     heap.tune_for_server()  # before the model's worker threads allocate (models/heap.py says why)
-    app = create_app(config)
-    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                        **uvicorn_options(config.max_frame_bytes),
-                        ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=10,
-                        ws_per_message_deflate=config.ws_compression)
+    uv = uvicorn_config(create_app(config), config)
     for name in ("uvicorn.access", "uvicorn.error"):  # access lines and WebSocket "[accepted]" lines
         logging.getLogger(name).addFilter(RedactTokens())
     server = DrainingServer(uv, config.stalled_connection_s)

@@ -11,6 +11,10 @@ from server.auth import REPLICA_ID, new_replica_id
 from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
 
+DEFAULT_SESSIONS_PER_CLIENT = 8  # a household or an office behind one address, not one client holding every place
+DEFAULT_NEW_SESSIONS_PER_MINUTE = 30.0
+
+
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -44,12 +48,22 @@ class ServerConfig:
     background_slots: int | None = None  # llama-server: conversations kept evaluated and answered at once
     ice_servers: list[str] = field(default_factory=list)  # WebRTC STUN/TURN URLs
     rtc_connect_timeout: float = 15.0  # s for a WebRTC peer's first sign of life; then the call is closed
-    max_sessions_per_client: int = 0  # sessions one client address may hold at once (0 = no limit)
+    # Sessions one client address may hold at once, and new sessions (WebSockets, WebRTC offers) it may
+    # open a minute (0 = no limit; None = DEFAULT_* where clients can be told apart from the operator:
+    # a server reachable beyond loopback, or behind a named proxy; else no limit).
+    max_sessions_per_client: int | None = None
+    new_sessions_per_minute: float | None = None
+    # Proxies whose X-Forwarded-For names the client (uvicorn's forwarded_allow_ips); none: the peer is.
+    forwarded_allow_ips: list[str] = field(default_factory=list)
     max_outbox_bytes: int = DEFAULT_OUTBOX_BYTES  # events queued for a client that does not read, then it is cut
     step_watchdog_s: float = 2.0  # a model step running longer is reported (log, metric, /healthz 503)
     stalled_connection_s: float = TCP_USER_TIMEOUT_S  # a TCP peer not acknowledging our data this long is dropped
     collect_every: float = COLLECT_EVERY  # seconds between the reaper's full collections (server/limits.py: why)
     ws_compression: bool = False  # per-message deflate on WebSockets (costs CPU and memory per session)
+    ws_ping_interval: float = 20.0  # seconds between the server's WebSocket pings (0 = none)
+    ws_ping_timeout: float = 20.0  # seconds a pong may take, while the server reads (server/ws_keepalive.py)
+    max_session_minutes: float | None = None  # a session's longest life, attached or not (None = no limit)
+    session_expiry_warning_s: float = 60.0  # duplex.session.expiring this long before that limit closes it
     log_level: str = "info"
     # Running as one of several replicas (deploy/): the id that starts every resume token (so the proxy
     # routes a resume to it), the secret the tokens' MACs use (None: unsigned tokens, one server), and
@@ -62,6 +76,13 @@ class ServerConfig:
     # Places above capacity that only sessions restored from the store take (their replica died): with
     # every place busy, a dead replica's sessions still find room (deploy/README.md: how to size it).
     restore_reserve: int = 1
+
+    def __post_init__(self) -> None:
+        tell_apart = not self.is_loopback() or bool(self.forwarded_allow_ips)
+        if self.max_sessions_per_client is None:
+            self.max_sessions_per_client = DEFAULT_SESSIONS_PER_CLIENT if tell_apart else 0
+        if self.new_sessions_per_minute is None:
+            self.new_sessions_per_minute = DEFAULT_NEW_SESSIONS_PER_MINUTE if tell_apart else 0.0
 
     def is_loopback(self) -> bool:
         if self.host in ("localhost", "ip6-localhost"):
@@ -91,7 +112,9 @@ class ServerConfig:
             raise ValueError(f"--background-slots must be 1 or more, got {self.background_slots}")
         if self.background == "openai" and not self.background_url:
             raise ValueError("--background openai needs --background-url (e.g. http://127.0.0.1:30000/v1)")
-        if self.max_sessions_per_client < 0:
+        if self.new_sessions_per_minute is not None and self.new_sessions_per_minute < 0:
+            raise ValueError(f"--new-sessions-per-minute must be 0 (no limit) or more, got {self.new_sessions_per_minute}")
+        if self.max_sessions_per_client is not None and self.max_sessions_per_client < 0:
             raise ValueError("--max-sessions-per-client must be 0 (no limit) or more, got "
                              f"{self.max_sessions_per_client}")
         if self.max_outbox_bytes < 64 * 1024:
@@ -115,6 +138,12 @@ class ServerConfig:
             raise ValueError(f"--restore-reserve must be within 0..1000 sessions, got {self.restore_reserve}")
         if not 0 <= self.agent_port <= 65535:
             raise ValueError(f"--agent-port must be a TCP port (0 = off), got {self.agent_port}")
+        if not 0 <= self.ws_ping_interval <= 3600 or not 0 < self.ws_ping_timeout <= 3600:
+            raise ValueError("--ws-ping-interval must be within 0..3600 s and --ws-ping-timeout within (0, 3600] s")
+        if self.max_session_minutes is not None and not 0 < self.max_session_minutes <= 7 * 24 * 60:
+            raise ValueError(f"--max-session-minutes must be positive (at most a week), got {self.max_session_minutes}")
+        if self.session_expiry_warning_s < 0:
+            raise ValueError(f"--session-expiry-warning-s must be 0 or more, got {self.session_expiry_warning_s}")
         if self.background_max_sentences is not None and self.background_max_sentences < 0:
             raise ValueError("--background-max-sentences must be 0 (no limit) or more, got "
                              f"{self.background_max_sentences}")

@@ -24,16 +24,19 @@ from server.auth import (
     origin_ok,
     resume_token,
 )
+from server.extensions import wants_extensions
 from server.outbox import Close
 from server.realtime import RealtimeConnection
 from server.runtime import Refused, Runtime
-from server.sessions import Ended, Session
+from server.sessions import Ended, Pace, Session
+from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 
 log = logging.getLogger(__name__)
 
 CLOSE_POLICY = 1008
 CUT_CLOSE_SECONDS = 10.0  # a client cut for not reading has this long to read its close frame (uvicorn's close timeout)
 NORMAL_CLOSURE = 1000  # a client closing with this ends its session; any other close keeps it resumable
+TICK_MS = round(TICK_SECONDS * 1000)
 
 
 async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
@@ -71,7 +74,7 @@ async def realtime_endpoint(ws: WebSocket) -> None:
                     "or the subprotocol 'duplex-api-key.<key>'")
         return
     await ws.accept(subprotocol=_pick_subprotocol(offered))
-    conn = RealtimeConnection(runtime, beta=_wants_beta(ws, offered))
+    conn = RealtimeConnection(runtime, beta=_wants_beta(ws, offered), extensions=wants_extensions(ws.headers, offered))
     token = resume_token(ws)
     try:
         session = await runtime.attach(conn, token, client_id(ws.scope))
@@ -79,7 +82,16 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         runtime.metrics.client_errors.labels(exc.code).inc()
         await _refuse(ws, exc.ws_close, exc.code, exc.message)
         return
+    conn.emit(input_window(runtime.config.max_backlog_ticks))
     await _serve(ws, conn, session, runtime)
+
+
+def input_window(backlog_ticks: int) -> dict[str, object]:
+    """How far ahead of the server a client may send (docs/long-sessions.md): in media pace, audio sent
+    past the micro-turns answered so far plus this window waits unread in the network (the server does
+    not read it until there is room), in real time the oldest input past it is dropped."""
+    return {"type": "duplex.input.window", "event_id": p.new_id("event"), "window_ms": backlog_ticks * TICK_MS,
+            "window_samples": backlog_ticks * TICK_SAMPLES, "sample_rate": SAMPLE_RATE}
 
 
 async def _refuse(ws: WebSocket, code: int, err: str, message: str) -> None:
@@ -88,10 +100,36 @@ async def _refuse(ws: WebSocket, code: int, err: str, message: str) -> None:
         await ws.close(code, message[:120])
 
 
+class OutputRoom:
+    """Media pace's back-pressure on output: a client that sends a long file at once and reads its answers
+    more slowly than the model makes them would fill its outbox and be cut for not reading. Its input is
+    not read (so not stepped) while its outbox is over half full, until the writer has sent it down to a
+    quarter; real-time clients are not held (their micro-turns come on the clock)."""
+
+    def __init__(self, conn: RealtimeConnection) -> None:
+        self._conn = conn
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def sent(self) -> None:
+        """The writer handed an event to the transport."""
+        if self._conn.outbox.bytes <= self._conn.outbox.max_bytes // 4:
+            self._room.set()
+
+    async def wait(self) -> None:
+        conn = self._conn
+        if conn.session.settings.pace is not Pace.MEDIA or conn.outbox.bytes <= conn.outbox.max_bytes // 2:
+            return
+        self._room.clear()
+        while not self._room.is_set() and not conn.cut.is_set():
+            await self._room.wait()
+
+
 async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runtime: Runtime) -> None:
     heard = asyncio.Event()  # the client sent something on this connection
-    writer = asyncio.create_task(_write(ws, conn), name=f"ws-writer-{session.id}")
-    reader = asyncio.create_task(_read(ws, conn, heard), name=f"ws-reader-{session.id}")
+    room = OutputRoom(conn)
+    writer = asyncio.create_task(_write(ws, conn, room), name=f"ws-writer-{session.id}")
+    reader = asyncio.create_task(_read(ws, conn, heard, room), name=f"ws-reader-{session.id}")
     # A client cut for not reading: its writer may be stuck in a send that never completes, so the
     # cut itself ends the connection.
     cut = asyncio.create_task(conn.cut.wait(), name=f"ws-cut-{session.id}")
@@ -130,9 +168,10 @@ def _dropped(heard: asyncio.Event) -> Ended:
     return Ended.DROPPED if heard.is_set() else Ended.UNCONFIRMED
 
 
-async def _read(ws: WebSocket, conn: RealtimeConnection, heard: asyncio.Event) -> int:
+async def _read(ws: WebSocket, conn: RealtimeConnection, heard: asyncio.Event, room: OutputRoom) -> int:
     """Feed client messages to the connection; returns the client's close code."""
     while True:
+        await room.wait()
         msg = await ws.receive()
         if msg["type"] == "websocket.disconnect":
             return int(msg.get("code", 1006))
@@ -143,10 +182,11 @@ async def _read(ws: WebSocket, conn: RealtimeConnection, heard: asyncio.Event) -
             await conn.handle_audio_bytes(msg["bytes"])
 
 
-async def _write(ws: WebSocket, conn: RealtimeConnection) -> None:
+async def _write(ws: WebSocket, conn: RealtimeConnection, room: OutputRoom) -> None:
     while True:
         item = await conn.outbox.get()
         if isinstance(item, Close):
             await ws.close(item.code, item.reason[:120])
             return
         await ws.send_text(item)
+        room.sent()

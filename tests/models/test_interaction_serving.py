@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bench._flops import step_flops
-from bench.vocoder_quality import measure as vocoder_quality
+from bench.native.vocoder_quality import measure as vocoder_quality
 from models.interaction import NativeModel, TickFeatures
 from models.interaction.kv import geometries
 from models.interaction.model import HeadOutputs

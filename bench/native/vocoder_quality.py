@@ -1,6 +1,6 @@
-"""python -m bench.vocoder_quality: what the native model's streaming vocoder costs and how well it inverts.
+"""python -m bench.native.vocoder_quality: what the native model's streaming vocoder costs and how well it inverts.
 
-    python -m bench.vocoder_quality --sessions 16 --iters 8 --json
+    python -m bench.native.vocoder_quality --sessions 16 --iters 8 --json
 
 A speech-like test signal (a glottal pulse train with gliding pitch through moving formants, syllable
 envelopes, a few noise bursts) is analysed into the normalised log-mel the flow head produces, then
@@ -125,7 +125,7 @@ def measure(sessions: int, iters: int, seconds: float, repeats: int) -> VocoderR
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.vocoder_quality", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.native.vocoder_quality", description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, default=16, help="rows per vocoder call (sessions in a step)")
     ap.add_argument("--iters", type=int, default=8, help="Griffin-Lim iterations (the tiny preset uses 8)")
     ap.add_argument("--seconds", type=float, default=4.0, help="length of the test signal")
@@ -137,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sessions >= 1, --iters >= 0 and --seconds >= 1 are required")
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"[bench.vocoder_quality] {args.seconds:.0f} s of test signal, {args.sessions} rows, {args.iters} iterations",
-          file=sys.stderr, flush=True)
+    print(f"[bench.native.vocoder_quality] {args.seconds:.0f} s of test signal, {args.sessions} rows, "
+          f"{args.iters} iterations", file=sys.stderr, flush=True)
     with torch.inference_mode():
         r = measure(args.sessions, args.iters, args.seconds, args.repeats)
     print(
-        f"[bench.vocoder_quality] {r.ms_per_call:.2f} ms per call (CPU {r.cpu_ms_per_call:.2f} ms, "
+        f"[bench.native.vocoder_quality] {r.ms_per_call:.2f} ms per call (CPU {r.cpu_ms_per_call:.2f} ms, "
         f"{r.ms_per_call / r.sessions:.3f} ms/session); "
         f"spectral convergence {r.spectral_convergence:.4f}, mel SC {r.mel_sc:.4f}, mel error {r.mel_db:.2f} dB",
         file=sys.stderr,

@@ -1,6 +1,6 @@
-"""python -m bench.precision: what running the native model's products in bf16 costs in output quality.
+"""python -m bench.native.precision: what running the native model's products in bf16 costs in output quality.
 
-    python -m bench.precision --turns 150 [--checkpoint FILE --preset tiny] --json
+    python -m bench.native.precision --turns 150 [--checkpoint FILE --preset tiny] --json
 
 The same teacher-forced micro-turns (user audio from a speech-like signal, a typed sentence, the
 model silent) go through `forward_sequence` twice, with the transformer blocks' products in fp32 and
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from bench.vocoder_quality import speech_like
+from bench.native.vocoder_quality import speech_like
 from models.interaction import dmel
 from models.interaction.checkpoint import build
 from models.interaction.config import ACTIONS, FRAMES_PER_TICK, NO_BYTE
@@ -101,7 +101,7 @@ def run(preset: str, checkpoint: str | None, matmul: str, turns: int) -> Precisi
     noise = tick_noise([7] * turns, list(range(turns)), (net.cfg.audio_out_tokens, net.flow.width), torch.device("cpu"))
     for name in ("fp32", matmul):
         _set_matmul(net, name)
-        print(f"[bench.precision] {turns} micro-turns with {name} products ...", file=sys.stderr, flush=True)
+        print(f"[bench.native.precision] {turns} micro-turns with {name} products ...", file=sys.stderr, flush=True)
         outs[name] = h = net.forward_sequence(feats)
         mels[name] = net.flow.sample(h.audio_cond, noise)
     _set_matmul(net, "fp32")
@@ -126,7 +126,7 @@ def run(preset: str, checkpoint: str | None, matmul: str, turns: int) -> Precisi
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.precision", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.native.precision", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--checkpoint", help="trained weights (.safetensors); default: seeded random weights")
     ap.add_argument("--matmul", default="bf16", choices=[m for m in MATMUL_DTYPES if m != "fp32"])
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--turns must be >= 12 (the typed sentence starts at micro-turn 10)")
     with torch.inference_mode():
         r = run(args.preset, args.checkpoint, args.matmul, args.turns)
-    print(f"[bench.precision] {json.dumps(asdict(r))}", file=sys.stderr)
+    print(f"[bench.native.precision] {json.dumps(asdict(r))}", file=sys.stderr)
     if args.json:
         print(json.dumps(asdict(r)))
     return 0

@@ -1,7 +1,7 @@
 """Training-step throughput of the native model on this machine, against its measured matmul peak.
 
-    python -m bench.train_throughput --json            # tiny, 1 episode of 50 micro-turns, bf16 and fp32
-    python -m bench.train_throughput --ticks 100 --batch 2 --precision auto   # what `duplex train` runs
+    python -m bench.native.train_throughput --json            # tiny, 1 episode of 50 micro-turns, bf16 and fp32
+    python -m bench.native.train_throughput --ticks 100 --batch 2 --precision auto   # what `duplex train` runs
 
 Reports, per precision: tokens/s of one optimiser step (forward_batched + losses + backward + AdamW),
 its FLOPs (counted by torch.utils.flop_counter: matmuls and attention, forward and backward), the

@@ -156,8 +156,12 @@ class LocalCluster:
             store = [] if _option(self.spec.serve_args, "--session-store") else ["--session-store", self.store_url]
             reserve = [] if _option(self.spec.serve_args, "--restore-reserve") else [
                 "--restore-reserve", str(self._reserve())]
+            # The proxy sets X-Forwarded-For to each client's address (deploy/haproxy.py): trust it from there.
+            proxy = [] if _option(self.spec.serve_args, "--forwarded-allow-ips") else [
+                "--forwarded-allow-ips", "127.0.0.1" if self.spec.host in ("0.0.0.0", "::") else self.spec.host]
             cmd = [sys.executable, "-m", "server.cli", "serve", "--host", self.spec.host, "--port", str(port),
-                   *model, "--replica-id", rid, "--agent-port", str(agent), *store, *reserve, *self.spec.serve_args]
+                   *model, "--replica-id", rid, "--agent-port", str(agent), *store, *reserve, *proxy,
+                   *self.spec.serve_args]
             child = Child(f"replica {rid}", cmd, port, self.workdir / f"replica-{rid}.log", env)
             child.start()  # all at once: they load their models in parallel
             started.append((child, rid, agent))

@@ -25,6 +25,9 @@ What it does, and why:
 - A connection refused or reset before the replica answered, and a 503 (a replica that filled up
   between two agent checks), is retried once on another replica (`retry-on all-retryable-errors`,
   `option redispatch 1`: each retry may pick another server).
+- The client's address reaches a replica as `X-Forwarded-For`, set by the proxy to the connection's
+  source (any the client sent is replaced); `duplex cluster` starts the replicas with
+  `--forwarded-allow-ips` naming the proxy, so their per-client caps and rates count real clients.
 - `POST /v1/realtime/calls` (WebRTC) is an ordinary request; its media flows peer to peer with the
   replica that answered, not through the proxy. A later request about the call
   (`/v1/realtime/calls/{id}/hangup`) is routed on the session id, which starts with the replica id.
@@ -98,6 +101,10 @@ def render(replicas: list[Replica], opts: ProxyOptions | None = None) -> str:
         "frontend realtime",
         f"    bind {o.bind}:{o.port}",
         f"    maxconn {max(256, 4 * total)}",
+        # The replicas trust this header from the proxy alone (--forwarded-allow-ips): it is set here to
+        # the connection's own address, replacing whatever a client sent, so one address is one client.
+        "    http-request set-header X-Forwarded-For %[src]",
+        "    http-request del-header Forwarded",
         f"    acl resume req.hdr({RESUME_HEADER}) -m found",
         f"    acl resume req.hdr(sec-websocket-protocol) -m sub {RESUME_SUBPROTOCOL_PREFIX}",
         "    acl resume urlp(resume_token) -m found",

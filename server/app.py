@@ -17,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from models.base import InteractionModel
 from server.auth import APIKeyMiddleware
+from server.client_rate import NewSessionRateLimit
 from server.config import ServerConfig
 from server.live.endpoint import PATH as LIVE_PATH
 from server.live.endpoint import live_endpoint
@@ -76,6 +77,8 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
 
     app = FastAPI(title="duplex", version="0.1.0", lifespan=lifespan)
     app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    # Outermost: an address's attempts count whether or not they carry the key.
+    app.add_middleware(NewSessionRateLimit, per_minute=config.new_sessions_per_minute or 0.0)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:

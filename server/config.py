@@ -10,7 +10,6 @@ from models.registry import DEFAULT_MODEL
 from server.auth import REPLICA_ID, new_replica_id
 from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
 
-
 DEFAULT_SESSIONS_PER_CLIENT = 8  # a household or an office behind one address, not one client holding every place
 DEFAULT_NEW_SESSIONS_PER_MINUTE = 30.0
 
@@ -113,7 +112,8 @@ class ServerConfig:
         if self.background == "openai" and not self.background_url:
             raise ValueError("--background openai needs --background-url (e.g. http://127.0.0.1:30000/v1)")
         if self.new_sessions_per_minute is not None and self.new_sessions_per_minute < 0:
-            raise ValueError(f"--new-sessions-per-minute must be 0 (no limit) or more, got {self.new_sessions_per_minute}")
+            raise ValueError("--new-sessions-per-minute must be 0 (no limit) or more, got "
+                             f"{self.new_sessions_per_minute}")
         if self.max_sessions_per_client is not None and self.max_sessions_per_client < 0:
             raise ValueError("--max-sessions-per-client must be 0 (no limit) or more, got "
                              f"{self.max_sessions_per_client}")

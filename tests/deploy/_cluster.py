@@ -58,6 +58,10 @@ def run_cluster(work: Path, *serve_args: str, replicas: int = 2) -> Iterator[Clu
     """Start `duplex cluster` (echo:1 replicas), yield it once the proxy has the agents' figures, stop
     it with SIGTERM and check that every part is gone."""
     state, log = work / "state.json", work / "cluster.log"
+    # Every test client is one address (loopback): the default rate of new sessions per client would
+    # refuse a module's worth of them; the per-client cap stays (the replicas hold fewer than it).
+    if "--new-sessions-per-minute" not in serve_args:
+        serve_args = ("--new-sessions-per-minute", "0", *serve_args)
     cmd = [sys.executable, "-m", "duplex.cli", "cluster", "--replicas", str(replicas), "--port", str(free_port()),
            "--model", "echo:1", "--state", str(state), "--check-interval", str(CHECK_INTERVAL),
            "--workdir", str(work / "run"), "--log-level", "warning", *serve_args]

@@ -53,3 +53,56 @@ def test_agent_answers_from_the_health_figures() -> None:
     assert agent_line(full, resume=True) == "up ready maxconn:3\n"
     over = Load(sessions=3, capacity=2, attached=3, draining=False, problem=None, reserve=1)
     assert agent_line(over, resume=True) == "up drain maxconn:3\n"
+
+
+def test_the_proxy_replaces_a_forged_forwarding_header_with_the_clients_address(tmp_path: Path) -> None:
+    """A client's own X-Forwarded-For passed through the proxy: a replica trusting the proxy's header
+    (--forwarded-allow-ips) would take it for another client; the proxy sets it to the source address."""
+    if shutil.which("haproxy") is None:
+        pytest.skip("haproxy is not installed (make setup-test installs it)")
+    import contextlib
+    import http.server
+    import socket
+    import threading
+    import time
+
+    import httpx
+
+    seen: list[tuple[str | None, str | None]] = []
+
+    class Replica_(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/probe":
+                seen.append((self.headers.get("X-Forwarded-For"), self.headers.get("Forwarded")))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    def port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Replica_)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+    front = port()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(render([Replica("r1", "127.0.0.1", backend.server_address[1], port(), 4)],
+                          ProxyOptions(port=front, check_interval_ms=100)))
+    proxy = subprocess.Popen(["haproxy", "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"http://127.0.0.1:{front}/probe", timeout=2,
+                          headers={"X-Forwarded-For": "198.51.100.7", "Forwarded": "for=198.51.100.7"})
+            time.sleep(0.1)
+        assert seen, "the proxy never forwarded the request"
+        assert seen[0] == ("127.0.0.1", None), seen
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        backend.shutdown()

@@ -8,8 +8,12 @@ token, and the reasoner's prefix cache (llama.cpp's, SGLang's radix cache) only 
 turn. On the embedded CPU model prompt processing runs at ~100 tokens/s on one core, so this is what
 keeps the delay from a delegate to the first token short as a conversation gets long.
 
-Bounded: past `max_turns` or `max_chars` the oldest turns are dropped down to half of each (one cache miss,
-then several requests that hit).
+Bounded over hours: past `max_turns` or `max_chars` the oldest turns are folded down to half of each (one
+cache miss, then several requests that hit) into a running summary, and the facts the user stated in
+them (names, numbers, preferences) into a notes block, verbatim (server/context_summary.py: how, and why
+by a rule rather than by the reasoner). Both follow the system prompt and change only when turns are
+folded, so they are part of the stable prefix; each has its own bound (the oldest lines and notes fall
+off past it), so a prompt never grows past the budget however long the session.
 
 How the new user turn reads. When the request is the user's own last words (the voice delegates what
 the user asked), the turn is just what the user said since the previous request, as a chat user turn:
@@ -29,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from models.background import Message
+from server.context_summary import RunningSummary, user_facts
 from server.conversation import ConversationLog, Entry
 
 # Short and plain on purpose: the embedded 135M model drifts (even into French) under a long prompt.
@@ -58,6 +63,7 @@ class Pending:
     content: str
     last_entry: Entry | None  # the newest log entry it covered
     last_len: int  # how much of that entry's text it covered (speech entries grow)
+    facts: list[str] = field(default_factory=list)  # what the user stated in the lines it covered
 
 
 @dataclass
@@ -67,29 +73,64 @@ class ReasonerContext:
     turns: list[Turn] = field(default_factory=list)
     _last_entry: Entry | None = None  # newest log entry already in a committed turn
     _last_len: int = 0
+    summary: RunningSummary | None = None  # what fell off (made with the budget: a quarter and a sixth of it)
+    _unnoted: list[str] = field(default_factory=list)  # facts in committed turns, not yet in the notes block
+    requests: int = 0  # requests built (how often the context was read)
+
+    def __post_init__(self) -> None:
+        if self.summary is None:
+            self.summary = RunningSummary(self.max_chars // 4, self.max_chars // 6)
 
     def build(self, log: ConversationLog, instructions: str, query: str) -> tuple[list[Message], Pending]:
+        assert self.summary is not None
+        self.requests += 1
         system = SYSTEM_PROMPT
         if instructions.strip():
             system += "\n\nInstructions for this conversation: " + instructions.strip()
-        lines, last, last_len = self._new_lines(log)
+        if kept := self.summary.text():
+            system += "\n\n" + kept
+        every, last, last_len = self._new_lines(log)
+        facts = [f for e, text in every if e.role == "user" for f in user_facts(text)]
+        lines = _within(every, self.max_chars // 3)
         content = _turn(lines, query.strip())
+        # Facts said in lines that did not fit this turn (a long stretch without a request) come along.
+        shown = "\n".join(text for _, text in lines)
+        missing = [f for f in facts if f not in shown and f not in self.summary.notes]
+        if missing:
+            content = "Earlier the user said:\n" + "\n".join(f"- {f}" for f in missing) + "\n\n" + content
         messages: list[Message] = [{"role": "system", "content": system}]
         for t in self.turns:
             messages += [{"role": "user", "content": t.user}, {"role": "assistant", "content": t.answer}]
         messages.append({"role": "user", "content": content})
-        return messages, Pending(content, last, last_len)
+        return messages, Pending(content, last, last_len, facts)
 
     def commit(self, pending: Pending, answer: str) -> None:
+        assert self.summary is not None
         self.turns.append(Turn(pending.content, answer))
+        self._unnoted += pending.facts
         self._last_entry, self._last_len = pending.last_entry, pending.last_len
         # Earlier turns get two thirds of the budget, the next request's new lines the last third. Past
-        # it, the oldest turns go until half the budget is left, not one at a time: every drop changes
-        # the prompt's start, so the prefix cache re-reads the whole conversation once; dropping one turn
-        # per request made that miss happen on every request of a long conversation.
+        # it, the oldest turns are folded into the summary until half the budget is left, not one at a
+        # time: every fold changes the prompt's start, so the prefix cache re-reads the whole
+        # conversation once; folding one turn per request made that miss happen on every request.
         if self._over(self.max_turns, self.max_chars * 2 // 3):
+            folded = []
             while len(self.turns) > 1 and self._over(self.max_turns // 2, self.max_chars // 3):
-                self.turns.pop(0)
+                folded.append(self.turns.pop(0))
+            self.summary.fold((t.user, t.answer) for t in folded)
+            self.summary.note(self._unnoted)  # the kept turns' facts too: the prefix changes only now
+            self._unnoted = []
+
+    def usage(self) -> dict[str, object]:
+        """How full the context is and what was summarised (duplex.session.usage)."""
+        assert self.summary is not None
+        chars = sum(len(t.user) + len(t.answer) for t in self.turns)
+        budget = self.max_chars * 2 // 3
+        return {"turns": len(self.turns), "chars": chars, "budget_chars": budget,
+                "usage_ratio": round(min(1.0, chars / budget), 3) if budget else 0.0,
+                "requests": self.requests, "summarised_turns": self.summary.folded,
+                "summary_chars": self.summary.chars(), "notes": len(self.summary.notes),
+                "dropped_summary_lines": self.summary.lines_dropped, "dropped_notes": self.summary.notes_dropped}
 
     def _over(self, turns: int, chars: int) -> bool:
         return len(self.turns) > turns or sum(len(t.user) + len(t.answer) for t in self.turns) > chars
@@ -105,15 +146,20 @@ class ReasonerContext:
                 grown = len(entries[idx].text) > self._last_len
                 start, prefix_len = (idx, self._last_len) if grown else (idx + 1, 0)
         lines = []
-        budget = self.max_chars // 3
         for i, e in enumerate(entries[start:]):
             text = e.text[prefix_len:].strip() if i == 0 else e.text.strip()
             if text:
                 lines.append((e, text))
-        while lines and sum(len(text) + 16 for _, text in lines) > budget:  # 16: a line's label
-            lines.pop(0)  # a long silence of the reasoner: keep the most recent part
         last = entries[-1] if entries else self._last_entry
         return lines, last, len(last.text) if last is not None else 0
+
+
+def _within(lines: list[tuple[Entry, str]], budget: int) -> list[tuple[Entry, str]]:
+    """The newest lines that fit `budget` (a long silence of the reasoner: keep the most recent part)."""
+    lines = list(lines)
+    while lines and sum(len(text) + 16 for _, text in lines) > budget:  # 16: a line's label
+        lines.pop(0)
+    return lines
 
 
 def _turn(lines: list[tuple[Entry, str]], task: str) -> str:

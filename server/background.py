@@ -33,6 +33,7 @@ from server import protocol as p
 from server.background_context import Pending, ReasonerContext
 from server.client_tools import ClientTools
 from server.metrics import Metrics
+from server.rate_limit import background_requests, retry_after
 from server.sessions import Pace, Session
 from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin_async
 from streaming.types import TICK_SECONDS
@@ -98,6 +99,7 @@ class BackgroundWorker:
         self._current: _Request | None = None
         self._runner: asyncio.Task[None] | None = None
         self._client_tools = ClientTools(session)  # tool calls the client executes
+        self._client_rate = background_requests()  # the client's own requests (server/rate_limit.py)
         self._stopped = False
         self.context = ReasonerContext(self.settings.context_turns, self.settings.context_chars)
 
@@ -359,6 +361,11 @@ class BackgroundWorker:
                 self._client_error("invalid_policy", "policy must be 'supersede' or 'queue', got "
                                    f"{ev['policy']!r}", "policy", eid)
                 return
+        wait = self._client_rate.take()
+        if wait:
+            self._client_error("rate_limited", f"too many background requests from this session; the next one "
+                               f"in {retry_after(wait)} s (the reasoner is shared)", "type", eid)
+            return
         self.request(query, source="client", policy=policy, client_event_id=eid)
 
     # -- output -------------------------------------------------------------------------------------

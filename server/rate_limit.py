@@ -72,3 +72,13 @@ class KeyedBuckets:
 def retry_after(wait: float) -> str:
     """A Retry-After header's value (whole seconds, at least 1) for a wait in seconds."""
     return str(max(1, math.ceil(wait)))
+
+
+# A session's own requests to the background reasoner, which every session shares: a few back to
+# back (a question, its correction), then one every few seconds; a request answered takes longer.
+BACKGROUND_REQUESTS_PER_MINUTE = 12.0
+BACKGROUND_BURST = 3
+
+
+def background_requests() -> TokenBucket:
+    return TokenBucket(BACKGROUND_REQUESTS_PER_MINUTE / 60.0, BACKGROUND_BURST)

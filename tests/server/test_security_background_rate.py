@@ -1,0 +1,45 @@
+"""A client asking the shared background reasoner as fast as it can: a few requests back to back are
+served, the rest are refused with `rate_limited` until the session's bucket refills; on a real server
+whose reasoner is a scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from server.rate_limit import BACKGROUND_BURST
+from tests.server._background_stub import ScriptedOpenAI
+from tests.wsclient import recv_event, send, start_session
+
+
+@pytest.fixture
+def stub() -> Iterator[ScriptedOpenAI]:
+    server = ScriptedOpenAI().start()
+    yield server
+    server.stop()
+
+
+async def test_background_requests_beyond_the_burst_are_rate_limited(duplex_server, stub: ScriptedOpenAI) -> None:
+    server = duplex_server("--model", "echo", "--background", "openai", "--background-url", stub.base_url,
+                           "--background-model", "scripted")
+    ws, _ = await start_session(server.ws_url, pace="media")
+    sent = BACKGROUND_BURST + 3
+    for i in range(sent):
+        await send(ws, {"type": "duplex.background.request", "event_id": f"q{i}", "query": f"[slow] question {i}"})
+    started: list[str] = []
+    limited: list[str] = []
+    while len(started) + len(limited) < sent:
+        ev = await recv_event(ws)
+        if ev["type"] == "duplex.background.started":
+            started.append(ev["client_event_id"])
+        elif ev["type"] == "error" and ev["error"]["code"] == "rate_limited":
+            limited.append(ev["error"]["event_id"])
+            assert "background requests" in ev["error"]["message"]
+    assert started == [f"q{i}" for i in range(BACKGROUND_BURST)]
+    assert limited == [f"q{i}" for i in range(BACKGROUND_BURST, sent)]
+    await send(ws, {"type": "session.update", "session": {"instructions": "still here"}})  # the session goes on
+    while (ev := await recv_event(ws))["type"] != "session.updated":
+        pass
+    await ws.close()
+    assert len(stub.requests) <= BACKGROUND_BURST  # the refused ones never reached the reasoner

@@ -274,7 +274,7 @@ def _add_native_options(serve: argparse.ArgumentParser) -> None:
                         "[$DUPLEX_TORCH_THREADS]")
     native.add_argument("--native-matmul", choices=MATMUL_MODES, default=env.matmul,
                         help="what the transformer blocks' products run in; bf16 uses serving copies of the "
-                        "weights (measure its quality with bench.precision first) [$DUPLEX_NATIVE_MATMUL]")
+                        "weights (measure its quality with bench.native.precision first) [$DUPLEX_NATIVE_MATMUL]")
     native.add_argument("--native-graphs", choices=("auto", *GRAPH_MODES), default=env.graphs or "auto",
                         help="bucketed transformer step: cuda = replayed from CUDA graphs, eager = the same buckets "
                         "without graphs, off = plain; auto = cuda on a GPU, off on a CPU [$DUPLEX_NATIVE_GRAPHS]")

@@ -225,6 +225,9 @@ def add_serve_command(sub: Any) -> None:
     serve.add_argument("--session-expiry-warning-s", type=float, default=60.0, metavar="SECONDS",
                        help="with --max-session-minutes: how long before the end a session is warned "
                        "(duplex.session.expiring)")
+    serve.add_argument("--session-usage-every", type=float, default=15.0, metavar="SECONDS",
+                       help="seconds between duplex.session.usage events (session time, the reasoner's context "
+                       "fill and what was summarised) to each session (0 = none)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="the server log's verbosity")
     _add_cluster_options(serve)
@@ -247,7 +250,10 @@ def _add_cluster_options(serve: argparse.ArgumentParser) -> None:
     cluster.add_argument("--session-store", default=None, metavar="redis://HOST:PORT/DB",
                          help="Redis (or Valkey) holding what a session needs to continue on another replica "
                          "(its settings, conversation, missed events, background requests, and the native "
-                         "model's micro-turn log, replayed there); none: sessions live here only")
+                         "model's micro-turn log, replayed there); none: sessions live here only (if not "
+                         "given: $DUPLEX_SESSION_STORE; its AUTH password: in the URL as redis://:PASSWORD@HOST, or "
+                         "$DUPLEX_SESSION_STORE_PASSWORD, kept out of argv; with --cluster-secret what is stored "
+                         "is MACed and refused when the MAC fails)")
     cluster.add_argument("--drain-grace", type=float, default=0.0, metavar="S",
                          help="on SIGTERM, stop taking sessions (the agent says drain), tell each client "
                          "(duplex.session.draining) and let live sessions go on for up to S seconds before "
@@ -351,13 +357,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         ws_compression=args.ws_compression, log_level=args.log_level,
         ws_ping_interval=args.ws_ping_interval, ws_ping_timeout=args.ws_ping_timeout,
         max_session_minutes=args.max_session_minutes, session_expiry_warning_s=args.session_expiry_warning_s,
+        session_usage_every=args.session_usage_every,
         **_cluster_config(args))
 
 
 def _cluster_config(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"agent_port": args.agent_port, "drain_grace": args.drain_grace,
                            "restore_reserve": args.restore_reserve,
-                           "session_store": args.session_store,
+                           "session_store": args.session_store or os.environ.get("DUPLEX_SESSION_STORE") or None,
                            "cluster_secret": args.cluster_secret or os.environ.get("DUPLEX_CLUSTER_SECRET") or None}
     if args.replica_id is not None:
         out["replica_id"] = args.replica_id

@@ -63,6 +63,7 @@ class ServerConfig:
     ws_ping_timeout: float = 20.0  # seconds a pong may take, while the server reads (server/ws_keepalive.py)
     max_session_minutes: float | None = None  # a session's longest life, attached or not (None = no limit)
     session_expiry_warning_s: float = 60.0  # duplex.session.expiring this long before that limit closes it
+    session_usage_every: float = 15.0  # seconds between duplex.session.usage events (0 = none)
     log_level: str = "info"
     # Running as one of several replicas (deploy/): the id that starts every resume token (so the proxy
     # routes a resume to it), the secret the tokens' MACs use (None: unsigned tokens, one server), and
@@ -142,6 +143,8 @@ class ServerConfig:
             raise ValueError("--ws-ping-interval must be within 0..3600 s and --ws-ping-timeout within (0, 3600] s")
         if self.max_session_minutes is not None and not 0 < self.max_session_minutes <= 7 * 24 * 60:
             raise ValueError(f"--max-session-minutes must be positive (at most a week), got {self.max_session_minutes}")
+        if self.session_usage_every < 0:
+            raise ValueError(f"--session-usage-every must be 0 (none) or more, got {self.session_usage_every}")
         if self.session_expiry_warning_s < 0:
             raise ValueError(f"--session-expiry-warning-s must be 0 or more, got {self.session_expiry_warning_s}")
         if self.background_max_sentences is not None and self.background_max_sentences < 0:

@@ -25,6 +25,7 @@ from server.auth import ResumeTokens, TokenCheck, default_origins, session_id_pr
 from server.claims import Claims
 from server.config import ServerConfig
 from server.drain import Drain
+from server.session_limits import TIME_LIMIT_CLOSE, SessionLimits
 from server.sessions import (
     RETRY_AFTER_FULL,
     Ended,
@@ -68,6 +69,8 @@ class Runtime(Verbs):
         self._reaper: asyncio.Task[None] | None = None
         self._transports: list[Callable[[], Awaitable[None]]] = []  # each closes its connections at stop
         self.agent = AgentServer(config.host, config.agent_port, self.load) if config.agent_port else None
+        self.limits = SessionLimits(config.max_session_minutes, config.session_expiry_warning_s,
+                                    config.session_usage_every)
 
     @classmethod
     async def create(cls, config: ServerConfig, model: InteractionModel | None = None) -> Runtime:
@@ -76,7 +79,8 @@ class Runtime(Verbs):
         runtime = cls(cfg, await build(cfg, model))
         metrics, engine = runtime.metrics, runtime.engine
         if cfg.session_store:
-            store = SessionStore.from_url(cfg.session_store, cfg.replica_id, cfg.resume_grace, LEASE_S)
+            store = SessionStore.from_url(cfg.session_store, cfg.replica_id, cfg.resume_grace, LEASE_S,
+                                          cfg.cluster_secret)
             runtime.claims = Claims(store, runtime.model)
             metrics.store_errors.set_function(lambda: store.errors)
         await engine.start()
@@ -293,11 +297,17 @@ class Runtime(Verbs):
         self._transports.append(close_all)
 
     async def reap(self, now: float) -> list[Session]:
-        """Close sessions past their resume grace, and attached sessions idle past the idle timeout."""
+        """Close sessions past their resume grace, attached sessions idle past the idle timeout and sessions
+        past --max-session-minutes (warned first); report usage to the attached ones."""
         expired = self.registry.expired(now)
         for s in expired:
             log.info("reaping session %s (%s)", s.id, "resume grace over" if s.detached_at else "idle")
             await self.close(s, "" if s.detached_at else "session idle timeout")
+        for s in self.limits.over(self.registry.sessions(), now):
+            log.info("closing session %s: its time limit passed", s.id)
+            await self.close(s, self.limits.reason(), TIME_LIMIT_CLOSE)
+            expired.append(s)
+        self.limits.report_usage(self.registry.sessions(), now)
         return expired
 
     async def drain(self, reason: str) -> None:

@@ -227,6 +227,9 @@ class Session:
     backlog: Backlog = field(default_factory=Backlog)  # produced while detached; replayed on resume
     spare_token: str | None = None  # the token it last resumed with, while the client may lack the new one
     came_with: str | None = None  # the token its current connection resumed (or restored) it with; None if new
+    opened_at: float = field(default_factory=time.monotonic)  # when it opened here (--max-session-minutes)
+    expiry_told: bool = False  # duplex.session.expiring was sent
+    usage_at: float = field(default_factory=time.monotonic)  # when duplex.session.usage was last sent
 
     @property
     def attached(self) -> bool:

@@ -6,7 +6,7 @@ or the synthesis moves: from the micro-turn the question was delegated (the `del
 logs in `output.events.json`) to the first audio of the answer, the first
 `response.output_audio_transcript.delta` after it (a phrase started playing; the acknowledgment's starts
 at or before the delegate's micro-turn). A fast answer plays on in the acknowledgment's response, so the
-next `response.created` is not its start; logs written before the runner kept the deltas (2026-12-05)
+next `response.created` is not its start; logs written before the runner kept the deltas
 fall back to it. A question whose answer never started before the clip ended counts as not answered,
 and the percentiles take it as longer than every answered one.
 

@@ -17,7 +17,7 @@ From when it speaks, per sample:
   reply after an interruption); latency from that end.
 
 Chosen: the lowest threshold that takes the floor in at most `--max-pause-rate` of the pauses (0.3,
-the floor issue 38 sets on FD-bench's pause TOR): every higher one only answers fewer questions, later.
+the project's floor on FD-bench's pause TOR): every higher one only answers fewer questions, later.
 J = (turns answered + interruptions answered) / 2 - pauses taken is printed beside each, for another
 trade-off. Calibrate on a set you do not report figures on.
 """
@@ -44,7 +44,7 @@ from streaming.types import TICK_SECONDS
 
 THRESHOLDS = (0.0, 0.5, 0.55, 0.6, 0.65, 0.7)  # 0 = greedy
 KINDS = ("pause", "turn_taking", "interruption")
-MAX_PAUSE = 0.3  # default bound on the pauses taken (issue 38's floor for FD-bench's pause TOR)
+MAX_PAUSE = 0.3  # default bound on the pauses taken (the project's floor for FD-bench's pause TOR)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""How fast a native session is rebuilt from its micro-turn log (issue 36, benchmark d).
+"""How fast a native session is rebuilt from its micro-turn log .
 
     python -m bench.native.replay [--model native:tiny] [--ticks 150] [--json]
 

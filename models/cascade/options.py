@@ -28,15 +28,10 @@ class CascadeOptions:
     whisper_ticks: int = 1
     # How long a real-time step waits, all its sessions together, for off-thread work due now before
     # leaving it to the next micro-turn (models.turns.work.StepClock), and never longer than the engine
-    # allows less the step's own work (models.base.StepBudget: before its sessions' next deadline, at
-    # most 100 ms past another phase slot's), so waiting misses no deadline. Media pace never waits: the
-    # engine steps a media session once its due work is done. A pause's Whisper + text-model job takes
-    # ~215 ms of a quiet core and 240-340 ms beside a second session: at 50 ms it was late on almost every
-    # pause and its decision came a micro-turn later than in media pace. Measured (2026-12-03, held-out
-    # seed 2222 turn-taking, 2 sessions, real time; media pace 0.446 s): without the engine's bound 50 ms
-    # 0.603 s latency (20 jobs late), 120 ms 0.484 s (7), 150 ms 0.456 s (2); with it, 150 ms 0.507 s
-    # (10). The cost: the output of every session in a step that waits leaves up to that much later in
-    # its micro-turn (a player's buffer absorbs it; delta lateness p50 12 ms at 50 and at 150).
+    # allows less the step's own work (models.base.StepBudget), so waiting misses no deadline. Media pace
+    # never waits. Long enough for a pause's Whisper + text-model job beside a second session; the
+    # cost is output that leaves up to that much later in its micro-turn (a player's buffer absorbs it).
+    # Figures: docs/results/2026-12-03-cascade-options.md.
     job_grace_ms: int = 150
     # pocketsphinx decoders built at load per decoding process (~1 s and ~95 MB each). 0 = enough
     # for `max_sessions` users talking at once (2 per process when uncapped): one built later, inline,
@@ -59,21 +54,10 @@ class CascadeOptions:
     # budget leaves ~2.5x for a loaded machine; a phrase later than that plays a micro-turn later.
     tts_budget_ms: float = 60.0
     tts_ms_per_char: float = 6.0
-    # Sessions admitted at once: as many as hold a good conversation, not as many as keep the deadlines.
-    # Start-up calibration steps silence, which costs the recogniser almost nothing, so it overestimates
-    # (it said 62-130 here); bench.load with every session talking nonstop keeps every deadline up to 16
-    # sessions on 2 cores. What limits a conversation is the answers: with llama-server (the default
-    # `--background auto` when set-up built it), held-out FD-bench (seed 2222, real time, N sessions
-    # starting together, 2 cores): 2026-12-04, N = 6: turn-taking TOR 0.75 / 0.77 s, interruption TOR 0.65
-    # (answers started after the clip's user had moved on). Since an answer's first piece goes out at
-    # its first phrase break (text.SentenceSplitter; 2026-12-05) the answer's first audio comes 1.8 / 3.4 s
-    # p50 / p90 after the question instead of 3.4 / 6.6 s, and N = 6 held in each of six runs (two of this
-    # code, four with a reasoner change that measured the same and was reverted): turn-taking TOR 0.95-1.0
-    # / 0.72-0.78 s, interruption TOR 0.95-1.0, pause TOR 0.05, no missed deadline; N = 8
-    # did not (0.80 / 0.81 s, 0.80). The in-process llamacpp reasoner answers one session at a time and
-    # lowers this to 3 itself (server/admission.py `admitted`). A camera on every session costs more
-    # than 2 cores give at 6 (README, "duplex sees"): there, set 4. With a reasoner on other hardware,
-    # raise it. 0 = no cap.
+    # Sessions admitted at once: as many as hold a good conversation, not as many as keep the deadlines
+    # (start-up calibration steps silence and overestimates). What limits a conversation on 2 cores is
+    # the answers of the shared reasoner; a camera on every session costs more: there, set 4. With a
+    # reasoner on other hardware, raise it. 0 = no cap. Figures: docs/results/2026-12-03-cascade-options.md.
     max_sessions: int = 6
     # --- voice activity (Silero probabilities per 32 ms window)
     vad_on: float = 0.5  # a window at or above this is speech
@@ -92,14 +76,11 @@ class CascadeOptions:
     eagerness: str = "auto"  # "low", "medium", "high" or "auto" (= medium): how soon an unsure turn ends
     # Silence after which Smart Turn and Whisper are asked: `eot_check_early_ms` when no off-thread job
     # is in flight (a quiet machine), else `eot_check_ms`. The ask comes at the end of a micro-turn, so
-    # a turn that ends early in one is asked a micro-turn sooner at 100 ms than at 200 ms (its answer
-    # a micro-turn sooner too). 100 ms asks at gaps between words as well, so it asks only when the
-    # workers are idle: a loaded machine falls back to 200 ms by itself. `bench.load --find-max`, every
-    # session talking nonstop (2026-12-03, a machine that held 6 at 200 ms; 11 on an earlier, faster
-    # one): 5 sessions either way, always at 100 ms or idle only, but 8 sessions missed 727 deadlines
-    # always at 100 ms, 240 idle only, 323 at 200 ms. Whether the workers are idle depends on how fast
-    # earlier jobs ran, so two runs of the same input may judge a pause a micro-turn apart, in media
-    # pace too; 0 turns the early ask off (runs that repeat exactly).
+    # a turn that ends early in one is asked a micro-turn sooner at 100 ms than at 200 ms. 100 ms asks at
+    # gaps between words as well, so it asks only when the workers are idle: a loaded machine falls back
+    # to 200 ms by itself. Whether the workers are idle depends on how fast earlier jobs ran, so two runs
+    # of the same input may judge a pause a micro-turn apart, in media pace too; 0 turns the early ask
+    # off (runs that repeat exactly). Figures: docs/results/2026-12-03-cascade-options.md.
     eot_check_ms: int = 200
     eot_check_early_ms: int = 100
     eot_unsure_ms: int = 600  # silence that ends a turn where words and prosody do not both say finished

@@ -2,7 +2,7 @@
 
 The flow head is the model's own voice; it is used only where the checkpoint earned it: its phrase
 word error (ASR on the flow head's audio of held-out phrases, `train/evaluate.py`, recorded at export
-under `PHRASE_WER_KEY`) at most `FLOW_MAX_WER`, the floor issue 38 sets on what the model says. A
+under `PHRASE_WER_KEY`) at most `FLOW_MAX_WER`, the project's floor on what the model says. A
 checkpoint without the field (the first shipped `native:tiny`, measured at 1.0 by pocketsphinx) has
 not shown it can be understood, so `auto` gives it Piper. Weights no trainer made (random, or set by
 hand in tests: no `trainer` in the metadata) have no text worth speaking; `auto` leaves them the flow

@@ -108,7 +108,7 @@ async def test_shipped_model_replies_to_a_question_with_words_and_not_before(nat
 
 @pytest.mark.timeout(300)
 async def test_shipped_model_waits_through_a_mid_sentence_pause(native: ServerProc) -> None:
-    """An unfinished clause in an espeak voice, then 2.4 s of silence: it waits ."""
+    """An unfinished clause in an espeak voice, then 2.4 s of silence: it waits."""
     head = _speech("Yesterday I went to the market because")
     spoken = await _stream(native.ws_url, np.concatenate([_silence(0.6), head, _silence(2.4)]))
     end = int((0.6 * RATE + len(head)) // TURN)

@@ -1,4 +1,4 @@
-"""The embedded reasoner's work clock: the tokens it evaluated, at their measured cost (issue 11).
+"""The embedded reasoner's work clock: the tokens it evaluated, at their measured cost.
 
 Media pace times a background request by the reasoner's compute, not by the wall (clock.py). The CPU
 time of the generation thread was that measure, and it moved with the machine's load: a media run that

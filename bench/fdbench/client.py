@@ -37,8 +37,8 @@ from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 # Output micro-turn n is what the model says while input micro-turn n + 1 is being heard: its
 # audio can only start once input n has fully arrived (docs/architecture.md: one micro-turn in, one out).
 OUTPUT_TICK_OFFSET = 1
-# Media pace: micro-turns sent but not yet answered. Below the server's input backlog bound
-# (streaming.chunker default: 10 micro-turns) so nothing is ever dropped.
+# Media pace: micro-turns sent but not yet answered, when the server does not say how many it takes
+# (its `duplex.input.window`; streaming.chunker's default bound is 10 micro-turns).
 MEDIA_WINDOW = 6
 # Media pace: how long to wait after the switch for real-time ticks already in flight (see _settle).
 MEDIA_SETTLE = 0.4
@@ -183,7 +183,9 @@ def _connect(url: str, open_timeout: float) -> Any:
     return open_session(url, open_timeout=open_timeout)
 
 
-async def _expect(ws: Any, wanted: str, timeout: float) -> dict[str, Any]:
+async def _expect(ws: Any, wanted: str, timeout: float, seen: dict[str, dict[str, Any]] | None = None
+                  ) -> dict[str, Any]:
+    """The next `wanted` event; the events passed on the way are kept in `seen` by type (the newest)."""
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
@@ -193,6 +195,8 @@ async def _expect(ws: Any, wanted: str, timeout: float) -> dict[str, Any]:
         if isinstance(raw, bytes):
             continue
         msg = json.loads(raw)
+        if seen is not None:
+            seen[str(msg.get("type"))] = msg
         if msg.get("type") == wanted:
             return dict(msg)
         if msg.get("type") == "error":
@@ -264,7 +268,9 @@ async def _stream_once(
             if seat is not None:
                 ext["media_clock"] = seat.join
             await ws.send(json.dumps({"type": "session.update", "session": {"pace": pace, "duplex": ext}}))
-            await _expect(ws, "session.updated", 20.0)
+            seen: dict[str, dict[str, Any]] = {}
+            await _expect(ws, "session.updated", 20.0, seen)
+            window = input_window_ticks(seen.get("duplex.input.window"))
             answered = asyncio.Event()
             t0 = time.monotonic()
             receiver = asyncio.create_task(_receive(ws, result, answered, n_send, lambda: t0, seat))
@@ -272,7 +278,7 @@ async def _stream_once(
                 if pace == "media":
                     await _settle(result, receiver)
                     t0 = time.monotonic()  # the moment input sample 0 leaves
-                    await _send_media(ws, padded, result, receiver, timeout, seat)
+                    await _send_media(ws, padded, result, receiver, timeout, seat, window)
                     await asyncio.wait_for(_wait_done(answered, receiver), timeout)
                 else:
                     # A real-time session's clock starts at its first input and each tick follows its
@@ -316,9 +322,16 @@ async def _wait_done(answered: asyncio.Event, receiver: "asyncio.Task[None]") ->
         raise ClientError("the server closed the session before answering every micro-turn")
 
 
+def input_window_ticks(event: dict[str, Any] | None) -> int:
+    """Micro-turns a media-pace client may have sent and not yet had answered: the server's
+    `duplex.input.window` (docs/long-sessions.md), MEDIA_WINDOW from a server that does not send it."""
+    ms = event.get("window_ms") if event else None
+    return max(1, int(ms) // round(TICK_SECONDS * 1000)) if isinstance(ms, int) else MEDIA_WINDOW
+
+
 async def _send_media(
     ws: Any, padded: Audio, result: StreamResult, receiver: "asyncio.Task[None]", timeout: float,
-    seat: Slot | None = None,
+    seat: Slot | None = None, window: int = MEDIA_WINDOW,
 ) -> None:
     n_ticks = len(padded) // TICK_SAMPLES
     deadline = time.monotonic() + timeout
@@ -329,8 +342,8 @@ async def _send_media(
             if left <= 0:
                 raise TimeoutError
             await asyncio.wait_for(seat.turn(i), left)
-        # Flow control: keep at most MEDIA_WINDOW micro-turns unanswered.
-        while i - len(result.ours()) >= MEDIA_WINDOW:
+        # Flow control: keep at most `window` micro-turns unanswered.
+        while i - len(result.ours()) >= window:
             if receiver.done():
                 receiver.result()
                 raise ClientError("the server closed the session mid-stream")

@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 
 from streaming.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from tests.conftest import ServerProc, start_server
+from tests.server._background_stub import ScriptedOpenAI
 from tests.wsclient import open_ws, recv_event, send
 
 pytest.importorskip("openai.resources.live", reason="this openai SDK has no client.live (openai>=3.51 has)")
@@ -252,3 +253,36 @@ async def test_a_server_shutdown_closes_the_session_as_expired(duplex_server) ->
         assert closed.reason == "expired"
         assert closed.model_dump()["duplex"]["code"] == 1001, "the drain's reason and close code are given"
         await stopping
+
+
+async def test_responses_delegation_is_configured_updated_and_checked(duplex_server) -> None:  # type: ignore[no-untyped-def]
+    stub = ScriptedOpenAI().start()  # the server's reasoner: an OpenAI-compatible backend
+    try:
+        srv = duplex_server("--model", "echo:0", "--background", "openai", "--background-url", stub.base_url)
+        tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+        client = AsyncOpenAI(api_key="unused", base_url=f"{srv.url}/v1")
+        async with client.live.connect(max_retries=0) as conn:
+            started = await start(conn, delegation={"type": "responses", "responses": {
+                "model": "gpt-5.6-luna", "instructions": "Answer in French.", "tools": [tool]}})
+            d = started.session.model_dump()
+            assert d["delegation"]["type"] == "responses" and d["delegation"]["responses"]["model"] == "gpt-5.6-luna"
+            assert d["duplex"]["background"], "the reasoner that serves it is named"
+            # A sparse update changes the tools and keeps the rest.
+            await conn.send({"type": "session.update", "event_id": "u1", "session": {
+                "delegation": {"type": "responses", "responses": {"tools": []}}}})
+            updated, _ = await until(conn, "session.updated")
+            responses = updated.session.model_dump()["delegation"]["responses"]
+            assert responses["tools"] == [] and responses["model"] == "gpt-5.6-luna"
+            assert responses["instructions"] == "Answer in French."
+            # A function output for a call the reasoner never made: the worker's error, in this protocol's shape.
+            await conn.send({"type": "response.item.create", "event_id": "o1", "item": {
+                "type": "function_call_output", "call_id": "call_nope", "output": "x"}})
+            await conn.session.input_audio.append(audio=base64.b64encode(bytes(9600)).decode())
+            err, _ = await until(conn, "error")
+            assert err.error.code == "unknown_call_id" and err.error.client_event_id == "o1"
+            await conn.response.create()  # accepted: nothing to start
+            await conn.session.close()
+            _, before = await until(conn, "session.closed", timeout=5)
+            assert not [e for e in before if e.type == "error"]
+    finally:
+        stub.stop()

@@ -30,6 +30,7 @@ import httpx
 
 from deploy.haproxy import ProxyOptions, Replica, render
 from server.config import ServerConfig
+from server.store import PASSWORD_ENV
 
 log = logging.getLogger("duplex.cluster")
 
@@ -38,6 +39,15 @@ READY_TIMEOUT = 120.0  # seconds for a replica to load its model and answer /hea
 PROXY_READY_TIMEOUT = 10.0
 STOP_TIMEOUT = 15.0  # seconds a child has to exit after SIGTERM (a replica drains first), then SIGKILL
 POLL = 0.2  # seconds between the supervisor's looks at its children
+STORE_HOST = "127.0.0.1"  # the session store is never reachable from beyond this host
+
+
+def redis_config(port: int, password: str) -> str:
+    """redis.conf for the cluster's store: loopback only, AUTH required, nothing written to disk."""
+    if not password.isalnum():
+        raise ValueError("the store's password must be letters and digits (it is written into redis.conf)")
+    return "\n".join([f"port {port}", f"bind {STORE_HOST}", "protected-mode yes", f"requirepass {password}",
+                      'save ""', "appendonly no", ""])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -114,6 +124,7 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # One secret for the replicas' token MACs; it never leaves their environment.
         self.secret = os.environ.get("DUPLEX_CLUSTER_SECRET") or secrets.token_urlsafe(32)
+        self.store_password = secrets.token_hex(32)  # the store's AUTH: only the replicas' environment has it
         self.api_key = _option(spec.serve_args, "--api-key") or os.environ.get("DUPLEX_API_KEY")
         self.store: Child | None = None
         self.replicas: list[tuple[Child, Replica]] = []
@@ -136,19 +147,26 @@ class LocalCluster:
         self.write_state()
 
     def _start_store(self) -> None:
-        port = free_port(self.spec.host)
-        self.store = Child("redis", ["redis-server", "--port", str(port), "--bind", self.spec.host, "--save", "",
-                                     "--appendonly", "no"], port, self.workdir / "redis.log")
+        """Redis on loopback only, whatever --host says (the replicas are on this host), with a password:
+        in a config file only its owner reads, never in argv (`ps` shows argv to every user)."""
+        port = free_port(STORE_HOST)
+        config = self.workdir / "redis.conf"
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(redis_config(port, self.store_password))
+        self.store = Child("redis", ["redis-server", str(config)], port, self.workdir / "redis.log")
         self.store.start()
-        _wait_port(self.spec.host, port, self.store, PROXY_READY_TIMEOUT)
+        _wait_port(STORE_HOST, port, self.store, PROXY_READY_TIMEOUT)
 
     @property
     def store_url(self) -> str:
+        """No password in it: the replicas get that in their environment (server/store.py: PASSWORD_ENV)."""
         assert self.store is not None
-        return f"redis://{self.spec.host}:{self.store.port}/0"
+        return f"redis://{STORE_HOST}:{self.store.port}/0"
 
     def _start_replicas(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "DUPLEX_CLUSTER_SECRET": self.secret}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "DUPLEX_CLUSTER_SECRET": self.secret,
+               PASSWORD_ENV: self.store_password}
         started: list[tuple[Child, str, int]] = []
         for i in range(1, self.spec.replicas + 1):
             rid, port, agent = f"r{i}", free_port(self.spec.host), free_port(self.spec.host)
@@ -252,7 +270,7 @@ class LocalCluster:
             self.store.stop()
             self.store_restarts += 1
             self.store.start()
-            _wait_port(self.spec.host, self.store.port, self.store, PROXY_READY_TIMEOUT)
+            _wait_port(STORE_HOST, self.store.port, self.store, PROXY_READY_TIMEOUT)
             self.write_state()
         for child, _ in self.replicas:
             if child.proc is not None and child.proc.poll() is not None and not child.exit_reported:

@@ -57,6 +57,8 @@ class Claims:
         if self.logs is None:
             return 0, None
         records = await self.store.load_log(session.id)
+        if records is None:
+            return 0, "its stored micro-turn log was refused (over its bound, or not written by a replica)"
         try:
             for i in range(0, len(records), REBUILD_CHUNK):
                 await run(self.logs.rebuild, session.state, records[i : i + REBUILD_CHUNK])

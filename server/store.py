@@ -22,13 +22,22 @@ replica killed with -9 stops renewing, and after `lease_s` another may claim).
 
 Every operation returns a plain result and counts failures instead of raising: when the store is down,
 sessions go on where they are (only cross-replica resume is lost).
+
+Nothing read back is trusted more than the store is: with the cluster secret, every snapshot, log
+record and token binding carries an HMAC-SHA256 (over its kind, the session it belongs to and its
+bytes) and one whose MAC does not verify is refused as if it were not there, so whoever can write to
+Redis cannot make a replica restore a conversation, replay micro-turns or resume a session that no
+replica wrote. Reads are bounded: a snapshot over MAX_SNAPSHOT_BYTES and a log over MAX_LOG_BYTES are
+refused inside Redis, before they cross the network.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +47,37 @@ from redis.exceptions import RedisError
 log = logging.getLogger(__name__)
 
 PREFIX = "duplex:"
+PASSWORD_ENV = "DUPLEX_SESSION_STORE_PASSWORD"  # the store's AUTH password, kept out of argv and URLs
+MAX_SNAPSHOT_BYTES = 32 * 1024 * 1024  # a session's text, items and detached backlog are bounded well below
+MAX_LOG_BYTES = 64 * 1024 * 1024  # a micro-turn log read back for a replay
+LOG_PAGE = 512  # log records per read
+_MAC_BYTES = 16
+
+# KEYS[1] = session hash; ARGV[1] = the largest snapshot read. {epoch, snap}, or {epoch, -1} when too large.
+_LOAD = """
+if redis.call('HSTRLEN', KEYS[1], 'snap') > tonumber(ARGV[1]) then
+  return {redis.call('HGET', KEYS[1], 'epoch'), -1}
+end
+return redis.call('HMGET', KEYS[1], 'epoch', 'snap')
+"""
+
+# KEYS[1] = log key; ARGV[1], ARGV[2] = first and last index, ARGV[3] = the most bytes returned. The
+# records, or -1 as soon as they hold more bytes than that (read one by one: never a whole page first).
+_LOG_PAGE = """
+local page, total, most = {}, 0, tonumber(ARGV[3])
+for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
+  local v = redis.call('LINDEX', KEYS[1], i)
+  if not v then
+    break
+  end
+  total = total + string.len(v)
+  if total > most then
+    return -1
+  end
+  page[#page + 1] = v
+end
+return page
+"""
 
 # KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = replica id, ARGV[2] = lease ms, ARGV[3] = ttl s.
 # Returns the new epoch, or 0 when another replica holds the lease.
@@ -139,8 +179,11 @@ class Claim:
 class SessionStore:
     """Use `SessionStore.from_url("redis://HOST:PORT/DB", replica_id, ttl_s)`; `aclose()` at the end."""
 
-    def __init__(self, client: aioredis.Redis, replica_id: str, ttl_s: float, lease_s: float = 3.0) -> None:
+    def __init__(self, client: aioredis.Redis, replica_id: str, ttl_s: float, lease_s: float = 3.0,
+                 secret: str | None = None) -> None:
         self._r = client
+        self._key = secret.encode() if secret else None  # the cluster secret: what is stored is MACed
+        self._overhead = _MAC_BYTES if self._key is not None else 0
         self.replica_id = replica_id
         self.ttl_s = max(1, int(ttl_s + 0.999))  # the resume grace, whole seconds
         self.lease_ms = int(lease_s * 1000)
@@ -152,12 +195,46 @@ class SessionStore:
         self._release = client.register_script(_RELEASE)
         self._hand_off = client.register_script(_HAND_OFF)
         self._append_log = client.register_script(_APPEND_LOG)
+        self._load = client.register_script(_LOAD)
+        self._log_page = client.register_script(_LOG_PAGE)
+        self.refused = 0  # entries read back whose MAC did not verify, or over their bound
 
     @classmethod
-    def from_url(cls, url: str, replica_id: str, ttl_s: float, lease_s: float = 3.0) -> SessionStore:
+    def from_url(cls, url: str, replica_id: str, ttl_s: float, lease_s: float = 3.0,
+                 secret: str | None = None) -> SessionStore:
+        """`url` may carry a password (`redis://:PASSWORD@HOST:PORT/DB`); else $DUPLEX_SESSION_STORE_PASSWORD
+        is sent, if set."""
         # Short timeouts: a store that hangs must not hold a session's event handling for long.
-        client = aioredis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
-        return cls(client, replica_id, ttl_s, lease_s)
+        extra: dict[str, Any] = {}
+        if os.environ.get(PASSWORD_ENV) and "@" not in url.partition("://")[2].partition("/")[0]:
+            extra["password"] = os.environ[PASSWORD_ENV]
+        client = aioredis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5, **extra)
+        return cls(client, replica_id, ttl_s, lease_s, secret)
+
+    # -- MACs ---------------------------------------------------------------------------------------
+
+    def _mac(self, kind: bytes, owner: str, data: bytes) -> bytes:
+        assert self._key is not None
+        msg = kind + b"\0" + owner.encode() + b"\0" + data
+        return hmac.new(self._key, msg, hashlib.sha256).digest()[:_MAC_BYTES]
+
+    def _seal(self, kind: bytes, owner: str, data: bytes) -> bytes:
+        """`data` as stored: after its MAC when there is a secret."""
+        return data if self._key is None else self._mac(kind, owner, data) + data
+
+    def _open(self, kind: bytes, owner: str, stored: bytes) -> bytes | None:
+        """What `_seal` stored, or None when its MAC does not verify (counted and logged)."""
+        if self._key is None:
+            return stored
+        mac, data = stored[:_MAC_BYTES], stored[_MAC_BYTES:]
+        if len(mac) == _MAC_BYTES and hmac.compare_digest(mac, self._mac(kind, owner, data)):
+            return data
+        self._refuse(f"{kind.decode()} of {owner} is not MACed with the cluster secret")
+        return None
+
+    def _refuse(self, what: str) -> None:
+        self.refused += 1
+        log.warning("session store: refused what it holds: %s", what)
 
     async def aclose(self) -> None:
         await self._r.aclose()
@@ -182,7 +259,8 @@ class SessionStore:
         """Write the session's snapshot; False when the claim is stale (rejected) or the store fails."""
         try:
             ok = await self._save(keys=[f"{PREFIX}s:{claim.session_id}"],
-                                  args=[str(claim.epoch), json.dumps(snapshot, separators=(",", ":")), self.ttl_s])
+                                  args=[str(claim.epoch), self._seal(b"snap", claim.session_id, json.dumps(
+                                      snapshot, separators=(",", ":")).encode()), self.ttl_s])
         except RedisError as exc:
             self._failed("save", exc)
             return False
@@ -227,11 +305,17 @@ class SessionStore:
     async def load(self, session_id: str) -> tuple[int, dict[str, Any]] | None:
         """The session's epoch and last snapshot; None when unknown, expired or the store fails."""
         try:
-            epoch, snap = await self._r.hmget(f"{PREFIX}s:{session_id}", ["epoch", "snap"])
+            epoch, snap = await self._load(keys=[f"{PREFIX}s:{session_id}"], args=[MAX_SNAPSHOT_BYTES + self._overhead])
         except RedisError as exc:
             self._failed("load", exc)
             return None
         if epoch is None or snap is None:
+            return None
+        if snap == -1:
+            self._refuse(f"the snapshot of {session_id} is over {MAX_SNAPSHOT_BYTES} bytes")
+            return None
+        snap = self._open(b"snap", session_id, snap if isinstance(snap, bytes) else str(snap).encode())
+        if snap is None:
             return None
         try:
             snapshot: dict[str, Any] = json.loads(snap)
@@ -246,26 +330,43 @@ class SessionStore:
         length, or None when the claim is stale or the store fails."""
         try:
             n = int(await self._append_log(keys=[f"{PREFIX}s:{claim.session_id}", f"{PREFIX}log:{claim.session_id}"],
-                                           args=[str(claim.epoch), self.ttl_s, "1" if restart else "0", *records]))
+                                           args=[str(claim.epoch), self.ttl_s, "1" if restart else "0",
+                                                 *(self._seal(b"log", claim.session_id, r) for r in records)]))
         except RedisError as exc:
             self._failed("append_log", exc)
             return None
         return n if n >= 0 else None
 
-    async def load_log(self, session_id: str) -> list[bytes]:
-        """The session's micro-turn log, oldest first; empty when there is none or the store fails."""
+    async def load_log(self, session_id: str) -> list[bytes] | None:
+        """The session's micro-turn log, oldest first; empty when there is none or the store fails; None
+        when it is refused (over MAX_LOG_BYTES, or a record not MACed with the cluster secret)."""
+        records: list[bytes] = []
+        left = MAX_LOG_BYTES
         try:
-            records = await self._r.lrange(f"{PREFIX}log:{session_id}", 0, -1)
+            while True:
+                page = await self._log_page(keys=[f"{PREFIX}log:{session_id}"],
+                                            args=[len(records), len(records) + LOG_PAGE - 1, left])
+                if page == -1:
+                    self._refuse(f"the micro-turn log of {session_id} is over {MAX_LOG_BYTES} bytes")
+                    return None
+                for stored in page:
+                    record = self._open(b"log", session_id, stored if isinstance(stored, bytes) else stored.encode())
+                    if record is None:
+                        return None
+                    records.append(record)
+                    left -= len(stored)
+                if len(page) < LOG_PAGE:
+                    return records
         except RedisError as exc:
             self._failed("load_log", exc)
             return []
-        return [r.encode() if isinstance(r, str) else r for r in records]
 
     async def bind_token(self, token: str, session_id: str, previous: str | None = None) -> bool:
         """`token` now names `session_id` (a rotation: `previous` stops naming it)."""
         try:
             async with self._r.pipeline(transaction=True) as pipe:
-                pipe.set(_token_key(token), session_id, ex=self.ttl_s)
+                key = _token_key(token)
+                pipe.set(key, self._seal(b"token", key, session_id.encode()), ex=self.ttl_s)
                 if previous is not None:
                     pipe.delete(_token_key(previous))
                 await pipe.execute()
@@ -276,9 +377,15 @@ class SessionStore:
 
     async def session_for(self, token: str) -> str | None:
         """The session a resume token names; None when unknown, expired or the store fails."""
+        key = _token_key(token)
         try:
-            sid = await self._r.get(_token_key(token))
+            stored = await self._r.get(key)
         except RedisError as exc:
             self._failed("session_for", exc)
             return None
-        return sid.decode() if isinstance(sid, bytes) else sid
+        if stored is None:
+            return None
+        sid = self._open(b"token", key, stored if isinstance(stored, bytes) else str(stored).encode())
+        if sid is None or len(sid) > 256:
+            return None
+        return sid.decode(errors="replace")

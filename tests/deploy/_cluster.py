@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from tests.conftest import ROOT, free_port
 
@@ -35,6 +36,12 @@ class Cluster:
     @property
     def url(self) -> str:
         return str(self.state["url"])
+
+    def store_client(self) -> aioredis.Redis:
+        """A client of the cluster's Redis: its password is in the cluster's redis.conf (mode 0600)."""
+        conf = Path(self.state["workdir"]) / "redis.conf"
+        password = next(ln.split()[1] for ln in conf.read_text().splitlines() if ln.startswith("requirepass "))
+        return aioredis.Redis.from_url(self.state["store"]["url"], password=password)
 
     def replica(self, rid: str) -> dict[str, Any]:
         return next(r for r in self.state["replicas"] if r["id"] == rid)

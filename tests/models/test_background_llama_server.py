@@ -12,8 +12,6 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest.importorskip("llama_cpp", reason="the embedded background model's weights come with llama-cpp-python's set-up")
-
 from models.background import Done, ReasonerError, TextDelta
 from models.background.llama_server import LlamaServerConfig, LlamaServerReasoner, binary_available
 

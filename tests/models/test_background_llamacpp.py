@@ -88,12 +88,23 @@ async def test_closing_the_stream_stops_generation_and_frees_the_thread(reasoner
     assert first is not None and first < 3.0, f"second request waited {first:.2f}s for the thread"
 
 
-def test_setup_check_generates_in_a_child_process(capsys: pytest.CaptureFixture[str]) -> None:
-    from models.background import llamacpp_check
+def test_setup_check_starts_the_server_and_generates_through_the_bindings(capsys: pytest.CaptureFixture[str]) -> None:
+    from models.background import llama_server_build
 
-    assert llamacpp_check.main(["--tokens", "2"]) == 0
+    llama_server_build.check(llama_server_build.default_binary())
     out = capsys.readouterr().out
-    assert out.startswith("embedded reasoner ok: ") and len(out.strip()) > len("embedded reasoner ok: ''")
+    assert "llama-server ok: " in out and "bindings ok: '" in out
+
+
+def test_the_bindings_load_the_libraries_the_server_runs() -> None:
+    """One build of llama.cpp: llama-cpp-python's libllama is the file beside llama-server."""
+    import llama_cpp.llama_cpp as bindings
+
+    from models.background import llama_server_build
+
+    loaded = Path(bindings._lib._name).resolve()
+    server = llama_server_build.default_binary().resolve()
+    assert loaded.parent == server.parent == llama_server_build.build_dir().resolve()
 
 
 async def test_the_same_conversation_gets_the_same_answer_whatever_came_before() -> None:

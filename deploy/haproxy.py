@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.auth import REPLICA_ID, RESUME_HEADER, RESUME_SUBPROTOCOL_PREFIX, session_id_prefix
+from server.auth import REPLICA_ID, RESUME_HEADER, RESUME_SUBPROTOCOL_PREFIX, check_secret, session_id_prefix
 
 BACKEND = "duplex"
 RESUME_BACKEND = "duplex_resume"
@@ -68,6 +68,10 @@ class ProxyOptions:
     tunnel_timeout_s: int = 3600  # an idle WebSocket (the server pings every 20 s, so only a dead one)
     api_key: str | None = None  # sent with the health check when the replicas require one
     stats_socket: str | None = None  # admin socket path (show servers state, ...), for tests and operators
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None:  # written into the config: nothing in it may be read as syntax
+            check_secret(self.api_key, "the API key")
 
 
 def render(replicas: list[Replica], opts: ProxyOptions | None = None) -> str:

@@ -75,7 +75,9 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
         finally:
             await runtime.stop()  # drain (every session is told why), transports, engine, reasoner, model
 
-    app = FastAPI(title="duplex", version="0.1.0", lifespan=lifespan)
+    # The OpenAPI pages only when asked for: /docs loads Swagger UI's script from a CDN into this origin.
+    docs: dict[str, Any] = {} if config.api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="duplex", version="0.1.0", lifespan=lifespan, **docs)
     app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
     # Outermost: an address's attempts count whether or not they carry the key.
     app.add_middleware(NewSessionRateLimit, per_minute=config.new_sessions_per_minute or 0.0)

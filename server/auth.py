@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import urllib.parse
 from collections.abc import Iterable
 from enum import Enum
 
@@ -26,6 +27,30 @@ RESUME_SUBPROTOCOL_PREFIX = "duplex-resume-token."  # browsers cannot set header
 # Paths anyone may fetch: the static web client holds no data; everything else is API.
 PUBLIC_PREFIXES = ("/static/",)
 PUBLIC_PATHS = ("/", "/index.html", "/favicon.ico")
+
+
+# What a key or secret may hold: a bearer token's characters (RFC 6750's b64token), so that it travels
+# in an Authorization header and a subprotocol, and is written into haproxy.cfg with nothing to escape.
+SECRET = re.compile(r"^[A-Za-z0-9._~+/-]{1,4096}=*$")
+
+
+def check_secret(value: str, what: str) -> str:
+    """`value` if it can be a key or secret; else ValueError naming `what` (never the value)."""
+    if not SECRET.match(value):
+        raise ValueError(f"{what} must be 1-4096 of A-Z, a-z, 0-9 and . _ ~ + / - (then any '='), as a bearer "
+                         "token is; e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+    return value
+
+
+def read_secret(path: str, what: str) -> str:
+    """A key or secret from a file (its first line, without the line's end): argv shows what it holds to
+    every user of the host (`ps`), a file only to whom it lets read it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = f.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what}: cannot read {path}: {exc}") from None
+    return check_secret(value, f"{what} (in {path})")
 
 
 def _equal(a: str, b: str) -> bool:
@@ -102,6 +127,25 @@ def resume_token(conn: HTTPConnection) -> str | None:
         if proto.startswith(RESUME_SUBPROTOCOL_PREFIX):
             return str(proto[len(RESUME_SUBPROTOCOL_PREFIX):])
     return conn.headers.get(RESUME_HEADER) or conn.query_params.get("resume_token")
+
+
+# A query parameter `name=value`: the name as sent (percent-encoded or not), up to its value's end.
+_QUERY_PARAM = re.compile(r"([^?&;=\s\"']+)=([^&;\s\"']*)")
+_SECRET_PARAMS = frozenset({"resume_token", "api_key", "key", "token"})
+
+
+def redact_query(text: str) -> str:
+    """`text` (a log line's path, its arguments) with the values of secret query parameters replaced by
+    `<redacted>`; a parameter's name is compared as the server parses it (`resume%5Ftoken` is
+    `resume_token`)."""
+    if "=" not in text:
+        return text
+
+    def one(m: re.Match[str]) -> str:
+        name = urllib.parse.unquote_plus(m.group(1)).lower()
+        return f"{m.group(1)}=<redacted>" if name in _SECRET_PARAMS else m.group(0)
+
+    return _QUERY_PARAM.sub(one, text)
 
 
 # -- resume tokens ----------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -30,6 +29,7 @@ from models.interaction.options import (
     NativeOptions,
 )
 from models.registry import DEFAULT_MODEL, available
+from server.auth import check_secret, read_secret, redact_query
 from server.config import ServerConfig
 from server.connection_limits import uvicorn_options
 from server.limits import COLLECT_EVERY, DEFAULT_OUTBOX_BYTES, TCP_USER_TIMEOUT_S
@@ -81,16 +81,14 @@ class DrainingServer(uvicorn.Server):
 
 class RedactTokens(logging.Filter):
     """Keeps resume tokens (a credential for a session) out of the logs when an older client sends one
-    in the query string: `resume_token=...` becomes `resume_token=<redacted>`."""
-
-    _pattern = re.compile(r"(resume_token=)[^&\s\"']+")
+    in the query string: `resume_token=...` becomes `resume_token=<redacted>`, however its name is
+    percent-encoded (server/auth.py: redact_query)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and any("resume_token=" in str(a) for a in record.args):
-            record.args = tuple(self._pattern.sub(r"\1<redacted>", a) if isinstance(a, str) else a
-                                for a in record.args)
-        if isinstance(record.msg, str) and "resume_token=" in record.msg:
-            record.msg = self._pattern.sub(r"\1<redacted>", record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_query(a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = redact_query(record.msg)
         return True
 
 
@@ -140,6 +138,11 @@ def add_serve_command(sub: Any) -> None:
     # No default here: the help shows defaults, and it must never print the key's value.
     serve.add_argument("--api-key", default=None,
                        help="require this key on every API endpoint (if not given: $DUPLEX_API_KEY)")
+    serve.add_argument("--api-key-file", default=None, metavar="PATH",
+                       help="read the API key from the first line of this file (kept out of argv, which `ps` shows)")
+    serve.add_argument("--api-docs", action="store_true",
+                       help="serve the OpenAPI description and its pages (/docs, /redoc, /openapi.json); off: "
+                       "/docs loads Swagger UI from a CDN into the web client's origin")
     serve.add_argument("--allow-no-auth", action="store_true",
                        help="allow binding a non-loopback interface without an API key")
     serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
@@ -244,6 +247,8 @@ def _add_cluster_options(serve: argparse.ArgumentParser) -> None:
                          help="secret shared by the replicas: resume tokens carry an HMAC made with it, so a "
                          "forged or re-labelled token is refused (if not given: $DUPLEX_CLUSTER_SECRET; "
                          "none: unsigned tokens)")
+    cluster.add_argument("--cluster-secret-file", default=None, metavar="PATH",
+                         help="read the cluster secret from the first line of this file (kept out of argv)")
     cluster.add_argument("--agent-port", type=int, default=0,
                          help="TCP port answering HAProxy's agent check with this replica's state "
                          "(room for sessions, drain), from the same figures as /healthz (0 = off)")
@@ -338,7 +343,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host, port=args.port, model=args.model, checkpoint=args.checkpoint, device=args.device,
         native=native_options(args),
-        api_key=args.api_key or os.environ.get("DUPLEX_API_KEY") or None, allow_no_auth=args.allow_no_auth,
+        api_key=_secret(args.api_key, args.api_key_file, "DUPLEX_API_KEY", "--api-key"), api_docs=args.api_docs,
+        allow_no_auth=args.allow_no_auth,
         allowed_origins=args.allow_origin,
         max_sessions=args.max_sessions, phase_groups=args.phase_groups, guard_ms=args.guard_ms,
         late_input_ms=args.late_input_ms,
@@ -361,11 +367,20 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         **_cluster_config(args))
 
 
+def _secret(given: str | None, path: str | None, env: str, what: str) -> str | None:
+    """A key or secret from its option, its file option, or the environment, in that order; checked."""
+    if given and path:
+        raise ValueError(f"give {what} or {what}-file, not both")
+    value = read_secret(path, f"{what}-file") if path else (given or os.environ.get(env) or None)
+    return check_secret(value, what) if value is not None else None
+
+
 def _cluster_config(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"agent_port": args.agent_port, "drain_grace": args.drain_grace,
                            "restore_reserve": args.restore_reserve,
                            "session_store": args.session_store or os.environ.get("DUPLEX_SESSION_STORE") or None,
-                           "cluster_secret": args.cluster_secret or os.environ.get("DUPLEX_CLUSTER_SECRET") or None}
+                           "cluster_secret": _secret(args.cluster_secret, args.cluster_secret_file,
+                                                     "DUPLEX_CLUSTER_SECRET", "--cluster-secret")}
     if args.replica_id is not None:
         out["replica_id"] = args.replica_id
     return out

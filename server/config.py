@@ -26,6 +26,7 @@ class ServerConfig:
     native: NativeOptions = field(default_factory=NativeOptions.from_env)
     api_key: str | None = None  # when set, every API endpoint requires it
     allow_no_auth: bool = False  # explicit opt-in to serve a non-loopback interface without a key
+    api_docs: bool = False  # serve /docs, /redoc and /openapi.json (Swagger UI comes from a CDN)
     allowed_origins: list[str] = field(default_factory=list)  # extra browser origins ("*" = any)
     max_sessions: int | None = None  # None = measured at start-up (see server/admission.py)
     phase_groups: int | None = None  # phase slots per micro-turn for real-time sessions; None = from calibration

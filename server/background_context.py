@@ -76,6 +76,7 @@ class ReasonerContext:
     summary: RunningSummary | None = None  # what fell off (made with the budget: a quarter and a sixth of it)
     _unnoted: list[str] = field(default_factory=list)  # facts in committed turns, not yet in the notes block
     requests: int = 0  # requests built (how often the context was read)
+    prompt_chars: int = 0  # the last request's whole prompt
 
     def __post_init__(self) -> None:
         if self.summary is None:
@@ -102,6 +103,7 @@ class ReasonerContext:
         for t in self.turns:
             messages += [{"role": "user", "content": t.user}, {"role": "assistant", "content": t.answer}]
         messages.append({"role": "user", "content": content})
+        self.prompt_chars = sum(len(m["content"]) for m in messages)
         return messages, Pending(content, last, last_len, facts)
 
     def commit(self, pending: Pending, answer: str) -> None:
@@ -128,7 +130,7 @@ class ReasonerContext:
         budget = self.max_chars * 2 // 3
         return {"turns": len(self.turns), "chars": chars, "budget_chars": budget,
                 "usage_ratio": round(min(1.0, chars / budget), 3) if budget else 0.0,
-                "requests": self.requests, "summarised_turns": self.summary.folded,
+                "requests": self.requests, "prompt_chars": self.prompt_chars, "summarised_turns": self.summary.folded,
                 "summary_chars": self.summary.chars(), "notes": len(self.summary.notes),
                 "dropped_summary_lines": self.summary.lines_dropped, "dropped_notes": self.summary.notes_dropped}
 

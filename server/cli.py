@@ -192,6 +192,11 @@ def add_serve_command(sub: Any) -> None:
     serve.add_argument("--rtc-connect-timeout", type=float, default=15.0,
                        help="seconds a WebRTC peer has to show its first sign of life; then the call and its new "
                        "session are closed")
+    serve.add_argument("--ice-candidates", choices=("auto", "public", "any"), default="auto",
+                       help="which ICE candidates of a WebRTC offer the server tries: public = globally routable "
+                       "IP addresses only (no loopback, link-local, private or mDNS/DNS names: a client could make "
+                       "the server probe its own network); any = all (a server for a LAN); auto = any on a "
+                       "loopback --host, else public. Offers naming over 32 candidates are refused")
     serve.add_argument("--max-sessions-per-client", type=_auto_int, default="auto", metavar="auto|N",
                        help="sessions one client address may hold at once, attached, awaiting resume or a WebRTC "
                        "offer not yet connected (0 = no limit); auto: 8 where clients can be told apart (a "
@@ -355,7 +360,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         background_tool_timeout=args.background_tool_timeout, background_max_tokens=args.background_max_tokens,
         background_max_sentences=args.background_max_sentences, background_threads=args.background_threads,
         background_slots=args.background_slots,
-        ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout,
+        ice_servers=args.ice_server, rtc_connect_timeout=args.rtc_connect_timeout, ice_candidates=args.ice_candidates,
         max_sessions_per_client=args.max_sessions_per_client, new_sessions_per_minute=args.new_sessions_per_minute,
         forwarded_allow_ips=args.forwarded_allow_ips, max_outbox_bytes=args.max_outbox_bytes,
         step_watchdog_s=args.step_watchdog_s, stalled_connection_s=args.stalled_connection_s,

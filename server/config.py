@@ -48,6 +48,7 @@ class ServerConfig:
     background_slots: int | None = None  # llama-server: conversations kept evaluated and answered at once
     ice_servers: list[str] = field(default_factory=list)  # WebRTC STUN/TURN URLs
     rtc_connect_timeout: float = 15.0  # s for a WebRTC peer's first sign of life; then the call is closed
+    ice_candidates: str = "auto"  # an offer's candidates tried: public | any | auto (any on loopback only)
     # Sessions one client address may hold at once, and new sessions (WebSockets, WebRTC offers) it may
     # open a minute (0 = no limit; None = DEFAULT_* where clients can be told apart from the operator:
     # a server reachable beyond loopback, or behind a named proxy; else no limit).
@@ -85,6 +86,10 @@ class ServerConfig:
         if self.new_sessions_per_minute is None:
             self.new_sessions_per_minute = DEFAULT_NEW_SESSIONS_PER_MINUTE if tell_apart else 0.0
 
+    def ice_public_only(self) -> bool:
+        """Whether an offer's candidates that are not public addresses are dropped (server/ice_candidates.py)."""
+        return self.ice_candidates == "public" or (self.ice_candidates == "auto" and not self.is_loopback())
+
     def is_loopback(self) -> bool:
         if self.host in ("localhost", "ip6-localhost"):
             return True
@@ -121,6 +126,8 @@ class ServerConfig:
                              f"{self.max_sessions_per_client}")
         if self.max_outbox_bytes < 64 * 1024:
             raise ValueError(f"--max-outbox-bytes must be at least 65536, got {self.max_outbox_bytes}")
+        if self.ice_candidates not in ("auto", "public", "any"):
+            raise ValueError(f"--ice-candidates must be auto, public or any; got {self.ice_candidates!r}")
         if self.step_watchdog_s <= 0 or self.rtc_connect_timeout <= 0:
             raise ValueError("--step-watchdog-s and --rtc-connect-timeout must be positive")
         if not 1 <= self.collect_every <= 3600:

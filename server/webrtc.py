@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response
 
 from server._rtc_call import RtcCall
 from server.auth import client_id, origin_ok, resume_token
+from server.ice_candidates import TooManyCandidates, filter_offer
 from server.limits import MAX_OFFER_BYTES, MAX_OFFER_MLINES
 from server.protocol import ProtocolError
 from server.runtime import Ended, Refused, Runtime
@@ -163,6 +164,10 @@ def register_routes(app: FastAPI) -> None:
         offer = await _read_offer(request)
         if isinstance(offer, JSONResponse):
             return offer
+        try:  # before aiortc sees it: it would send STUN to every address the offer names
+            offer, _ = filter_offer(offer, runtime.config.ice_public_only())
+        except TooManyCandidates as exc:
+            return _error(400, "too_many_candidates", str(exc))
         try:
             call, answer = await calls.open(offer, resume_token(request), client_id(request.scope))
         except Refused as exc:

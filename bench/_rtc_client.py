@@ -157,7 +157,7 @@ class RtcClient:
                 self._tasks.append(asyncio.create_task(self._record(track)))
 
         await pc.setLocalDescription(await pc.createOffer())
-        headers = self._headers()
+        headers = {**self._headers(), "X-Duplex-Extensions": "1"}  # resume, duplex.* events
         if resume_token:  # in a header, not the URL: access logs must not record it
             headers[RESUME_HEADER] = resume_token
         async with httpx.AsyncClient(timeout=timeout) as http:

@@ -17,6 +17,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 
 from server.auth import RESUME_HEADER
+from server.extensions import HEADER as EXTENSIONS_HEADER
 
 Event = dict[str, Any]
 
@@ -34,7 +35,7 @@ def open_session(url: str, resume_token: str | None = None, headers: dict[str, s
                  open_timeout: float = 20.0, max_size: int | None = MAX_SIZE) -> connect:
     """A connection to `url`, to await or to use with `async with`. No keepalive pings: a bench's clock
     is the audio it sends, and a ping answered late would close a session the bench means to measure."""
-    extra = {**auth_headers(), **(headers or {})}
+    extra = {**auth_headers(), EXTENSIONS_HEADER: "1", **(headers or {})}  # resume, ticks, duplex.* events
     if resume_token:
         extra[RESUME_HEADER] = resume_token
     return connect(url, additional_headers=extra, max_size=max_size, open_timeout=open_timeout, ping_interval=None)

@@ -23,6 +23,8 @@ CLIENT_EVENTS = frozenset({
     "input_audio_buffer.clear",
     "conversation.item.create",
     "conversation.item.retrieve",
+    "conversation.item.delete",
+    "conversation.item.truncate",
     "response.create",
     "response.cancel",
     "output_audio_buffer.clear",

@@ -14,11 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from models.base import TickOutput
+from server import lifecycle as lc
 from server import protocol as p
 from server._session_update import updated_settings
 from server.connection import AudioOutput, Connection, ConnState
+from server.extensions import plain
 from server.inbox import TextFull
-from server.items import MAX_ITEMS
+from server.items import END, MAX_ID_CHARS, MAX_ITEMS
 from server.limits import (
     IMAGE_ITEM_BURST,
     MAX_IMAGES_PER_ITEM,
@@ -39,6 +41,8 @@ BETA_NAMES = {
     "response.output_audio_transcript.delta": "response.audio_transcript.delta",
     "response.output_audio_transcript.done": "response.audio_transcript.done",
     "conversation.item.added": "conversation.item.created",
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
 }
 
 
@@ -47,10 +51,11 @@ Handler = Callable[[dict[str, Any], str | None], Awaitable[None] | None]
 
 class RealtimeConnection(Connection):
     def __init__(self, runtime: Runtime, beta: bool = False, audio_out: AudioOutput | None = None,
-                 media_ok: bool = True) -> None:
+                 media_ok: bool = True, extensions: bool = False) -> None:
         super().__init__(runtime, audio_out, media_ok)
         self.beta = beta  # emit the beta protocol's event names
-        self.output = RealtimeOutput(self)  # micro-turn outputs -> Realtime events
+        self.output = RealtimeOutput(self, self.send)  # micro-turn outputs -> Realtime events
+        self.extensions = extensions  # duplex's events and fields (server/extensions.py); else OpenAI's only
         # One table for every client event, whatever the transport.
         self._handlers: dict[str, Handler] = {
             "session.update": self._on_session_update,
@@ -59,6 +64,8 @@ class RealtimeConnection(Connection):
             "input_audio_buffer.clear": self._on_clear,
             "conversation.item.create": self._on_item_create,
             "conversation.item.retrieve": self._on_item_retrieve,
+            "conversation.item.delete": self._on_item_delete,
+            "conversation.item.truncate": self._on_item_truncate,
             "response.create": self._on_response_create,
             "response.cancel": self._on_response_cancel,
             "output_audio_buffer.clear": self._on_output_clear,
@@ -88,6 +95,43 @@ class RealtimeConnection(Connection):
             "pace": cfg.pace.value, "duplex": {"tick_stats": cfg.tick_stats, "tick_ms": int(TICK_SECONDS * 1000),
                                                   "media_clock": cfg.media_clock},
         }
+
+    @property
+    def extensions(self) -> bool:
+        return self.output.extensions
+
+    @extensions.setter
+    def extensions(self, on: bool) -> None:
+        self.output.extensions = on
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """Every event for the client: a tool call from the background worker becomes a whole response."""
+        if event.get("type") == "response.function_call_arguments.done":
+            previous = self.session.items.last_id() if self.session_id is not None else None
+            self.output.after_response(lc.function_call(
+                p.new_id("resp"), str(event.get("item_id") or p.new_id("item")), str(event.get("call_id")),
+                str(event.get("name")), str(event.get("arguments") or ""), previous))
+            return
+        if event.get("type") == "conversation.item.added" and event.get("item", {}).get("type") == \
+                "function_call_output":  # the client's tool output, acknowledged as the API does
+            item = {"object": "realtime.item", "status": "completed", **event["item"]}
+            previous = self.session.items.last_id()
+            self.send({**event, "previous_item_id": previous, "item": item})
+            self.send({"type": "conversation.item.done", "event_id": p.new_id("event"), "previous_item_id": previous,
+                       "item": item})
+            return
+        self.send(event)
+
+    def send(self, event: dict[str, Any]) -> None:
+        """One event as is, less duplex's extensions for a client that did not ask for them."""
+        if event.get("type") == "conversation.item.done" and event.get("previous_item_id") is None:
+            event["previous_item_id"] = self.session.items.before(str(event.get("item", {}).get("id")))
+        if not self.extensions:
+            filtered = plain(event)
+            if filtered is None:
+                return
+            event = filtered
+        super().emit(event)
 
     def outgoing(self, event: dict[str, Any]) -> dict[str, Any]:
         self.session.items.seen(event)  # every item the client is told of can be retrieved later
@@ -135,9 +179,10 @@ class RealtimeConnection(Connection):
         await self.handle_audio_bytes(p.decode_audio_b64(ev.get("audio"), eid), eid)
 
     def _on_commit(self, ev: dict[str, Any], eid: str | None) -> None:
-        # Full duplex has no turns to commit: input is stepped every micro-turn anyway.
-        self.emit({"type": "input_audio_buffer.committed", "event_id": p.new_id("event"),
-                   "item_id": p.new_id("item"), "previous_item_id": None})
+        # Input is stepped every micro-turn anyway; a commit ends the user's open turn as an item, if any.
+        if self.output.commit_now() is None:
+            self.emit({"type": "input_audio_buffer.committed", "event_id": p.new_id("event"),
+                       "item_id": p.new_id("item"), "previous_item_id": self.session.items.last_id()})
 
     def _on_clear(self, ev: dict[str, Any], eid: str | None) -> None:
         self.runtime.clear_input(self.session)
@@ -146,6 +191,7 @@ class RealtimeConnection(Connection):
     async def _on_item_create(self, ev: dict[str, Any], eid: str | None) -> None:
         s = self.session
         item = ev.get("item")
+        after = self._previous_item(ev, eid)
         if isinstance(item, dict) and item.get("type") == "function_call_output":
             self._background_event(ev, eid)
             return
@@ -177,6 +223,7 @@ class RealtimeConnection(Connection):
         if said:
             try:
                 self.runtime.push_text(s, text)
+                self.output.typed(text)
             except TextFull as exc:
                 self.runtime.metrics.dropped_events.labels("inbox_full").inc()
                 raise ProtocolError("text_buffer_full", str(exc), "item.content", eid) from None
@@ -185,19 +232,66 @@ class RealtimeConnection(Connection):
         if said:
             content.append({"type": "input_text", "text": text})
         given = item.get("id") if isinstance(item, dict) else None
-        item_id = given[:64] if isinstance(given, str) else p.new_id("item")
-        self.emit({"type": "conversation.item.added", "event_id": p.new_id("event"), "previous_item_id": None,
-                   "item": {"id": item_id, "type": "message", "role": "user", "content": content}})
+        item_id = given[:MAX_ID_CHARS] if isinstance(given, str) and given else p.new_id("item")
+        added = {"id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
+                 "content": content}
+        previous = s.items.last_id() if after is END else after
+        s.items.put(added, after)
+        self.emit({"type": "conversation.item.added", "event_id": p.new_id("event"), "previous_item_id": previous,
+                   "item": added})
+        self.emit({"type": "conversation.item.done", "event_id": p.new_id("event"), "previous_item_id": previous,
+                   "item": added})
 
-    def _on_item_retrieve(self, ev: dict[str, Any], eid: str | None) -> None:
+    def _previous_item(self, ev: dict[str, Any], eid: str | None) -> str | None:
+        """Where `conversation.item.create` puts its item: after `previous_item_id` ('root': first), else last."""
+        previous = ev.get("previous_item_id")
+        if previous is None:
+            return END
+        if previous == "root":
+            return None
+        if not isinstance(previous, str) or self.session.items.get(previous) is None:
+            raise ProtocolError("item_not_found", f"previous_item_id {str(previous)[:64]!r} names no item of this "
+                                "conversation (use 'root' for its start)", "previous_item_id", eid)
+        return previous
+
+    def _known_item(self, ev: dict[str, Any], eid: str | None) -> tuple[str, dict[str, Any]]:
         item_id = ev.get("item_id")
         if not isinstance(item_id, str) or not item_id:
-            raise ProtocolError("invalid_item_id", "conversation.item.retrieve needs a string 'item_id'", "item_id",
-                                eid)
+            raise ProtocolError("invalid_item_id", f"{ev['type']} needs a string 'item_id'", "item_id", eid)
         item = self.session.items.get(item_id)
         if item is None:
             raise ProtocolError("item_not_found", f"no conversation item {item_id[:64]!r} in this session (unknown, "
-                                f"or older than the last {MAX_ITEMS} items kept)", "item_id", eid)
+                                f"deleted, or older than the last {MAX_ITEMS} items kept)", "item_id", eid)
+        return item_id, item
+
+    def _on_item_delete(self, ev: dict[str, Any], eid: str | None) -> None:
+        # The model's memory keeps what it heard; the conversation's items (what retrieve reads) drop it.
+        item_id, _ = self._known_item(ev, eid)
+        self.session.items.delete(item_id)
+        self.emit({"type": "conversation.item.deleted", "event_id": p.new_id("event"), "item_id": item_id})
+
+    def _on_item_truncate(self, ev: dict[str, Any], eid: str | None) -> None:
+        """The client played the assistant's audio only up to `audio_end_ms`: the rest was never heard."""
+        item_id, item = self._known_item(ev, eid)
+        end_ms = ev.get("audio_end_ms")
+        if isinstance(end_ms, bool) or not isinstance(end_ms, int) or end_ms < 0:
+            raise ProtocolError("invalid_audio_end_ms", "conversation.item.truncate needs a non-negative integer "
+                                "'audio_end_ms'", "audio_end_ms", eid)
+        if item.get("type") != "message" or item.get("role") != "assistant":
+            raise ProtocolError("invalid_item", "only an assistant message's audio can be truncated", "item_id", eid)
+        if item_id == self.output.item_id:  # still being spoken: it stops here, as a cancel
+            self.output.silence_before(self.session.tick)
+            self.runtime.cancel(self.session)
+            self.output.finish_response("cancelled", "client_cancelled")
+        text = self.output.truncated_text(item_id, end_ms)
+        if text is not None:
+            kept = self.session.items.get(item_id) or item
+            self.session.items.put({**kept, "content": [{"type": "output_audio", "transcript": text}]})
+        self.emit({"type": "conversation.item.truncated", "event_id": p.new_id("event"), "item_id": item_id,
+                   "content_index": int(ev.get("content_index") or 0), "audio_end_ms": end_ms})
+
+    def _on_item_retrieve(self, ev: dict[str, Any], eid: str | None) -> None:
+        _, item = self._known_item(ev, eid)
         self.emit({"type": "conversation.item.retrieved", "event_id": p.new_id("event"), "item": item})
 
     async def _on_video_append(self, ev: dict[str, Any], eid: str | None) -> None:
@@ -223,13 +317,14 @@ class RealtimeConnection(Connection):
             raise ProtocolError("response_cancel_not_active", "there is no active response to cancel", None, eid)
         self.output.silence_before(s.tick)  # ticks already in flight are silenced
         self.runtime.cancel(s)
-        self.output.finish_response("cancelled")
+        self.output.finish_response("cancelled", "client_cancelled")
 
     def _on_output_clear(self, ev: dict[str, Any], eid: str | None) -> None:
         self.output.silence_before(self.session.tick)
         if self.audio_out is not None:
             dropped_ms = self.audio_out.clear()
             self.emit({"type": "output_audio_buffer.cleared", "event_id": p.new_id("event"),
+                       "response_id": self.output.response_id or self.output.last_response_id or "",
                        "dropped_ms": dropped_ms})
 
     def _background_event(self, ev: dict[str, Any], eid: str | None) -> None:

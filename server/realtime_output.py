@@ -1,35 +1,53 @@
 """The Realtime protocol's output mapping: each micro-turn's `TickOutput` as Realtime server events.
 
 Full duplex has no turns, so responses are made up from the output: the first audible (or worded)
-micro-turn opens a response, the first silent one without words closes it (`response.done`). The user's
-words come as input transcription events between the model's `speech_started` and `speech_stopped`.
+micro-turn opens a response, the first silent one without words closes it (`response.done`), and the
+model giving up the floor (a barge-in) cancels it with what was said so far. Each response carries one
+assistant message item through the API's whole lifecycle (server/lifecycle.py). The user's speech
+between the model's `speech_started` and `speech_stopped` becomes a user item once the turn ends (it is
+committed before the response that answers it is created), its transcript completing it.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from models.base import TickOutput
+from server import lifecycle as lc
 from server import protocol as p
 from server.connection import Connection
 from server.sessions import Pace
 from streaming.types import SAMPLE_RATE, TICK_SECONDS
 
+TICK_MS = int(TICK_SECONDS * 1000)
+KEPT_TIMINGS = 16  # recent assistant items whose words' times are kept, for conversation.item.truncate
+_TURN_EVENTS = ("speech_started", "speech_stopped")
+
 
 class RealtimeOutput:
     """One connection's response and transcript state; events leave through the connection's `emit`."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, emit: Callable[[dict[str, Any]], None], extensions: bool = True) -> None:
         self.conn = conn
-        self.emit = conn.emit
+        self.emit = emit  # as is: the connection's `emit` would make a whole response of a bare tool call
+        self.extensions = extensions  # live transcript deltas with ticks, duplex.tick, duplex.event
         self.response_id: str | None = None  # the assistant utterance in progress
+        self.last_response_id: str | None = None
         self._item_id: str | None = None
-        self._transcript: list[str] = []
-        self._user_item: str | None = None
+        self._said: list[tuple[int, str]] = []  # (ms of the item's audio before the words, words)
+        self._audio_ms = 0  # audio of the open item so far
+        self.timings: OrderedDict[str, list[tuple[int, str]]] = OrderedDict()  # item id -> its words' times
+        self._user_item: str | None = None  # the user's turn in progress
+        self._user_start_ms = 0
         self._user_text: list[str] = []
-        self._late_item: str | None = None  # closed by speech_stopped, final transcript pending
+        self._late: tuple[str, float] | None = None  # (item, seconds): committed without words, transcript pending
+        self._stopped_early = False  # the turn was committed when a response began; its speech_stopped is spent
+        self._typed: deque[str] = deque(maxlen=8)  # typed messages the model may echo as the user's words
+        self._deferred: list[dict[str, Any]] = []  # events of another response, held until this one is done
         self._suppress_before = 0  # outputs of ticks before this were cancelled by response.cancel
 
     def silence_before(self, tick: int) -> None:
@@ -45,21 +63,30 @@ class RealtimeOutput:
         audio = out.audio
         if tick < self._suppress_before:
             audio = np.zeros_like(audio)  # cancelled: this tick was already in flight
-        speaking = bool(np.any(audio))
-        if (speaking or (out.text and tick >= self._suppress_before)) and self.response_id is None:
-            self._start_response()
-        if speaking or media:
-            self.send_audio(audio, tick)
-        if out.text and tick >= self._suppress_before:
-            self._transcript.append(out.text)
-            self.emit({"type": "response.output_audio_transcript.delta", "event_id": p.new_id("event"),
-                       "response_id": self.response_id, "item_id": self._item_id, "output_index": 0,
-                       "content_index": 0, "delta": out.text, "tick": tick})
         if out.user_text:
             self._user_transcript(out.user_text, tick)
+        for ev in out.events:  # the user's turn first: the answer is created after the turn's commit
+            if ev.type in _TURN_EVENTS:
+                self._turn_event(ev.type, tick)
+        speaking = bool(np.any(audio))
+        worded = bool(out.text) and tick >= self._suppress_before
+        if (speaking or worded) and self.response_id is None:
+            self._start_response(tick)
+        if worded:
+            self._said.append((self._audio_ms, out.text))
+            delta = {"type": "response.output_audio_transcript.delta", "event_id": p.new_id("event"),
+                     "response_id": self.response_id, "item_id": self._item_id, "output_index": 0,
+                     "content_index": 0, "delta": out.text, "tick": tick}
+        if speaking or media:
+            self.send_audio(audio, tick)
+        if worded:
+            self.emit(delta)
         for ev in out.events:
-            self._model_event(ev.type, ev.data, tick)
-        if not speaking and self.response_id is not None and not out.text:
+            if ev.type not in _TURN_EVENTS:
+                self._model_event(ev.type, ev.data, tick)
+        if not speaking and self.response_id is not None and not out.text and self._user_item is None:
+            # A pause while the user speaks over the answer is held open: the model either goes on
+            # (the same response) or yields (cancelled); otherwise silence ends the response.
             self.finish_response("completed")
         if s.settings.tick_stats:
             self.emit({"type": "duplex.tick", "event_id": p.new_id("event"), "tick": tick,
@@ -69,62 +96,144 @@ class RealtimeOutput:
 
     def send_audio(self, audio: np.ndarray, tick: int) -> None:
         """One micro-turn of output audio (24 kHz float32): to the transport's audio path, or as an event."""
+        if self.response_id is not None:
+            self._audio_ms += TICK_MS
         if self.conn.audio_out is not None:
             self.conn.audio_out.push(audio)
             return
+        if self.response_id is None and not self.extensions:
+            return  # media pace's silence between responses belongs to no response: duplex's clients only
         self.emit({"type": "response.output_audio.delta", "event_id": p.new_id("event"),
                    "response_id": self.response_id, "item_id": self._item_id, "output_index": 0,
                    "content_index": 0, "delta": self.conn.encode_audio(audio), "tick": tick})
 
-    def _start_response(self) -> None:
-        self.response_id, self._item_id, self._transcript = p.new_id("resp"), p.new_id("item"), []
-        self.emit({"type": "response.created", "event_id": p.new_id("event"),
-                   "response": {"id": self.response_id, "object": "realtime.response", "status": "in_progress",
-                                "output": []}})
+    # -- responses ------------------------------------------------------------------------------
 
-    def finish_response(self, status: str) -> None:
-        rid, iid, text = self.response_id, self._item_id, "".join(self._transcript)
+    def _start_response(self, tick: int) -> None:
+        if self._user_item is not None:  # the model answers over an open turn: the turn ends here
+            self._commit_user(tick, early=True)
+        self.response_id, self._item_id = p.new_id("resp"), p.new_id("item")
+        self._said, self._audio_ms = [], 0
+        previous = self.conn.session.items.last_id()
+        for event in lc.created(self.response_id) + lc.message_opened(self.response_id, self._item_id, previous):
+            self.emit(event)
+
+    def finish_response(self, status: str, reason: str | None = None) -> None:
+        """Close the open response (completed, or cancelled with the words said so far)."""
+        rid, iid = self.response_id, self._item_id
+        if rid is None or iid is None:
+            return
         self.response_id = self._item_id = None
-        self.emit({"type": "response.output_audio_transcript.done", "event_id": p.new_id("event"),
-                   "response_id": rid, "item_id": iid, "output_index": 0, "content_index": 0, "transcript": text})
-        self.emit({"type": "response.output_audio.done", "event_id": p.new_id("event"), "response_id": rid,
-                   "item_id": iid, "output_index": 0, "content_index": 0})
-        self.emit({"type": "response.done", "event_id": p.new_id("event"),
-                   "response": {"id": rid, "object": "realtime.response", "status": status,
-                                "output": [{"id": iid, "type": "message", "role": "assistant",
-                                            "content": [{"type": "output_audio", "transcript": text}]}]}})
+        self.last_response_id = rid
+        self.timings[iid] = self._said
+        while len(self.timings) > KEPT_TIMINGS:
+            self.timings.popitem(last=False)
+        text = "".join(words for _, words in self._said)
+        for event in lc.message_closed(rid, iid, text, status, reason=reason):
+            self.emit(event)
+        deferred, self._deferred = self._deferred, []
+        for event in deferred:
+            self.emit(event)
+
+    def after_response(self, events: list[dict[str, Any]]) -> None:
+        """Another response's events (a tool call): now, or once the open response is done."""
+        if self.response_id is not None:
+            self._deferred.extend(events)
+            return
+        for event in events:
+            self.emit(event)
+
+    def truncated_text(self, item_id: str, audio_end_ms: int) -> str | None:
+        """The item's words said before `audio_end_ms` of its audio; None when their times are not kept."""
+        said = self._said if item_id == self._item_id else self.timings.get(item_id)
+        if said is None:
+            return None
+        kept = [(at, words) for at, words in said if at < audio_end_ms]
+        if item_id != self._item_id:
+            self.timings[item_id] = kept
+        return "".join(words for _, words in kept)
+
+    @property
+    def item_id(self) -> str | None:
+        return self._item_id
+
+    # -- the user's turns -----------------------------------------------------------------------
+
+    def typed(self, text: str) -> None:
+        """A typed message, already its own item: the model reporting it as heard words is not a spoken turn."""
+        self._typed.append(text.strip())
 
     def _user_transcript(self, text: str, tick: int) -> None:
-        late, self._late_item = self._late_item, None
-        if late is not None and self._user_item is None:
-            # A final transcript made after the end of turn (cascade + Whisper) completes
-            # the item that speech_stopped closed, as Realtime's asynchronous transcription does.
-            self.emit({"type": "conversation.item.input_audio_transcription.completed",
-                       "event_id": p.new_id("event"), "item_id": late, "content_index": 0, "transcript": text})
+        if text.strip() in self._typed:
+            self._typed.remove(text.strip())
             return
-        if self._user_item is None:
-            self._user_item = p.new_id("item")
+        late, self._late = self._late, None
+        if late is not None and self._user_item is None:
+            # A final transcript made after the end of turn (cascade + Whisper) completes the item the
+            # turn's commit announced, as Realtime's asynchronous transcription does.
+            for event in lc.user_transcribed(late[0], text, late[1], []):
+                self.emit(event)
+            return
+        if self._user_item is None:  # words without speech_started: the turn began unannounced
+            self._open_user(tick)
         self._user_text.append(text)
-        self.emit({"type": "conversation.item.input_audio_transcription.delta", "event_id": p.new_id("event"),
-                   "item_id": self._user_item, "content_index": 0, "delta": text, "tick": tick})
+        if self.extensions:  # duplex's own clients see the words as they come
+            self.emit({"type": "conversation.item.input_audio_transcription.delta", "event_id": p.new_id("event"),
+                       "item_id": self._user_item, "content_index": 0, "delta": text, "tick": tick})
+
+    def _open_user(self, tick: int) -> None:
+        self._settle_late()
+        self._user_item, self._user_start_ms, self._user_text = p.new_id("item"), tick * TICK_MS, []
+        self._stopped_early = False
+
+    def _settle_late(self) -> None:
+        """A committed turn whose transcript never came is done without one when the next turn starts."""
+        late, self._late = self._late, None
+        if late is not None:
+            for event in lc.user_transcribed(late[0], "", late[1], []):
+                self.emit(event)
+
+    def _turn_event(self, etype: str, tick: int) -> None:
+        if etype == "speech_started":
+            if self._user_item is None:
+                self._open_user(tick)
+            self.emit({"type": "input_audio_buffer.speech_started", "event_id": p.new_id("event"),
+                       "audio_start_ms": tick * TICK_MS, "item_id": self._user_item})
+        elif self._user_item is not None:
+            self._commit_user(tick, early=False)
+        # else: a speech_stopped for a turn already committed when the answer began
+
+    def _commit_user(self, tick: int, early: bool) -> None:
+        item = self._user_item
+        assert item is not None
+        end_ms = tick * TICK_MS + TICK_MS
+        self.emit({"type": "input_audio_buffer.speech_stopped", "event_id": p.new_id("event"),
+                   "audio_end_ms": end_ms, "item_id": item})
+        previous = self.conn.session.items.last_id()
+        for event in lc.user_committed(item, previous):
+            self.emit(event)
+        seconds = (end_ms - self._user_start_ms) / 1000
+        if self._user_text:
+            held = [] if self.extensions else self._user_text
+            for event in lc.user_transcribed(item, " ".join(self._user_text), seconds, held):
+                self.emit(event)
+        else:
+            self._late = (item, seconds)  # its transcript may follow
+        self._user_item, self._user_text, self._stopped_early = None, [], early
+
+    def commit_now(self) -> str | None:
+        """`input_audio_buffer.commit`: the open turn, if any, becomes an item now; its id."""
+        item = self._user_item
+        if item is not None:
+            self._commit_user(self.conn.session.tick, early=True)
+        return item
+
+    # -- everything else ------------------------------------------------------------------------
 
     def _model_event(self, etype: str, data: dict[str, Any], tick: int) -> None:
-        ms = int(tick * TICK_SECONDS * 1000)
-        if etype == "speech_started":
-            self._user_item = self._user_item or p.new_id("item")
-            self.emit({"type": "input_audio_buffer.speech_started", "event_id": p.new_id("event"),
-                       "audio_start_ms": ms, "item_id": self._user_item})
-        elif etype == "speech_stopped":
-            item = self._user_item or p.new_id("item")
-            self.emit({"type": "input_audio_buffer.speech_stopped", "event_id": p.new_id("event"),
-                       "audio_end_ms": ms + int(TICK_SECONDS * 1000), "item_id": item})
-            if self._user_text:
-                self.emit({"type": "conversation.item.input_audio_transcription.completed",
-                           "event_id": p.new_id("event"), "item_id": item, "content_index": 0,
-                           "transcript": " ".join(self._user_text)})
-            self._late_item = None if self._user_text else item  # its transcript may follow
-            self._user_item, self._user_text = None, []
-        elif etype == "error":
+        if etype == "yielded":
+            self.finish_response("cancelled", "turn_detected")  # the barge-in ends the answer as heard
+        if etype == "error":
             self.conn.runtime.metrics.client_errors.labels("model_error").inc()
             self.emit(p.error_event("model_error", str(data.get("message", "model error")), kind="server_error"))
         else:

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response
 
 from server._rtc_call import RtcCall
 from server.auth import client_id, origin_ok, resume_token
+from server.extensions import wants_extensions
 from server.ice_candidates import TooManyCandidates, filter_offer
 from server.limits import MAX_OFFER_BYTES, MAX_OFFER_MLINES
 from server.protocol import ProtocolError
@@ -72,11 +73,13 @@ class Calls:
         self.live: set[RtcCall] = set()
         runtime.add_transport(self.close_all)  # the runtime's stop ends the peers, after its drain
 
-    async def open(self, offer: str, resume_token: str | None, client: str) -> tuple[RtcCall, str]:
+    async def open(self, offer: str, resume_token: str | None, client: str,
+                   extensions: bool = False) -> tuple[RtcCall, str]:
         """Attach (new or resumed) a session to a new call and answer the offer. Raises Refused."""
         runtime = self.runtime
         pc = RTCPeerConnection(RTCConfiguration(iceServers=self.ice_servers))
         call = RtcCall(runtime, pc, on_end=self.live.discard)
+        call.conn.extensions = extensions  # duplex's events only for a client that asked (server/extensions.py)
         try:
             session = await runtime.attach(call.conn, resume_token, client, media=False)
         except Refused:
@@ -169,7 +172,8 @@ def register_routes(app: FastAPI) -> None:
         except TooManyCandidates as exc:
             return _error(400, "too_many_candidates", str(exc))
         try:
-            call, answer = await calls.open(offer, resume_token(request), client_id(request.scope))
+            call, answer = await calls.open(offer, resume_token(request), client_id(request.scope),
+                                            wants_extensions(request.headers))
         except Refused as exc:
             runtime.metrics.client_errors.labels(exc.code).inc()
             return _error(exc.http_status, exc.code, exc.message, exc.headers)

@@ -30,7 +30,10 @@ def random_pcm(n: int, seed: int = 0) -> np.ndarray:
     return x
 
 
-async def open_ws(url: str, **kwargs: Any) -> ClientConnection:
+async def open_ws(url: str, extensions: bool = True, **kwargs: Any) -> ClientConnection:
+    """A connection that asks for duplex's extensions (resume, ticks, duplex.* events) unless told not to."""
+    if extensions:
+        kwargs["additional_headers"] = {"X-Duplex-Extensions": "1", **dict(kwargs.get("additional_headers") or {})}
     return await connect(url, max_size=16 << 20, open_timeout=10, **kwargs)
 
 

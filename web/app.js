@@ -137,7 +137,7 @@ async function connect(resumeToken = null) {
     await c.pc.setLocalDescription(await c.pc.createOffer());
     await waitForGathering(c.pc);
     // The resume token rides in a header, never the URL, so access logs don't record it.
-    const headers = { "Content-Type": "application/sdp" };
+    const headers = { "Content-Type": "application/sdp", "X-Duplex-Extensions": "1" };  // resume, duplex.* events
     if (resumeToken) headers["X-Duplex-Resume-Token"] = resumeToken;
     const res = await api("/v1/realtime/calls", { method: "POST", body: c.pc.localDescription.sdp, headers });
     c.callId = (res.headers.get("Location") || "").split("/").pop();

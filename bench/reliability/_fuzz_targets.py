@@ -170,6 +170,7 @@ class WsConnTarget:
         if "subprotocols" in p:
             kwargs["subprotocols"] = p["subprotocols"] or None
             kwargs["additional_headers"] = {"OpenAI-Beta": p["beta"]} if p["beta"] else {}
+        kwargs["additional_headers"] = {"X-Duplex-Extensions": "1", **kwargs.get("additional_headers", {})}
         try:
             ws = await connect(url, **kwargs)
         except InvalidStatus as exc:

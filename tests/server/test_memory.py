@@ -34,7 +34,7 @@ COLLECT_EVERY = 2.0  # the server's --collect-every in this test (seconds)
 
 async def _session(ws_url: str, seconds: float = 1.0) -> None:
     """A real-time client: streams `seconds` of audio, reads its echoes, says goodbye (1000)."""
-    async with connect(ws_url, max_size=1 << 24) as ws:
+    async with connect(ws_url, max_size=1 << 24, additional_headers={"X-Duplex-Extensions": "1"}) as ws:
         for _ in range(2):  # session.created, duplex.session.resume
             await ws.recv()
         chunk = np.full(4800, 1000, "<i2").tobytes()

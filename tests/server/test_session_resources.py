@@ -23,7 +23,7 @@ def _threads(pid: int) -> int:
 
 
 async def _session_at_16k(ws_url: str) -> None:
-    ws = await connect(ws_url)
+    ws = await connect(ws_url, additional_headers={"X-Duplex-Extensions": "1"})
     for _ in range(2):  # session.created, duplex.session.resume
         await ws.recv()
     fmt = {"type": "audio/pcm", "rate": 16000}

@@ -149,7 +149,7 @@ class LlamaServerReasoner:
             "--poll", "0", "--batch-size", str(cfg.batch), "--ubatch-size", str(cfg.batch),
             "--cache-ram", str(cfg.cache_ram_mb), "--cache-reuse", str(cfg.cache_reuse),
             "--threads-http", str(cfg.parallel + 2), "--no-webui", "--seed", str(cfg.seed),
-            "--alias", self.path.stem, "--log-colors", "off",
+            "--alias", self.path.stem, "--log-colors", "off", "--no-slots",  # /slots would show every prompt
             # Warnings and errors (kept for crash reports); with debug logging, everything per request.
             "--log-verbosity", "3" if log.isEnabledFor(logging.DEBUG) else "2",
         ]
@@ -163,7 +163,7 @@ class LlamaServerReasoner:
         """Supervisor thread, each time a child is up: nothing is cached in a fresh one."""
         self.slots.forget()
         if self.cost is None:
-            self.cost = _measure_cost(url)
+            self.cost = _measure_cost(url, self.child.api_key)
             if self.cost is not None:
                 self._tokens.set_cost(self.cost, time.monotonic)
             else:
@@ -213,7 +213,7 @@ class LlamaServerReasoner:
             return held[1]
         cfg = OpenAIConfig(base_url=url + "/v1", model=self.path.stem, retries=0, read_timeout=self.config.read_timeout,
                            max_tokens=self.config.max_tokens, temperature=self.config.temperature, trust_env=False,
-                           keepalive=False)
+                           keepalive=False, api_key=self.child.api_key)
         client = OpenAIReasoner(cfg)
         client.name = self.name
         self._clients[loop] = (url, client)
@@ -293,7 +293,7 @@ def _warm_openai() -> None:
                                         "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]})
 
 
-def _measure_cost(url: str) -> TokenCost | None:
+def _measure_cost(url: str, api_key: str) -> TokenCost | None:
     """Seconds a prompt token and a generated token cost on the child, alone (the cheaper of two rounds;
     the first also warms it up), from the server's own timings."""
     best_prompt = best_decode = float("inf")
@@ -301,7 +301,8 @@ def _measure_cost(url: str) -> TokenCost | None:
     for _ in range(CALIBRATION_ROUNDS):
         body = json.dumps({"prompt": CALIBRATION_PROMPT, "n_predict": CALIBRATION_TOKENS, "cache_prompt": False,
                            "temperature": 0.0, "seed": 0, "ignore_eos": True, "id_slot": 0}).encode()
-        req = urllib.request.Request(url + "/completion", body, {"Content-Type": "application/json"})
+        req = urllib.request.Request(url + "/completion", body, {"Content-Type": "application/json",
+                                                                 "Authorization": f"Bearer {api_key}"})
         try:
             with opener.open(req, timeout=60) as resp:
                 t = json.load(resp).get("timings") or {}

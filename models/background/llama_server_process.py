@@ -7,6 +7,10 @@ that was not asked for is a crash: it is logged with the child's last output lin
 `MAX_BACKOFF` while crashes follow each other quickly. A child that stops answering `/health` while it
 lives (hung) is killed, and so restarted. `stop()` ends it: SIGTERM, then SIGKILL after a grace period.
 
+The child answers only who has its key (a random one per supervisor, given to the child in its
+environment, never its argv, which `ps` shows): any local user could otherwise reach its port and use
+the model, or read the conversations it holds.
+
 The child is niced (it must never take the foreground's core: the foreground makes a 200 ms deadline
 every micro-turn) and dies with this process (PR_SET_PDEATHSIG on Linux): a killed server leaves no
 llama-server behind holding memory.
@@ -18,6 +22,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -37,6 +42,7 @@ HEALTH_PERIOD = 2.0  # s between health checks of a running child
 HEALTH_TIMEOUT = 3.0  # s a health check may take
 HEALTH_FAILURES = 5  # consecutive failed checks after which a live child counts as hung
 TAIL_LINES = 40  # of the child's output, kept for crash reports
+API_KEY_ENV = "LLAMA_API_KEY"  # where llama-server reads its --api-key from
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -64,6 +70,7 @@ class ChildServer:
                  on_ready: Callable[[str], None] | None = None,
                  on_restart: Callable[[str], None] | None = None) -> None:
         self._argv = argv
+        self.api_key = secrets.token_urlsafe(24)  # the child requires it on every endpoint but /health
         self.name = name
         self.host = host
         self.nice = nice
@@ -164,7 +171,7 @@ class ChildServer:
         argv = self._argv(port)
         try:
             # OpenMP threads (a ggml build with OpenMP) sleep when idle instead of spinning on a core.
-            env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+            env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", API_KEY_ENV: self.api_key}
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, preexec_fn=_child_setup(self.nice), env=env)
         except OSError as exc:

@@ -34,6 +34,7 @@ class OpenAIConfig:
     base_url: str  # e.g. http://127.0.0.1:30000/v1
     model: str = "default"  # SGLang and llama.cpp's server accept any name for their one model
     api_key_env: str = API_KEY_ENV
+    api_key: str | None = None  # the key itself (a child server's own); else read from `api_key_env`
     connect_timeout: float = 5.0  # s to open the connection
     read_timeout: float = 30.0  # s of silence between two streamed bytes before giving up
     retries: int = 2  # extra attempts while nothing has been streamed yet
@@ -73,7 +74,8 @@ class OpenAIReasoner:
             limits = lib.Limits(max_connections=1000, max_keepalive_connections=100 if config.keepalive else 0)
             http = openai.DefaultAsyncHttpxClient(trust_env=config.trust_env, timeout=timeout, limits=limits)
         self._client = openai.AsyncOpenAI(
-            base_url=config.base_url, api_key=_api_key(config.api_key_env), timeout=timeout, max_retries=0,
+            base_url=config.base_url, api_key=config.api_key or _api_key(config.api_key_env), timeout=timeout,
+            max_retries=0,
             http_client=http,
         )
 

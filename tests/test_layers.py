@@ -7,6 +7,7 @@ and the document together.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,3 +131,17 @@ def test_no_import_cycle() -> None:
     for m in sorted(graph):
         if m not in state and (cycle := visit(m)):
             raise AssertionError("import cycle: " + " -> ".join(cycle))
+
+
+# A date (2026-12-07) or an issue number in a module is history, not a reason: figures live in docs/results/
+# (one file per measurement) and history in git. Test files are checked as well as the packages.
+_RESULTS_LINK = re.compile(r"docs/results/\S+")  # a pointer to a results file names its date: that is fine
+_HISTORY = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\b[Ii]ssues? #?\d+\b|\(#\d+\)")
+
+
+def test_no_module_cites_dates_or_issue_numbers() -> None:
+    files = [path for _, path in _modules()] + sorted((ROOT / "tests").rglob("*.py"))
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()[:100]}"
+             for path in files for n, line in enumerate(path.read_text().splitlines(), 1)
+             if _HISTORY.search(_RESULTS_LINK.sub("", line)) and path != Path(__file__).resolve()]
+    assert not found, "dates or issue numbers in code (move the figure to docs/results/):\n" + "\n".join(found)

@@ -149,10 +149,10 @@ def _thread_cpu_clock(ident: int) -> int | None:
 class LlamaCppReasoner:
     # A 135M model cannot call functions reliably; offering tools only makes it emit broken JSON.
     supports_tools = False
-    # One request at a time on one thread, the whole prompt read on each (`Concurrency`). Held-out
-    # FD-bench (seed 2222, real time, 2 cores, 2026-12-03): 3 sessions at once turn-taking TOR 0.95,
-    # interruption TOR 1.0; 4: 0.95 and 0.55; 5: 0.80 and 0.20. `--background llama-server` answers
-    # sessions together and holds more.
+    # One request at a time on one thread, the whole prompt read on each (`Concurrency`): past three
+    # sessions asking at once, answers come too late for the turns they answer
+    # (docs/results/2026-12-03-llamacpp-sessions.md). `--background llama-server` answers sessions
+    # together and holds more.
     conversations_at_once = 3
 
     def __init__(self, config: LlamaCppConfig | None = None) -> None:

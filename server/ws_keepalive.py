@@ -14,7 +14,7 @@ from __future__ import annotations
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 
-class PatientKeepalive(WebSocketsSansIOProtocol):  # type: ignore[misc]
+class PatientKeepalive(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O WebSocket protocol (what its `ws="auto"` picks with `websockets` installed)."""
 
     _paused_since_ping = False  # the server stopped reading at some moment since the pong deadline began
@@ -29,7 +29,8 @@ class PatientKeepalive(WebSocketsSansIOProtocol):  # type: ignore[misc]
         super().send_keepalive_ping()
 
     def keepalive_timeout(self) -> None:
-        if (self.read_paused or self._paused_since_ping) and not (self.close_sent or self.transport.is_closing()):
+        waiting = self.read_paused or self._paused_since_ping
+        if waiting and self.ping_timeout is not None and not (self.close_sent or self.transport.is_closing()):
             # The pong may be behind input the server has not read: wait for it again, same ping.
             self._paused_since_ping = self.read_paused
             self.pong_timer = self.loop.call_later(self.ping_timeout, self.keepalive_timeout)

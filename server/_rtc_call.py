@@ -63,7 +63,7 @@ def _offer_faults() -> Iterator[None]:
     """aiortc trusts an offer's structure: a media section without its DTLS parameters (no a=fingerprint /
     a=setup) fails in setRemoteDescription, one whose m= line is gone (its attributes merged into the
     section before) fails in createAnswer, both with AttributeError. Those are the offer's fault (found by
-    bench.fuzz): invalid_sdp. So is an `a=fmtp` line whose `a=rtpmap` is gone: a StopIteration inside
+    bench.reliability.fuzz): invalid_sdp. So is an `a=fmtp` line whose `a=rtpmap` is gone: a StopIteration inside
     aiortc's coroutine, which Python re-raises as RuntimeError. The peer connection is fresh and only
     the offer is applied here, so these come from the offer. ValueError and AssertionError are turned
     into invalid_sdp by the caller."""

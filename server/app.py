@@ -48,7 +48,7 @@ def freeze_startup_objects() -> None:
     is imported, which paused the event loop for 29 ms and 97 ms (measured) in the middle of real-time
     micro-turns. Frozen, the start-up objects are neither scanned nor counted, so a full collection
     costs what the live sessions hold; the reaper runs one every few seconds (server/runtime.py) to
-    free finished connections promptly (found by bench.soak). Frozen objects that later
+    free finished connections promptly (found by bench.reliability.soak). Frozen objects that later
     become cyclic garbage are never freed; start-up objects live as long as the process anyway.
     """
     gc.collect()  # what start-up left as garbage is freed now, not frozen with the rest

@@ -44,7 +44,7 @@ TCP_USER_TIMEOUT_S = 30
 # reference cycles that only a full collection frees, and CPython starts one by itself only after about
 # 70,000 net container allocations (thresholds 700, 10, 10; none ran in 24 sessions,
 # tests/server/test_memory.py), so the garbage of many connections piled up in the heap, whose
-# high-water mark then only rose (bench.soak: RSS grew by steps, ~3.4-4.5 MB per 10 min with 8-12
+# high-water mark then only rose (bench.reliability.soak: RSS grew by steps, ~3.4-4.5 MB per 10 min with 8-12
 # sessions). Start-up objects are frozen (server/app.py), so a collection scans only what the live
 # sessions hold (1 ms with 4 sessions).
 COLLECT_EVERY = 10.0

@@ -7,7 +7,7 @@ between their weights is a family of models whose behaviour moves between theirs
 2022, "Model soups"; Ilharco et al. 2023, "Editing models with task arithmetic"). Here that is a
 cheap knob for a trade-off that training sets only coarsely: a phase trained with the pause scene
 weighted up waits through mid-sentence pauses but answers late, the phase before it answers and
-takes pauses; a point between them, chosen on a tuning set (`bench.native_onset`), is measured
+takes pauses; a point between them, chosen on a tuning set (`bench.native.onset`), is measured
 like any checkpoint before it is shipped. No training, a second on a CPU.
 
 What the output records: the tensors averaged in fp32 and written in the inputs' dtype; the metadata
@@ -16,7 +16,7 @@ models that differ in any of them is refused, naming what differs); `command` (t
 (where every input was trained) and `averaged_from` (each input's weight and its own provenance:
 command, step, commit, data seeds). What was *measured on* an input's weights (its phrase word
 error, calibrated onset and delegate thresholds) is not carried over: it describes weights the
-output does not have. Measure and record it again (`update_metadata`, `bench.native_onset --write`).
+output does not have. Measure and record it again (`update_metadata`, `bench.native.onset --write`).
 """
 
 from __future__ import annotations

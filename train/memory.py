@@ -5,7 +5,7 @@ glibc serves every allocation above its mmap threshold (at most 32 MiB on 64-bit
 page, every time. A training step over whole episodes makes dozens of them per layer (the FFN's
 [rows, 2 x 1024] activations and their gradients are 34-67 MB at 100 micro-turns x 1-2 episodes).
 On this project's 2-core machine a [8200, 1024] float product took 11.8 ms into a fresh tensor and
-1.6 ms with mmap turned off (bench.train_throughput's step: see README, Training). The step's
+1.6 ms with mmap turned off (bench.native.train_throughput's step: docs/training.md). The step's
 tensors come and go in the same sizes every step, so the heap reuses them and stops growing after
 the first step; the process keeps its peak footprint (the training process, not the server).
 """

@@ -9,7 +9,7 @@ stepped with every onset held back). So an *onset* (speaking after not speaking)
 threshold gates the start of a turn, never cuts one.
 
 The threshold is a property of a checkpoint (how its probabilities are calibrated), so it is measured
-on a tuning set (`bench.native_onset`) and, where it serves better than greedy decoding, recorded in
+on a tuning set (`bench.native.onset`) and, where it serves better than greedy decoding, recorded in
 the checkpoint's metadata under `ONSET_KEY` (`--write`); `--native-onset` overrides it, and 0 is plain
 greedy decoding (the default of a checkpoint that records none, the shipped one included: README).
 
@@ -26,7 +26,7 @@ Where the user's words are at hand (turn_check.py: `Words`) they settle more tha
 model, once it takes the floor, hands off or speaks. Its own split between the two does not carry past
 the training texts: on held-out episodes (training's sentences in new voices) a look-up's end gives
 p(delegate) a median share of 0.5 of p(speak) + p(delegate), a question's 0.02; on requests no training
-text holds (`bench.native_handoff`) it handed off 2 of 48 look-ups as served before, and a bar on that
+text holds (`bench.native.handoff`) it handed off 2 of 48 look-ups as served before, and a bar on that
 share handed off plain questions more often than look-ups (0.5: 32 and 21 of 48). A look-up is what
 training says it is, a request in so many words to look up, find, check or search (train/_texts.py), and
 that is in the words (`turn_check.asks_to_look_up`); the model still decides when it takes the floor.
@@ -76,7 +76,7 @@ class _Threshold:
         return self.from_metadata(meta)
 
 
-_ONSET = _Threshold(ONSET_KEY, "onset", "greedy", "--native-onset", "re-run bench.native_onset --write", check_onset)
+_ONSET = _Threshold(ONSET_KEY, "onset", "greedy", "--native-onset", "re-run bench.native.onset --write", check_onset)
 _DELEGATE = _Threshold(DELEGATE_KEY, "delegate", "argmax", "--native-delegate", "calibrate it with train.evaluate",
                        check_delegate)
 

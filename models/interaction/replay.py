@@ -8,7 +8,7 @@ keeps each micro-turn's input compactly, with a digest of the output it produced
 freshly opened session with the same id through the inputs, and checks every output against its digest,
 so a replay that went another way (another checkpoint, fast mode) is an error instead of a silent
 divergence. Replay runs the model alone, micro-turn by micro-turn: it costs what serving the session
-cost, at the speed of one session stepped back to back (bench/native_replay.py measures it).
+cost, at the speed of one session stepped back to back (bench/native/replay.py measures it).
 
 Audio is kept as PCM16 when that is exact (a 24 kHz client's audio always is: it arrived as PCM16),
 float32 otherwise; each record is zlib-compressed (silence costs almost nothing).

@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # the talker imports the speech parts' speaker (~0.7 s): load
     from models.interaction.talker import PiperTalker
 
 log = logging.getLogger(__name__)
-# --native-matmul: what the transformer blocks' products run in (bench/precision.py measures the cost in quality)
+# --native-matmul: what the transformer blocks' products run in (bench/native/precision.py measures the cost in quality)
 MATMUL_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 
 

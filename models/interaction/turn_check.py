@@ -37,7 +37,7 @@ A verdict holds until the user speaks again or the model takes the turn. Where n
 `HOLD_TICKS` after one on words in the user's voice (more than a backchannel, not a bystander's level),
 the floor is taken (onset.WAITED) whatever p(speak): the cascade's longest wait, after which a listener
 answers even a turn that sounded unfinished (`after_the_wait`). Whisper mishears voices it never met as
-unfinished ("How do I say no to a friend politely?" in espeak en-us+f4 at 1.1x, `bench.native_handoff`: 6
+unfinished ("How do I say no to a friend politely?" in espeak en-us+f4 at 1.1x, `bench.native.handoff`: 6
 of 48 questions were left unanswered without this), the model lets some finished requests pass, and a
 user who gave up on a clause is not left in silence. `--native-turn-check off` serves the model alone.
 """

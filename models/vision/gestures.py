@@ -8,7 +8,7 @@ turned in the picture, or whether it is a left or a right one (a mirror image):
 - the thumb is up when it is nearly straight (at its MCP and IP joints) and its tip stands out beyond the
   index finger's side of the palm, by at least half the palm's width. A thumb tucked along a fist or laid
   over the curled fingers is straight too, and its tip is as far from the palm's centre as a thumb held up
-  (measured on real photos of hands, bench/vision_hands.py), so straightness and distance alone cannot
+  (measured on real photos of hands, bench/vision/hands.py), so straightness and distance alone cannot
   tell them apart; where the tip lies across the palm can.
 
 These are angles and ratios of 3-D lengths. mediapipe's world landmarks (metric, the hand's own 3-D shape)
@@ -28,7 +28,7 @@ import numpy.typing as npt
 from models.vision.types import Landmarks
 
 _FINGERS = ((5, 6, 7, 8), (9, 10, 11, 12), (13, 14, 15, 16), (17, 18, 19, 20))  # (base, PIP, DIP, tip)
-# Round values with what bench.vision_hands's photos gave in view (world landmarks; so that bench is no
+# Round values with what bench.vision.hands's photos gave in view (world landmarks; so that bench is no
 # longer held out for these): straight fingers bent 6-27 degrees at the PIP, curled ones 53-114; thumbs
 # held up bent at most 23 at the MCP and 37 at the IP; thumbs up stood 0.76-1.10 palm widths out beyond the
 # index base, thumbs along a fist or over its fingers 0.06-0.30, thumbs folded into the palm -0.4 to -0.6.

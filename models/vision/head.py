@@ -31,7 +31,7 @@ def head_pose(lm: Landmarks, aspect: float = 1.0) -> tuple[float, float]:
     fraction of the chin's. A head tilted sideways (rolled) turns that frame with it, so a tilt alone reads
     as neither turned nor nodding. Measured along the picture's x and y instead, the nose of a face tilted
     by 15 degrees moved 0.11-0.14 eye distances sideways (its drop below the eyes, turned), and a face
-    looking at the camera read as looking away (bench.vision_hands).
+    looking at the camera read as looking away (bench.vision.hands).
     """
     assert aspect > 0, f"aspect is the frame's width / height, got {aspect}"
     p = lm[:, :2].astype(np.float64) * (aspect, 1.0)  # [468, 2], both in the frame's height

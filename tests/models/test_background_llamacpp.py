@@ -53,7 +53,7 @@ async def test_generation_thread_is_niced_and_off_the_event_loop(reasoner: Llama
 
 
 async def test_the_generation_thread_exists_before_the_first_request() -> None:
-    """A server's thread count must not grow with its first question (bench.soak compares the count at
+    """A server's thread count must not grow with its first question (bench.reliability.soak compares the count at
     the end with the one before the first session)."""
     def generation_threads() -> int:
         return sum(t.name.startswith("duplex-background") for t in threading.enumerate())

@@ -228,7 +228,7 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     look something up is handed off instead, and the `delegate` event carries the words the check heard
     on the micro-turn the model decides it (no second transcription to wait for: query.py). Typed, the
     words are known as they arrive: a typed look-up is handed off, a typed question answered (alone,
-    the model answered both: bench.native_handoff --typed)."""
+    the model answered both: bench.native.handoff --typed)."""
     torch.set_num_threads(1)
     question = _say("What is the tallest mountain in Europe?")
     head = _say("I was hoping that my brother could")

@@ -1,5 +1,5 @@
 """Taking the floor needs confidence (models/interaction/onset.py): the rule, its wiring through real
-model steps, its metadata, and the calibration bench's sweep (bench/native_onset.py)."""
+model steps, its metadata, and the calibration bench's sweep (bench/native/onset.py)."""
 
 import math
 from pathlib import Path

@@ -118,7 +118,7 @@ def test_back_after_a_long_absence_it_offers_to_go_on_and_yes_goes_on_from_the_s
 
 def test_leaving_the_picture_pauses_within_the_issue_s_bound_in_bench_vision_reactions_terms(
         model: CascadeModel) -> None:
-    """bench.vision_reactions' leave trial (a real face in a room, then the room alone; the real detectors
+    """bench.vision.reactions' leave trial (a real face in a room, then the room alone; the real detectors
     and worker; media pace) at the worst camera phase, a frame taken as its micro-turn begins: the answer
     is silent from 0.6 s after that first frame without the person, and stays so (the issue's floor)."""
     trial = Trial("leave", fps=5.0, lead=2, onset=0.5, phase=0.0, room=1, picture="astronaut_head.jpg", scale=0.8,

@@ -4,7 +4,7 @@ and a man facing the camera with a victory sign and with a thumbs up. Then "how 
 holding up?" typed with the victory picture in view, through the default voice in process with its real
 vision worker: the count reaches the reasoner's line of visual facts.
 
-Each photo stands on a 640x480 frame as bench/vision_hands.py draws its "as is" cases (the bench turns,
+Each photo stands on a 640x480 frame as bench/vision/hands.py draws its "as is" cases (the bench turns,
 mirrors and moves them too)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.models.test_vision_cascade import SeeingConversation
 
 PHOTOS = ("hand_pointing.jpg", "hand_fist.jpg", "hand_half_curl.jpg", "gesture_victory_03.jpg",
           "gesture_thumbs_up_17.jpg")
-# Cases bench.vision_hands found wrong before the rules were made orientation-free (so they are no longer
+# Cases bench.vision.hands found wrong before the rules were made orientation-free (so they are no longer
 # held out): name -> (photo, degrees turned, mirrored).
 TURNED = {"fist mirrored": ("hand_fist.jpg", 0.0, True), "pointing mirrored": ("hand_pointing.jpg", 0.0, True),
           "thumbs up +15": ("gesture_thumbs_up_17.jpg", 15.0, False),

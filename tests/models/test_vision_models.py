@@ -92,7 +92,7 @@ def test_a_crashed_worker_leaves_sessions_blind_not_broken(caplog) -> None:
 
 
 def test_nod_shake_and_a_glance_on_a_real_face_turned_in_3d() -> None:
-    """A real photo's face turned in 3-D (bench/vision_clips.py) through the real face mesh and the rules:
+    """A real photo's face turned in 3-D (bench/vision/clips.py) through the real face mesh and the rules:
     a nod is a nod and it keeps talking, a shake is a shake, one look aside and back is neither."""
     from bench.vision.clips import Clip, Head, backgrounds, photo, watch
 
@@ -106,7 +106,7 @@ def test_nod_shake_and_a_glance_on_a_real_face_turned_in_3d() -> None:
 
 
 def test_held_out_scenes_give_the_reasoner_the_right_facts(worker: VisionWorker) -> None:
-    """Three of bench/vision_scenes.py's held-out scenes through the worker to the facts line: two people
+    """Three of bench/vision/scenes.py's held-out scenes through the worker to the facts line: two people
     counted, a cat's face not taken for a person, a phrase in a font the other tests never use read exactly."""
     from bench.vision.scenes import right, scenes
 

@@ -1,6 +1,6 @@
 """A finished connection's memory is freed soon after it ends, not after a hundred more.
 
-Found by bench.soak: the echo server's RSS rose by steps, about 4.5 MB per 10 minutes with 8 sessions
+Found by bench.reliability.soak: the echo server's RSS rose by steps, about 4.5 MB per 10 minutes with 8 sessions
 coming, dropping and going. Nothing leaked (Python's allocations and object counts were flat); every
 finished connection (uvicorn's protocol, websockets' zlib contexts, our connection and session) sits
 in reference cycles, so only a full collection frees it, and with the server's start-up objects

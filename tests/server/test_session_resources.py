@@ -1,5 +1,5 @@
 """What a finished connection holds is freed when it ends, not at the next full garbage collection
-(found by bench.soak: the cascade server's threads grew in pairs with every session that came and went).
+(found by bench.reliability.soak: the cascade server's threads grew in pairs with every session that came and went).
 
 Each resampler is an FFmpeg filter graph with threads of its own; a connection sits in reference
 cycles, so before the fix its resamplers (and a closed session's model state) lived until the cyclic

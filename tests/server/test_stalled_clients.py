@@ -1,4 +1,4 @@
-"""Clients that stop reading, through the real server (found by bench.chaos).
+"""Clients that stop reading, through the real server (found by bench.reliability.chaos).
 
 - A client cut for not reading is told why: the close frame (1008 and its reason) is the next thing it
   reads, not something queued behind megabytes of events it will never get to (before: the server's

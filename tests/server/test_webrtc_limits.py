@@ -68,7 +68,7 @@ async def test_offer_size_and_media_sections_are_bounded(server: ServerProc) -> 
 
 
 async def test_an_offer_missing_dtls_parameters_is_refused_with_a_reason(server: ServerProc) -> None:
-    # aiortc failed with AttributeError deep inside setRemoteDescription: a 500 (found by bench.fuzz).
+    # aiortc failed with AttributeError deep inside setRemoteDescription: a 500 (found by bench.reliability.fuzz).
     pc, sdp = await offer_sdp()
     await pc.close()
     lines = sdp.split("\r\n")
@@ -85,7 +85,7 @@ async def test_an_offer_missing_dtls_parameters_is_refused_with_a_reason(server:
 async def test_an_offer_missing_an_m_line_or_an_rtpmap_is_refused_with_a_reason(server: ServerProc) -> None:
     # The video section's m= line deleted: its attributes join the audio section, and aiortc's
     # createAnswer failed with AttributeError; an rtx rtpmap deleted: RuntimeError from a StopIteration.
-    # Both were a 500 (found by bench.fuzz).
+    # Both were a 500 (found by bench.reliability.fuzz).
     pc = RTCPeerConnection()
     pc.addTransceiver("audio")
     pc.addTransceiver("video")

@@ -47,7 +47,7 @@ def echo0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
         ("{not json", "invalid_json"),
         ("[1, 2, 3]", "invalid_event"),
         # An integer past Python's 4300-digit conversion limit raises ValueError, not JSONDecodeError:
-        # it killed the connection's reader (found by bench.fuzz).
+        # it killed the connection's reader (found by bench.reliability.fuzz).
         ('{"type": "response.create", "n": ' + "9" * 5000 + "}", "invalid_json"),
         (json.dumps({"no_type": 1}), "missing_type"),
         (json.dumps({"type": "bogus.event", "event_id": "e1"}), "unknown_event_type"),
@@ -64,7 +64,7 @@ def echo0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
         (json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
          "unsupported_format"),
         (json.dumps({"type": "conversation.item.create", "item": {"type": "message", "content": []}}), "invalid_item"),
-        # An item type that cannot be created was taken as typed text (found by bench.fuzz).
+        # An item type that cannot be created was taken as typed text (found by bench.reliability.fuzz).
         (json.dumps({"type": "conversation.item.create", "item": {"type": "function_call", "role": "user",
                      "content": [{"type": "input_text", "text": "hi"}]}}), "unsupported_item"),
         (json.dumps({"type": "response.cancel"}), "response_cancel_not_active"),

@@ -122,7 +122,7 @@ async def test_shipped_model_hands_a_look_up_to_the_reasoner_and_answers_a_quest
     OpenAI-compatible server on loopback giving one result), and when the result has streamed into its
     background channel it says it, word for word, in Piper's voice: Whisper hears the result's words in
     what the client got. Then, in another session, a plain question in another voice, one the model alone
-    handed off (bench.native_handoff, before the words settled it): answered by the model, not handed off."""
+    handed off (bench.native.handoff, before the words settled it): answered by the model, not handed off."""
     reasoner = ScriptedOpenAI(answer="The pool closes at nine.").start()
     try:
         server = _native(tmp_path, "--background", "openai", "--background-url", reasoner.base_url,

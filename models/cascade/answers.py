@@ -6,6 +6,9 @@ is cut into sentences (text.SentenceSplitter) and each sentence is synthesised a
 complete (speaker.py). A new question, a barge-in or a cancel mutes every request seen so far: chunks
 of those still arriving are dropped, and so are chunks of epochs older than the newest seen. What was
 spoken is remembered for `_ECHO_MEMORY_MS`: overlapped words that are all among them are our own echo.
+
+An answer to a question about what is seen is held until it is whole and said only if it keeps to the
+perception facts; else the facts are said (grounding.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from models.base import BackgroundChunk, Event
+from models.cascade.grounding import Facts, check, fallback, kind_of
 from models.cascade.options import CascadeOptions
 from models.cascade.text import SentenceSplitter, words_of
 from models.speech.speaker import Speaker, TickSpeech
@@ -34,11 +38,19 @@ class AnswerState:
     splitters: dict[str, SentenceSplitter] = field(default_factory=dict)  # per streaming request
     acks: int = 0  # acknowledgments said (rotates the phrase)
     backchannels: int = 0  # backchannels said (rotates the phrase)
+    ground_next: tuple[str, Facts] | None = None  # the question just delegated is about what is seen
+    grounded: dict[str, tuple[str, Facts, list[str]]] = field(default_factory=dict)  # request id -> its text so far
+
+    def ground(self, question: str, facts: Facts) -> None:
+        """The next request's answer is checked against `facts` before it is said, if `question` is
+        about what is seen."""
+        self.ground_next = (question, facts) if kind_of(question) is not None else None
 
     def take_floor(self, o: CascadeOptions) -> None:
         """A new question: it supersedes whatever answer is still pending or held back; acknowledged."""
         self.speaker.drop()
         self.mute()
+        self.ground_next = None
         if o.ack and o.ack_phrases:
             self.speaker.say(o.ack_phrases[self.acks % len(o.ack_phrases)], "ack")
             self.acks += 1
@@ -59,7 +71,12 @@ class AnswerState:
         if c.epoch < self.max_epoch or c.request_id in self.muted:
             return  # stale: superseded by a newer request, or interrupted
         self.max_epoch = c.epoch
+        if c.request_id not in self.seen and self.ground_next is not None:
+            self.grounded[c.request_id], self.ground_next = (*self.ground_next, []), None
         self.seen.add(c.request_id)
+        if c.request_id in self.grounded:
+            self._grounded(c, ev)
+            return
         splitter = self.splitters.setdefault(c.request_id, SentenceSplitter())
         sentences = splitter.push(c.text)
         if c.done or c.error:
@@ -70,6 +87,23 @@ class AnswerState:
         if c.error:
             self.speaker.say(error_phrase, "error", c.request_id)
             ev.append(Event("background_error", {"request_id": c.request_id, "error": c.error}))
+
+    def _grounded(self, c: BackgroundChunk, ev: list[Event]) -> None:
+        """A chunk of an answer about what is seen: kept until the answer is whole, then it is said if
+        it keeps to the facts, else the facts are (a failed request says the facts too)."""
+        question, facts, parts = self.grounded[c.request_id]
+        parts.append(c.text)
+        if not (c.done or c.error):
+            return
+        del self.grounded[c.request_id]
+        answer = "".join(parts).strip()
+        verdict = check(question, answer, facts) if not c.error else None
+        said = answer if verdict is not None and verdict.ok else fallback(question, facts)
+        splitter = SentenceSplitter()
+        for sentence in [*splitter.push(said), *splitter.flush()]:
+            self.speaker.say(sentence, "answer", c.request_id)
+        ev.append(Event("grounding", {"request_id": c.request_id, "kept": said == answer, "answer": answer,
+                                      "said": said, "why": verdict.why if verdict is not None else "error"}))
 
     def backchannel(self, phrases: tuple[str, ...], ev: list[Event]) -> None:
         phrase = phrases[self.backchannels % len(phrases)]

@@ -403,8 +403,12 @@ class CascadeModel:
         elif sg.offered is not None and not s.turn.turn and s.tick - sg.offered > OFFER_WAIT_TICKS:
             sg.offered = None  # no reply: the held answer is not forced on them
             a.stop("offer_unanswered", ev)
+        # A still picture just read joins the conversation (its facts line), unless a question waits for
+        # it: the question's own facts line carries it.
+        picture = sg.picture_read and not sg.held and sg.asked is None and not t.text
+        sg.picture_read = False
         # A nod while it speaks is a backchannel: it goes on (the cue is only reported).
-        vision = self.sight.event(sg, cues, facts=False)
+        vision = self.sight.event(sg, cues, facts=picture)
         if vision is not None:
             ev.append(vision)
 
@@ -442,6 +446,8 @@ class CascadeModel:
             vision = self.sight.event(s.sight, [], facts=True)
             if vision is not None:
                 ev.append(vision)
+            if s.sight.tracker.state.frames:  # its answer about what is seen is checked against the facts
+                s.answers.ground(query, self.sight.facts(s.sight))
         ev.append(Event("delegate", {"query": query}))
 
     def _typed(self, s: CascadeState, text: str, ev: list[Event]) -> str:

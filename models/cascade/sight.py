@@ -6,7 +6,16 @@ clients never send video never starts it. Perception runs at the rate the worker
 one frame per micro-turn per session (5 a second); OCR only when it can matter: the first frame, a new
 scene (the picture changed a lot since the last reading), or a question (typed text, or a spoken turn
 ending) while the camera is on. A question asked while a reading is on its way waits for it, at most
-`READ_WAIT_TICKS`, so "what does this say?" is answered from the picture, not before it was read.
+`READ_WAIT_TICKS`, so "what does this say?" is answered from the picture, not before it was read. The
+first frame of a server's life waits for the worker to start (its imports and models, seconds): a
+question asked meanwhile waits for that first reading, at most `START_WAIT_TICKS`, rather than going to
+the reasoner with nothing seen.
+
+A still picture (an `input_image` item, or any frame that comes after the camera was off and is not
+followed by another before it is read) is part of the conversation: once read, its facts go to the
+reasoner's context as a line of the conversation (the `vision` event with facts, which the server logs)
+and its text is kept for the session, so a question about it minutes later, the camera on or not, is
+answered from it. A camera stream's frames are not: only the newest one counts.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from models.base import Event
+from models.cascade.grounding import INSTRUCTION, Facts
 from models.cascade.text import words_of
 from models.speech.speaker import Speaker
 from models.vision.tracker import Tracker
@@ -30,6 +40,8 @@ from streaming.types import TICK_SECONDS
 log = logging.getLogger(__name__)
 
 READ_WAIT_TICKS = 8  # a question waits at most 1.6 s for the reading it asked for (OCR ~0.2-0.4 s)
+START_WAIT_TICKS = 150  # ... and at most 30 s while the worker is still starting (a worker that never starts)
+PICTURES_KEPT = 8  # still pictures whose text a session keeps for later questions
 SCENE_CHANGE = 24.0  # mean absolute difference of 16x16 grey thumbnails (0-255) that counts as a new scene
 CAMERA_GONE_TICKS = 10  # no frame for 2 s: the camera is off, and an answer held for the user's return goes on
 STOP_CUES = ("open_palm", "raised_hand")  # while the assistant speaks: stop, like a spoken interruption
@@ -73,6 +85,11 @@ class SightState:
     offer: bool = False  # they came back after a long absence: offer to go on (the cascade says it)
     offered: int | None = None  # the micro-turn it offered; the held answer waits for the user's reply
     reported: tuple[Any, ...] = (False, False, None, None, (), None, 0)  # the state last sent to the client
+    ready_at: int | None = None  # the micro-turn this session first found the worker started
+    still: int | None = None  # micro-turn of a still picture (a frame after the camera was off), until read
+    picture_read: bool = False  # that picture's reading just arrived: its facts go into the conversation
+    picture: bool = False  # the newest frame is a still picture (its facts say "Picture:", not "Camera:")
+    pictures: list[tuple[str, ...]] = field(default_factory=list)  # text of the still pictures read, oldest first
 
 
 class Sight:
@@ -84,8 +101,11 @@ class Sight:
     def look(self, sid: str, s: SightState, frame: npt.NDArray[np.uint8] | None, tick: int, question: bool) -> None:
         """Offer this micro-turn's frame (if any) to the worker; `question`: the user just asked something."""
         if frame is not None:
-            if s.frame is None:
-                s.want_text = True  # the first frame: is there text in view at all?
+            if s.frame is None or tick - s.frame_tick > CAMERA_GONE_TICKS:
+                s.want_text = True  # the first frame, or one after the camera was off: is there text in view?
+                s.still, s.picture = tick, True  # a still picture, unless another frame follows before it is read
+            else:
+                s.still, s.picture = None, False  # a camera stream: only its newest frame counts
             s.frame, s.frame_tick = frame, tick
         elif s.away and tick - s.frame_tick > CAMERA_GONE_TICKS:
             s.away = False  # the camera went off while the user was away: nothing to wait for any more
@@ -122,8 +142,18 @@ class Sight:
         """What the worker saw since the last micro-turn: (cues that began, stop speaking now)."""
         if self.worker is None:
             return [], False
+        if s.ready_at is None and self.worker.ready:
+            s.ready_at = tick
         observations, readings = self.worker.take(sid)
         return react(s, observations, readings, tick, speaking, offer_after)
+
+    def facts(self, s: SightState) -> Facts:
+        """What the picture and the camera showed, for checking an answer about them (grounding.py)."""
+        st = s.tracker.state
+        texts = st.texts or (s.pictures[-1] if s.pictures else ())
+        kept = [f'"{t}"' for texts_ in s.pictures for t in texts_]
+        line = st.describe() + (" Pictures shown earlier: " + "; ".join(kept) + "." if kept else "")
+        return Facts(st.present, st.people, st.gesture, st.fingers, tuple(texts), line)
 
 
     def event(self, s: SightState, cues: list[str], facts: bool) -> Event | None:
@@ -141,7 +171,7 @@ class Sight:
                                 "fingers": st.fingers, "texts": list(st.texts),
                                 "face_box": [round(v, 3) for v in st.face_box] if st.face_box else None}
         if facts and st.frames:
-            data["facts"] = st.describe()
+            data["facts"] = f"{st.describe('Picture' if s.picture else 'Camera')} ({INSTRUCTION})"
         return Event("vision", data)
 
     def waiting(self, sid: str) -> list[Future[None]]:
@@ -198,8 +228,16 @@ def react(s: SightState, observations: list[Observation], readings: list[tuple[f
     for _, lines in readings:
         if s.tracker.read(lines) and s.tracker.state.texts:
             cues.append("text")
-    if answered or (s.asked is not None and tick - s.asked >= READ_WAIT_TICKS):
-        s.asked = None
+    if s.still is not None and any(t >= s.still * TICK_SECONDS - 1e-6 for t, _ in readings):
+        s.still, s.picture_read = None, True  # the still picture is read: it joins the conversation
+        s.pictures = [*s.pictures, s.tracker.state.texts][-PICTURES_KEPT:] if s.tracker.state.texts else s.pictures
+    if s.asked is not None:
+        # The wait counts from when the worker was found started: the first question of a server's
+        # life waits for the first reading, not only for a reading's usual time.
+        since = s.asked if s.ready_at is None else max(s.asked, s.ready_at)
+        started = s.ready_at is not None
+        if answered or (started and tick - since >= READ_WAIT_TICKS) or tick - s.asked >= START_WAIT_TICKS:
+            s.asked = None
     if "left" in cues and speaking:
         s.away_since = tick if not s.away else s.away_since
         s.away = True

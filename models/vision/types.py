@@ -56,8 +56,9 @@ class VisualState:
     face_box: tuple[float, float, float, float] | None = None  # x0, y0, x1, y1 of the face in view
     frames: int = 0  # observations so far
 
-    def describe(self) -> str:
-        """One short line of visual facts, text in view quoted."""
+    def describe(self, source: str = "Camera") -> str:
+        """One short line of visual facts, text in view quoted; `source`: "Camera", or "Picture" for a
+        still picture sent in the conversation."""
         if self.frames == 0:
             return ""
         parts = []
@@ -74,4 +75,4 @@ class VisualState:
             parts.append(f"fingers held up: {self.fingers}")
         if self.texts:
             parts.append("text in view: " + "; ".join(f'"{t}"' for t in self.texts))
-        return "Camera: " + "; ".join(parts) + "."
+        return f"{source}: " + "; ".join(parts) + "."

@@ -52,6 +52,7 @@ class VisionWorker:
         self._sessions: dict[str, _Inbox] = {}
         self._stopping = False
         self.dead = False  # the worker process is gone: every session is blind
+        self.ready = False  # the worker has read a frame (or failed on one): its models are loaded and run
         self._reader = threading.Thread(target=self._read, name="vision-results", daemon=True)
         self._reader.start()
 
@@ -127,6 +128,8 @@ class VisionWorker:
                 box = self._sessions.get(sid)
                 if box is None:
                     continue
+                if kind in ("text", "error"):
+                    self.ready = True
                 if kind == "obs":
                     box.observations.append(msg[2])
                     box.in_flight = False

@@ -159,13 +159,15 @@ class Claims:
 
     async def bind_token(self, session: Session, previous: str | None = None) -> None:
         """The session's current token names it in the store (`previous` stops doing so)."""
-        if session.id in self._claims:
-            await self.store.bind_token(session.resume_token, session.id, previous)
+        claim = self._claims.get(session.id)
+        if claim is not None:
+            await self.store.bind_token(session.resume_token, session.id, previous, claim.epoch)
 
     async def alias(self, session: Session, token: str) -> None:
         """`token` (one the client may still hold) names the session in the store too."""
-        if token and session.id in self._claims:
-            await self.store.bind_token(token, session.id)
+        claim = self._claims.get(session.id)
+        if token and claim is not None:
+            await self.store.bind_token(token, session.id, epoch=claim.epoch)
 
     async def hand_off(self, session: Session) -> None:
         """Write the session's last snapshot and give up its lease, keeping the snapshot, so that another

@@ -156,6 +156,19 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 return n
 """
 
+# KEYS[1] = session hash, KEYS[2] = token key, KEYS[3] = the previous token's key; ARGV[1] = epoch, ARGV[2] =
+# the session id (sealed), ARGV[3] = ttl s, ARGV[4] = '1' to delete the previous. 1 bound, 0 stale epoch.
+_BIND_TOKEN = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+if ARGV[4] == '1' then
+  redis.call('DEL', KEYS[3])
+end
+return 1
+"""
+
 # KEYS[1] = lease key; ARGV[1] = '{replica}:{epoch}'. Deletes the lease (not the snapshot) when ours.
 _HAND_OFF = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -197,6 +210,7 @@ class SessionStore:
         self._append_log = client.register_script(_APPEND_LOG)
         self._load = client.register_script(_LOAD)
         self._log_page = client.register_script(_LOG_PAGE)
+        self._bind_token = client.register_script(_BIND_TOKEN)
         self.refused = 0  # entries read back whose MAC did not verify, or over their bound
 
     @classmethod
@@ -361,12 +375,19 @@ class SessionStore:
             self._failed("load_log", exc)
             return []
 
-    async def bind_token(self, token: str, session_id: str, previous: str | None = None) -> bool:
-        """`token` now names `session_id` (a rotation: `previous` stops naming it)."""
+    async def bind_token(self, token: str, session_id: str, previous: str | None = None,
+                         epoch: int | None = None) -> bool:
+        """`token` now names `session_id` (a rotation: `previous` stops naming it). With `epoch` (the
+        claim's), only while it is the session's current one: a stale owner cannot re-bind a token."""
+        key = _token_key(token)
+        sealed = self._seal(b"token", key, session_id.encode())
         try:
+            if epoch is not None:
+                return bool(await self._bind_token(
+                    keys=[f"{PREFIX}s:{session_id}", key, _token_key(previous) if previous else key],
+                    args=[str(epoch), sealed, self.ttl_s, "1" if previous else "0"]))
             async with self._r.pipeline(transaction=True) as pipe:
-                key = _token_key(token)
-                pipe.set(key, self._seal(b"token", key, session_id.encode()), ex=self.ttl_s)
+                pipe.set(key, sealed, ex=self.ttl_s)
                 if previous is not None:
                     pipe.delete(_token_key(previous))
                 await pipe.execute()

@@ -58,6 +58,23 @@ async def test_tokens_name_sessions_and_rotate(stores: tuple[SessionStore, Sessi
     assert await b.session_for("r1.tok2.mac") == "sess_r1_tok"
 
 
+async def test_a_stale_owner_cannot_rebind_a_token(stores: tuple[SessionStore, SessionStore]) -> None:
+    """r1 lost the session to r2; a late rotation from r1 would point a token it handed out (a client
+    it no longer serves) at the session r2 now serves: fenced by the epoch like every other write."""
+    a, b = stores
+    sid = "sess_r1_rebind"
+    first = await a.claim(sid)
+    assert first is not None and await a.bind_token("r1.old.mac", sid, epoch=first.epoch)
+    await asyncio.sleep(LEASE_S + 0.1)
+    second = await b.claim(sid)
+    assert second is not None
+    assert not await a.bind_token("r1.late.mac", sid, previous="r1.old.mac", epoch=first.epoch)
+    assert await b.session_for("r1.late.mac") is None and await b.session_for("r1.old.mac") == sid
+    assert await b.bind_token("r2.new.mac", sid, previous="r1.old.mac", epoch=second.epoch)
+    assert await b.session_for("r2.new.mac") == sid and await b.session_for("r1.old.mac") is None
+    await b.release(second)
+
+
 async def test_a_store_that_is_down_fails_soft() -> None:
     store = SessionStore.from_url(f"redis://127.0.0.1:{free_port()}/0", "r1", ttl_s=30)
     started = time.monotonic()

@@ -13,6 +13,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
+
 from models.base import TickOutput
 from server import lifecycle as lc
 from server import protocol as p
@@ -45,6 +47,8 @@ BETA_NAMES = {
     "response.output_text.done": "response.text.done",
 }
 
+
+SOUND_RMS = 0.01  # input above this (-40 dBFS) is sound: someone may be speaking over the answer
 
 Handler = Callable[[dict[str, Any], str | None], Awaitable[None] | None]
 
@@ -149,6 +153,11 @@ class RealtimeConnection(Connection):
         if self.state is ConnState.OPEN:
             self.output.deliver(out, tick)
 
+    async def push_audio(self, audio: np.ndarray) -> None:
+        if audio.size and float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) > SOUND_RMS:
+            self.output.heard_sound()
+        await super().push_audio(audio)
+
     # -- client messages ----------------------------------------------------------------------
 
     async def handle_text(self, text: str) -> None:
@@ -196,7 +205,7 @@ class RealtimeConnection(Connection):
             self._background_event(ev, eid)
             return
         if isinstance(item, dict) and item.get("type", "message") != "message":
-            # function_call, image, ...: taken as typed text before (found by bench.fuzz)
+            # function_call, image, ...: taken as typed text before (found by bench.reliability.fuzz)
             raise ProtocolError("unsupported_item", f"item type {str(item.get('type'))[:40]!r} cannot be created; "
                                 "only user messages and function_call_output items can", "item.type", eid)
         if isinstance(item, dict) and item.get("role", "user") != "user":

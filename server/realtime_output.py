@@ -26,6 +26,12 @@ from streaming.types import SAMPLE_RATE, TICK_SECONDS
 TICK_MS = int(TICK_SECONDS * 1000)
 KEPT_TIMINGS = 16  # recent assistant items whose words' times are kept, for conversation.item.truncate
 _TURN_EVENTS = ("speech_started", "speech_stopped")
+# A model that stops talking when the user speaks over it (the cascade pauses first, and drops the rest
+# of its answer only once the overlap proves a barge-in, up to a second later) has not finished: while
+# the client's microphone carries sound, a silent answer is held open this many micro-turns, so the
+# barge-in cancels it, or the answer goes on in the same response.
+HOLD_TICKS = 6
+VOICE_TICKS = 3  # sound within this many micro-turns of a silent one counts as the user speaking over it
 
 
 class RealtimeOutput:
@@ -46,6 +52,8 @@ class RealtimeOutput:
         self._user_text: list[str] = []
         self._late: tuple[str, float] | None = None  # (item, seconds): committed without words, transcript pending
         self._stopped_early = False  # the turn was committed when a response began; its speech_stopped is spent
+        self._voice_tick = -VOICE_TICKS - 1  # the last micro-turn whose input had sound
+        self._held = 0  # silent micro-turns the open response was held for
         self._typed: deque[str] = deque(maxlen=8)  # typed messages the model may echo as the user's words
         self._deferred: list[dict[str, Any]] = []  # events of another response, held until this one is done
         self._suppress_before = 0  # outputs of ticks before this were cancelled by response.cancel
@@ -84,15 +92,28 @@ class RealtimeOutput:
         for ev in out.events:
             if ev.type not in _TURN_EVENTS:
                 self._model_event(ev.type, ev.data, tick)
-        if not speaking and self.response_id is not None and not out.text and self._user_item is None:
-            # A pause while the user speaks over the answer is held open: the model either goes on
-            # (the same response) or yields (cancelled); otherwise silence ends the response.
+        if speaking or worded:
+            self._held = 0
+        elif self.response_id is not None and not self._holding(tick):
             self.finish_response("completed")
         if s.settings.tick_stats:
             self.emit({"type": "duplex.tick", "event_id": p.new_id("event"), "tick": tick,
                        "buffered_ms": int(s.buffered_samples / SAMPLE_RATE * 1000),
                        "dropped_samples": s.dropped_samples, "late_ms": round(s.last_lateness * 1000, 1),
                        "heard_samples": s.heard_through})
+
+    def heard_sound(self) -> None:
+        """The client's microphone carried sound in the micro-turn being filled now."""
+        self._voice_tick = self.conn.session.tick
+
+    def _holding(self, tick: int) -> bool:
+        """Whether a silent open response waits: the user is speaking over it (the model paused)."""
+        if self._user_item is not None:
+            return True  # the turn's speech_stopped, or the model's yield, decides
+        if tick - self._voice_tick <= VOICE_TICKS and self._held < HOLD_TICKS:
+            self._held += 1
+            return True
+        return False
 
     def send_audio(self, audio: np.ndarray, tick: int) -> None:
         """One micro-turn of output audio (24 kHz float32): to the transport's audio path, or as an event."""

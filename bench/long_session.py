@@ -5,7 +5,7 @@ and is what the user said kept?
 
 One session. The user states facts in the first minutes (typed: a name, a number, a preference), asks
 the background reasoner a question every `--ask-every` seconds of the session's clock and, at the end,
-asks for each fact. In between the microphone sends silence. Per 10 minutes of session time: the
+asks for each fact. In between the microphone sends silence. Per 10 minutes of session time (`--window-minutes`): the
 server's RSS, the micro-turn step time p50/p99, tick lateness p99 (real time), the reasoner's prompt
 size per request and its context fill (from `duplex.session.usage`); at the end, how many planted
 facts the answers got right.
@@ -116,7 +116,7 @@ class _Recorder:
 
 
 async def _converse(url: str, minutes: float, ask_every: float, pace: str, run: Run, metrics_url: str,
-                    pid: int) -> None:
+                    pid: int, window_minutes: float = 10.0) -> None:
     ws = await open_session(url, headers=EXTENSIONS)
     window_ticks = 6
     answered = -1  # newest micro-turn answered (media pace)
@@ -215,7 +215,7 @@ async def _converse(url: str, minutes: float, ask_every: float, pace: str, run: 
                 await asyncio.sleep(delay)
         await ws.send(SILENCE)
         tick += 1
-        if tick % int(600 / TICK_S) == 0:  # every 10 minutes of session time
+        if tick % int(window_minutes * 60 / TICK_S) == 0:  # every window of session time
             after = scrape(metrics_url)
             _close_window(window, before, after, usage, pid)
             print(_line(window), file=sys.stderr, flush=True)
@@ -264,9 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reasoner", choices=["server", "recorder"], default="server",
                     help="server: the server's own (--background auto); recorder: module docstring")
     ap.add_argument("--ask-every", type=float, default=60.0, help="seconds of session time between questions")
+    ap.add_argument("--window-minutes", type=float, default=10.0, help="session minutes per row of figures")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args(argv)
-    server_args = ["--model", args.model, "--log-level", "warning", "--session-usage-every", "1"]
+    # One session: a fixed capacity skips the start-up calibration (minutes on a loaded machine).
+    server_args = ["--model", args.model, "--log-level", "warning", "--session-usage-every", "1",
+                   "--max-sessions", "2"]
     recorder = None
     if args.reasoner == "recorder":
         recorder = _Recorder()
@@ -275,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                         "--background-model", "recorder"]
     run = Run()
     started = time.monotonic()
-    with ServerUnderTest(*server_args) as server:
-        asyncio.run(_converse(server.ws_url, args.minutes, args.ask_every, args.pace, run, server.url, server.pid))
+    with ServerUnderTest(*server_args, ready_timeout=900) as server:
+        asyncio.run(_converse(server.ws_url, args.minutes, args.ask_every, args.pace, run, server.url, server.pid,
+                              args.window_minutes))
     right = sum(1 for _, q, want in FACTS if want in run.answers.get(q, "").lower())
     out: dict[str, Any] = {
         "model": args.model, "pace": args.pace, "minutes": args.minutes, "reasoner": args.reasoner,

@@ -74,3 +74,23 @@ async def test_a_client_that_stops_answering_pings_is_still_closed(duplex_server
         while True:
             await asyncio.wait_for(ws.recv(), 5)
     assert ws.close_code == 1011
+
+
+async def test_a_client_that_keeps_sending_but_never_answers_pings_is_closed(duplex_server) -> None:
+    # Reading pauses after every message until the session takes it: only that time is forgiven, so a
+    # real-time client whose audio keeps coming but whose pongs never do still runs out of time.
+    server = duplex_server("--model", "echo", "--ws-ping-interval", "0.2", "--ws-ping-timeout", "0.3")
+    ws = await open_ws(server.ws_url, ping_interval=None)
+    await recv_event(ws)
+    ws.transport.pause_reading()
+    chunk = bytes(TICK * 2)
+    sent = 0
+    with pytest.raises(ConnectionClosed):
+        for _ in range(100):  # 20 s of audio at real-time pace, far past the keepalive's deadline
+            await ws.send(chunk)
+            sent += 1
+            await asyncio.sleep(0.2)
+    # Closed by the server within a few seconds (its close frame sat unread behind the paused reading,
+    # so the client may only see the connection drop: 1006).
+    assert sent < 40, sent
+    assert ws.close_code in (1011, 1006)

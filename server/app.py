@@ -19,6 +19,7 @@ from models.base import InteractionModel
 from server.auth import APIKeyMiddleware
 from server.client_rate import NewSessionRateLimit
 from server.config import ServerConfig
+from server.host_check import HostCheck, allowed_names
 from server.live.endpoint import PATH as LIVE_PATH
 from server.live.endpoint import live_endpoint
 from server.runtime import Runtime
@@ -79,6 +80,9 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
     docs: dict[str, Any] = {} if config.api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="duplex", version="0.1.0", lifespan=lifespan, **docs)
     app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    # No key to stop a DNS-rebinding page: its Host does (behind a named proxy, the proxy's name is public).
+    if config.is_loopback() and not config.api_key and not config.forwarded_allow_ips:
+        app.add_middleware(HostCheck, names=allowed_names(config.host, config.allowed_origins))
     # Outermost: an address's attempts count whether or not they carry the key.
     app.add_middleware(NewSessionRateLimit, per_minute=config.new_sessions_per_minute or 0.0)
 

@@ -29,6 +29,7 @@ from typing import IO, Any
 import httpx
 
 from deploy.haproxy import ProxyOptions, Replica, render
+from server.auth import read_secret
 from server.config import ServerConfig
 from server.store import PASSWORD_ENV
 
@@ -125,7 +126,9 @@ class LocalCluster:
         # One secret for the replicas' token MACs; it never leaves their environment.
         self.secret = os.environ.get("DUPLEX_CLUSTER_SECRET") or secrets.token_urlsafe(32)
         self.store_password = secrets.token_hex(32)  # the store's AUTH: only the replicas' environment has it
-        self.api_key = _option(spec.serve_args, "--api-key") or os.environ.get("DUPLEX_API_KEY")
+        key_file = _option(spec.serve_args, "--api-key-file")  # the replicas read it; the health checks need it
+        self.api_key = (_option(spec.serve_args, "--api-key") or (read_secret(key_file, "--api-key-file") if key_file
+                        else None) or os.environ.get("DUPLEX_API_KEY"))
         self.store: Child | None = None
         self.replicas: list[tuple[Child, Replica]] = []
         self.proxy: Child | None = None

@@ -35,3 +35,10 @@ def test_an_exited_replica_is_started_again_only_when_asked(tmp_path: Path, rest
         assert cluster.replica_restarts == (1 if restart else 0)
     finally:
         child.stop(timeout=5)
+
+
+def test_the_key_the_replicas_read_from_a_file_is_the_one_the_health_checks_send(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("k-from-a-file\n")
+    cluster = LocalCluster(ClusterSpec(workdir=tmp_path, serve_args=["--api-key-file", str(key_file)]))
+    assert cluster.api_key == "k-from-a-file"  # was None: every health check 401, the cluster never ready

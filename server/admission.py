@@ -15,12 +15,23 @@ Measured at start-up by stepping batches of throw-away sessions with silence (ag
 
 Models whose cost depends on content (speech recognisers) are cheaper on silence, so the budget keeps
 a margin; `--max-sessions` and `--phase-groups` override either decision.
+
+Measured when the process is quiet: a model's own start-up work (pre-rendering phrases, warming its
+workers) runs on threads of its own after it loads, and a step timed beside it costs more than it does
+alone (admission under-counted), so admission waits until the process's other threads are seldom
+running (in under `QUIET_SHARE` of a window's samples, at most `QUIET_WAIT_S`). Their states, not their
+CPU time: on a machine busy with other processes a thread at work gets a fraction of a core and would
+pass for quiet. Each figure is the fastest of its repeats: interference only ever adds to a step, so the fastest is the
+nearest to what the step itself costs, and a server never admits fewer sessions than that allows.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,6 +51,9 @@ BUDGET_FRACTION = 0.6  # of a micro-turn, leaving room for jitter, transports an
 OVERHEAD_SHARE = 0.25  # of the budget that per-batch overhead (one per phase group) may take
 MAX_GROUPS = 100  # a 2 ms grid; finer buys nothing against event-loop timer resolution
 HARD_CAP = 256  # sessions; beyond this the event loop, not the model, is the limit
+QUIET_SHARE = 0.2  # of a window's samples with another thread of the process running: start-up work is done
+QUIET_WINDOW_S = 0.5  # over this long, sampled every 20 ms
+QUIET_WAIT_S = 30.0  # the longest start-up waits for it (a model that keeps busy is measured as it is)
 
 
 @dataclass
@@ -55,8 +69,47 @@ class Calibration:
         return max(1, min(limit, HARD_CAP, math.floor(room / max(self.per_session, 1e-6))))
 
 
-def _measure(engine: Engine, batch: int, reps: int = 3) -> float:
-    """Seconds per batched step (median of `reps`) with `batch` fresh sessions; runs on the inference thread."""
+async def quiet(share: float = QUIET_SHARE, window: float = QUIET_WINDOW_S, limit: float = QUIET_WAIT_S
+                ) -> tuple[float, float]:
+    """Wait until another thread of this process is running in under `share` of a `window`'s samples
+    (their start-up work is done), at most `limit` seconds; returns (seconds waited, the last window's
+    share). Where /proc cannot be read, it does not wait."""
+    t0, me = time.monotonic(), threading.get_native_id()
+    while True:
+        samples = []
+        for _ in range(max(1, round(window / 0.02))):
+            running = _running_threads(me)
+            if running is None:
+                return time.monotonic() - t0, 0.0
+            samples.append(running > 0)
+            await asyncio.sleep(0.02)
+        busy = sum(samples) / len(samples)
+        if busy < share or time.monotonic() - t0 >= limit:
+            return time.monotonic() - t0, busy
+
+
+def _running_threads(me: int) -> int | None:
+    """Threads of this process other than `me` that are running or ready to (state R); None without /proc."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    running = 0
+    for tid in tids:
+        if int(tid) == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended
+        running += stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"R"
+    return running
+
+
+def _measure(engine: Engine, batch: int, reps: int = 5) -> float:
+    """Seconds per batched step (the fastest of `reps`) with `batch` fresh sessions; runs on the
+    inference thread."""
     model, ageing = engine.model, engine.features.ageing
     states = [model.open(f"calibrate-{i}") for i in range(batch)]
     try:
@@ -71,7 +124,7 @@ def _measure(engine: Engine, batch: int, reps: int = 3) -> float:
             t = time.perf_counter()
             model.step(inputs)
             times.append(time.perf_counter() - t)
-        return float(np.median(times[1:]))
+        return float(np.min(times[1:]))
     finally:
         for st in states:
             model.close(st)
@@ -80,6 +133,9 @@ def _measure(engine: Engine, batch: int, reps: int = 3) -> float:
 async def calibrate(engine: Engine) -> Calibration:
     """Fit overhead + per-session cost from a batch of 1 and a larger batch."""
     limit = engine.model.max_sessions or HARD_CAP
+    waited, used = await quiet()
+    log.info("calibration: waited %.1f s for the process's start-up work (other threads running in %.0f%% of "
+             "the last %.1f s)", waited, used * 100, QUIET_WINDOW_S)
     one = await engine.call(_measure, engine, 1)
     # A bigger batch separates the two terms better, but don't spend seconds on a slow model.
     big = min(limit, 16 if one < 0.005 else 4)

@@ -182,6 +182,10 @@ def register_routes(app: FastAPI) -> None:
 
     @app.post("/v1/realtime/calls/{call_id}/hangup", response_model=None)
     async def hangup(call_id: str, request: Request) -> JSONResponse:
+        origin = request.headers.get("origin")  # state-changing: another site's page may not end a call
+        if not origin_ok(origin, request.app.state.webrtc_calls.runtime.allowed_origins):
+            return _error(403, "origin_not_allowed", f"origin {origin!r} is not allowed; start the server "
+                          "with --allow-origin ORIGIN")
         if not await request.app.state.webrtc_calls.hangup(call_id):
             return _error(404, "unknown_call", f"no live call {call_id!r}; it has ended or never existed")
         return JSONResponse({"id": call_id, "status": "closed"})

@@ -40,6 +40,8 @@ async def test_a_forged_forwarding_header_and_a_pending_offer_do_not_make_anothe
         ws, first = await _first_event(srv.ws_url, **{"X-Forwarded-For": "198.51.100.7"})
         assert first["type"] == "error" and first["error"]["code"] == "too_many_sessions", first
         await ws.close()
+        foreign = await http.post(srv.url + call + "/hangup", headers={"Origin": "https://evil.example"})
+        assert foreign.status_code == 403, foreign.text  # another site's page may not end the call (it did)
         assert (await http.post(srv.url + call + "/hangup")).status_code == 200
         for _ in range(2):  # the place is free again; the third and fourth sessions of the minute
             ws, first = await _first_event(srv.ws_url)

@@ -73,13 +73,13 @@ def kind_of(question: str) -> str | None:
     if re.search(r"\b(is|are) (any|some)(one|body) (there|here|in view|in the picture|on camera|in front)\b"
                  r"|\bcan you see (me|anyone|anybody|someone|somebody)\b|\bwho is there\b|\bam i (there|in view)\b", q):
         return "presence"
-    if re.search(r"\b(say|says|read|written|writing|text|words?)\b", q) and re.search(
+    if re.search(r"\b(say|says|saying|read|reads|written|writing)\b", q) and re.search(
             r"\b(card|sign|this|it|that|paper|page|note|label|picture|photo|image|holding|written|text|camera)\b", q):
         return "read"
     if re.search(r"\bwhat (gesture|sign)\b|\bthumbs?\b|\bwhat am i (holding|showing|doing|making)\b", q):
         return "gesture"
-    if re.search(r"\bwhat (do|can) you see\b|\bwhat'?s? (is )?(in|on) (the |this )?(picture|photo|image|camera)\b"
-                 r"|\b(picture|photo|image|camera)\b|\blook at\b", q):
+    if re.search(r"\bwhat (do|can) you see\b|\bwhat('s| is) (in|on) (the |this |my )?(picture|photo|image|camera)\b"
+                 r"|\blook at (this|me|my)\b", q):
         return "look"
     return None
 

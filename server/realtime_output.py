@@ -54,6 +54,7 @@ class RealtimeOutput:
         self._stopped_early = False  # the turn was committed when a response began; its speech_stopped is spent
         self._voice_tick = -VOICE_TICKS - 1  # the last micro-turn whose input had sound
         self._held = 0  # silent micro-turns the open response was held for
+        self._overlap = False  # the user's open turn began while the open response was being said
         self._typed: deque[str] = deque(maxlen=8)  # typed messages the model may echo as the user's words
         self._deferred: list[dict[str, Any]] = []  # events of another response, held until this one is done
         self._suppress_before = 0  # outputs of ticks before this were cancelled by response.cancel
@@ -79,7 +80,8 @@ class RealtimeOutput:
         speaking = bool(np.any(audio))
         worded = bool(out.text) and tick >= self._suppress_before
         if (speaking or worded) and self.response_id is None:
-            self._start_response(tick)
+            # A backchannel ("mm-hm") over the user's turn answers nothing: the turn stays open.
+            self._start_response(tick, commit=not any(ev.type == "backchannel" for ev in out.events))
         if worded:
             self._said.append((self._audio_ms, out.text))
             delta = {"type": "response.output_audio_transcript.delta", "event_id": p.new_id("event"),
@@ -108,8 +110,8 @@ class RealtimeOutput:
 
     def _holding(self, tick: int) -> bool:
         """Whether a silent open response waits: the user is speaking over it (the model paused)."""
-        if self._user_item is not None:
-            return True  # the turn's speech_stopped, or the model's yield, decides
+        if self._user_item is not None and self._overlap:
+            return True  # the user began speaking over it: the turn's end, or the model's yield, decides
         if tick - self._voice_tick <= VOICE_TICKS and self._held < HOLD_TICKS:
             self._held += 1
             return True
@@ -130,11 +132,11 @@ class RealtimeOutput:
 
     # -- responses ------------------------------------------------------------------------------
 
-    def _start_response(self, tick: int) -> None:
-        if self._user_item is not None:  # the model answers over an open turn: the turn ends here
+    def _start_response(self, tick: int, commit: bool = True) -> None:
+        if commit and self._user_item is not None:  # the model answers over an open turn: the turn ends here
             self._commit_user(tick, early=True)
         self.response_id, self._item_id = p.new_id("resp"), p.new_id("item")
-        self._said, self._audio_ms = [], 0
+        self._said, self._audio_ms, self._held, self._overlap = [], 0, 0, False
         previous = self.conn.session.items.last_id()
         for event in lc.created(self.response_id) + lc.message_opened(self.response_id, self._item_id, previous):
             self.emit(event)
@@ -218,6 +220,7 @@ class RealtimeOutput:
         if etype == "speech_started":
             if self._user_item is None:
                 self._open_user(tick)
+                self._overlap = self.response_id is not None
             self.emit({"type": "input_audio_buffer.speech_started", "event_id": p.new_id("event"),
                        "audio_start_ms": tick * TICK_MS, "item_id": self._user_item})
         elif self._user_item is not None:
@@ -240,7 +243,7 @@ class RealtimeOutput:
                 self.emit(event)
         else:
             self._late = (item, seconds)  # its transcript may follow
-        self._user_item, self._user_text, self._stopped_early = None, [], early
+        self._user_item, self._user_text, self._stopped_early, self._overlap = None, [], early, False
 
     def commit_now(self) -> str | None:
         """`input_audio_buffer.commit`: the open turn, if any, becomes an item now; its id."""

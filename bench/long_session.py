@@ -116,7 +116,7 @@ class _Recorder:
 
 
 async def _converse(url: str, minutes: float, ask_every: float, pace: str, run: Run, metrics_url: str,
-                    pid: int, window_minutes: float = 10.0) -> None:
+                    pid: int, window_minutes: float = 10.0, verbose: bool = False) -> None:
     ws = await open_session(url, headers=EXTENSIONS)
     window_ticks = 6
     answered = -1  # newest micro-turn answered (media pace)
@@ -132,6 +132,9 @@ async def _converse(url: str, minutes: float, ask_every: float, pace: str, run: 
                 continue
             ev = json.loads(raw)
             kind = ev.get("type")
+            if verbose and str(kind).startswith(("duplex.background.started", "duplex.background.done",
+                                                 "duplex.background.error", "error")):
+                print(f"[tick {answered}] {str(ev)[:240]}", file=sys.stderr, flush=True)
             if kind == "response.output_audio.delta" and isinstance(ev.get("tick"), int):
                 answered = max(answered, ev["tick"])
             elif kind == "duplex.input.window":
@@ -266,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ask-every", type=float, default=60.0, help="seconds of session time between questions")
     ap.add_argument("--window-minutes", type=float, default=10.0, help="session minutes per row of figures")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--verbose", action="store_true", help="print the reasoner's events as they come")
     args = ap.parse_args(argv)
     # One session: a fixed capacity skips the start-up calibration (minutes on a loaded machine).
     server_args = ["--model", args.model, "--log-level", "warning", "--session-usage-every", "1",
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with ServerUnderTest(*server_args, ready_timeout=900) as server:
         asyncio.run(_converse(server.ws_url, args.minutes, args.ask_every, args.pace, run, server.url, server.pid,
-                              args.window_minutes))
+                              args.window_minutes, args.verbose))
     right = sum(1 for _, q, want in FACTS if want in run.answers.get(q, "").lower())
     out: dict[str, Any] = {
         "model": args.model, "pace": args.pace, "minutes": args.minutes, "reasoner": args.reasoner,

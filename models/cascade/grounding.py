@@ -31,6 +31,7 @@ GESTURE_NAMES = {"open_palm": ("open palm", "open hand"), "raised_hand": ("raise
                  "victory": ("victory", "peace sign"), "fist": ("fist",)}
 NEGATIVE = frozenset(["no", "nobody", "noone", "not", "don't", "can't", "cannot", "isn't", "aren't", "nothing",
                       "empty", "none"])
+AFFIRM = frozenset(["yes", "yeah", "you", "you're", "person", "people", "someone", "somebody", "man", "woman"])
 # Words any plain answer about a picture is made of; a word outside these, the facts and the question
 # is something the reasoner added.
 _PLAIN_WORDS = """
@@ -145,6 +146,8 @@ def check(question: str, answer: str, facts: Facts) -> Verdict:
         return Verdict(False, "the count is not said")
     if kind == "presence" and facts.present == bool(NEGATIVE & set(said)):
         return Verdict(False, "contradicts who is there")
+    if kind == "presence" and facts.present and not AFFIRM & set(said):
+        return Verdict(False, "does not say who is there")  # "I'm here": the assistant, not what is seen
     return Verdict(True, "")
 
 

@@ -28,6 +28,7 @@ def test_made_up_half_and_wrong_answers_are_not_said_and_the_facts_are() -> None
     assert not check(COUNT, "You're holding up four fingers.", HAND).ok
     assert fallback(COUNT, HAND) == "You're holding up 5 fingers."
     assert not check("Is anyone there?", "Yes, I can see you.", EMPTY).ok
+    assert not check("Is anyone there?", "I'm here. I'm here.", HAND).ok  # the embedded reasoner's, about itself
     assert fallback("Is anyone there?", EMPTY) == "Nobody is in view."
     assert not check("What am I holding up?", "You're holding up a thumbs up.", HAND).ok
 

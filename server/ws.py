@@ -37,6 +37,7 @@ CLOSE_POLICY = 1008
 CUT_CLOSE_SECONDS = 10.0  # a client cut for not reading has this long to read its close frame (uvicorn's close timeout)
 NORMAL_CLOSURE = 1000  # a client closing with this ends its session; any other close keeps it resumable
 TICK_MS = round(TICK_SECONDS * 1000)
+OUTPUT_STALL_S = 5.0  # a media-pace client that reads nothing this long is no longer waited for (OutputRoom)
 
 
 async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
@@ -104,25 +105,37 @@ class OutputRoom:
     """Media pace's back-pressure on output: a client that sends a long file at once and reads its answers
     more slowly than the model makes them would fill its outbox and be cut for not reading. Its input is
     not read (so not stepped) while its outbox is over half full, until the writer has sent it down to a
-    quarter; real-time clients are not held (their micro-turns come on the clock)."""
+    quarter. A client that reads nothing at all (no event sent for OUTPUT_STALL_S) is not waited for:
+    its input flows again and it is cut as any client that does not read. Real-time clients are not held
+    (their micro-turns come on the clock)."""
 
     def __init__(self, conn: RealtimeConnection) -> None:
         self._conn = conn
         self._room = asyncio.Event()
         self._room.set()
+        self._sent = 0  # events the writer handed to the transport
+        self._stalled = False  # the client read nothing for OUTPUT_STALL_S: not waited for until it does
 
     def sent(self) -> None:
         """The writer handed an event to the transport."""
+        self._sent += 1
+        self._stalled = False
         if self._conn.outbox.bytes <= self._conn.outbox.max_bytes // 4:
             self._room.set()
 
     async def wait(self) -> None:
         conn = self._conn
-        if conn.session.settings.pace is not Pace.MEDIA or conn.outbox.bytes <= conn.outbox.max_bytes // 2:
+        if (self._stalled or conn.session.settings.pace is not Pace.MEDIA
+                or conn.outbox.bytes <= conn.outbox.max_bytes // 2):
             return
         self._room.clear()
         while not self._room.is_set() and not conn.cut.is_set():
-            await self._room.wait()
+            before = self._sent
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), OUTPUT_STALL_S)
+            if self._sent == before and not self._room.is_set():
+                self._stalled = True
+                return
 
 
 async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runtime: Runtime) -> None:

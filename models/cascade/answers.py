@@ -65,6 +65,7 @@ class AnswerState:
     def mute(self) -> None:
         self.muted |= self.seen
         self.splitters.clear()
+        self.grounded.clear()  # answers held for their check are never said either
 
     def add_chunk(self, c: BackgroundChunk, error_phrase: str, ev: list[Event]) -> None:
         """Queue the sentences a reasoner chunk completes (the error phrase after a failed request)."""

@@ -222,7 +222,7 @@ class RealtimeOutput:
                 self._open_user(tick)
                 self._overlap = self.response_id is not None
             self.emit({"type": "input_audio_buffer.speech_started", "event_id": p.new_id("event"),
-                       "audio_start_ms": tick * TICK_MS, "item_id": self._user_item})
+                       "audio_start_ms": tick * TICK_MS, "item_id": self._user_item, "tick": tick})
         elif self._user_item is not None:
             self._commit_user(tick, early=False)
         # else: a speech_stopped for a turn already committed when the answer began
@@ -232,7 +232,7 @@ class RealtimeOutput:
         assert item is not None
         end_ms = tick * TICK_MS + TICK_MS
         self.emit({"type": "input_audio_buffer.speech_stopped", "event_id": p.new_id("event"),
-                   "audio_end_ms": end_ms, "item_id": item})
+                   "audio_end_ms": end_ms, "item_id": item, "tick": tick})
         previous = self.conn.session.items.last_id()
         for event in lc.user_committed(item, previous):
             self.emit(event)

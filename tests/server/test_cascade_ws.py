@@ -44,9 +44,9 @@ class LockstepClient:
 
     ws: ClientConnection
     audio: dict[int, np.ndarray] = field(default_factory=dict)  # tick -> float32 output
-    # (tick, event): the server sends a micro-turn's audio delta first and then that micro-turn's
-    # other events, so an event belongs to the latest tick whose audio arrived before it (events
-    # that are not tied to a tick, e.g. background deltas, get the tick they arrived during).
+    # (tick, event): an event with a `tick` belongs to it; any other belongs to the latest tick whose
+    # audio arrived before it (events that are not tied to a tick, e.g. background deltas, get the
+    # tick they arrived during).
     events: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     sent: int = 0  # micro-turns sent
 
@@ -63,7 +63,7 @@ class LockstepClient:
             if ev["type"] == "response.output_audio.delta":
                 pcm = np.frombuffer(base64.b64decode(ev["delta"]), dtype="<i2")
                 self.audio[ev["tick"]] = pcm.astype(np.float32) / 32768.0
-            self.events.append((len(self.audio) - 1, ev))
+            self.events.append((ev.get("tick", len(self.audio) - 1), ev))
 
     async def feed(self, audio: np.ndarray) -> None:
         for i in range(0, len(audio), TICK_SAMPLES):

@@ -71,7 +71,8 @@ async def test_a_client_that_stops_reading_is_cut_and_nothing_else_breaks(duplex
     # The stuck client: a tiny socket receive buffer, and websockets stops reading after one message.
     sock = socket.create_connection(("127.0.0.1", srv.port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stuck = await connect(srv.ws_url, sock=sock, max_queue=1, max_size=16 << 20)
+    stuck = await connect(srv.ws_url, sock=sock, max_queue=1, max_size=16 << 20,
+                          additional_headers={"X-Duplex-Extensions": "1"})  # for its resume token
     assert (await recv_event(stuck))["type"] == "session.created"
     token = (await recv_event(stuck))["resume_token"]
     await send(stuck, {"type": "session.update", "session": {"pace": "media"}})

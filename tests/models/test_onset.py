@@ -48,7 +48,7 @@ def test_an_onset_needs_the_threshold_and_speech_goes_on_greedily() -> None:
 def test_the_threshold_comes_from_the_metadata_unless_given(tmp_path: Path) -> None:
     assert onset_from_metadata({})[0] == 0.0, "no calibration recorded: greedy"
     assert onset_from_metadata({ONSET_KEY: "0.65"})[0] == pytest.approx(0.65)
-    with pytest.raises(ValueError, match=r"bench\.native_onset --write"):
+    with pytest.raises(ValueError, match=r"bench\.native\.onset --write"):
         onset_from_metadata({ONSET_KEY: "1.5"})
     with pytest.raises(ValueError, match="--native-onset"):
         NativeOptions(onset=1.0)

@@ -43,6 +43,14 @@ def image_item(url: str, text: str | None = None) -> dict:
     return {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": content}}
 
 
+async def _user_item(ws: ClientConnection) -> dict:
+    """The next user item added: the model's own response items (its answer to typed text) come between."""
+    while True:
+        added, _ = await recv_until(ws, "conversation.item.added")
+        if added["item"].get("role") == "user":
+            return added
+
+
 async def _error(ws: ClientConnection, code: str) -> dict:
     err, _ = await recv_until(ws, "error")
     assert err["error"]["code"] == code, err
@@ -56,13 +64,13 @@ async def test_pictures_accepted_and_bad_ones_refused(duplex_server) -> None:
 
     # A picture and a question in one item, as OpenAI Realtime sends them.
     await send(ws, image_item(data_url(jpeg(800, 600)), "what is this?"))
-    added, _ = await recv_until(ws, "conversation.item.added")
+    added = await _user_item(ws)
     parts = added["item"]["content"]
     assert parts[0] == {"type": "input_image", "width": 640, "height": 480}, "shrunk to perception's size"
     assert parts[1] == {"type": "input_text", "text": "what is this?"}
     # A picture alone is a message too.
     await send(ws, image_item(data_url(jpeg(), "image/jpeg")))
-    added, _ = await recv_until(ws, "conversation.item.added")
+    added = await _user_item(ws)
     assert added["item"]["content"] == [{"type": "input_image", "width": 64, "height": 48}]
 
     good = jpeg()

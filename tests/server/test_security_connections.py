@@ -123,7 +123,7 @@ async def test_huge_websocket_message_refused_from_its_header(duplex_server) -> 
     reader, writer = await asyncio.open_connection(server.host, server.port)
     key = base64.b64encode(os.urandom(16))
     writer.write(b"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                 b"Sec-WebSocket-Key: " + key + b"\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                 b"Sec-WebSocket-Key: " + key + b"\r\nSec-WebSocket-Version: 13\r\nX-Duplex-Extensions: 1\r\n\r\n")
     await writer.drain()
     status = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
     assert status.startswith(b"HTTP/1.1 101"), status

@@ -78,6 +78,8 @@ async def quiet(share: float = QUIET_SHARE, window: float = QUIET_WINDOW_S, limi
     while True:
         samples = []
         for _ in range(max(1, round(window / 0.02))):
+            if samples and time.monotonic() - t0 >= limit:
+                break  # a starved sampler (many threads, a loaded host) still keeps to the limit
             running = _running_threads(me)
             if running is None:
                 return time.monotonic() - t0, 0.0

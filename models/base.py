@@ -62,6 +62,7 @@ class BackgroundChunk:
     text: str  # text delta ("" on a pure done/error chunk)
     done: bool = False  # the request's answer is complete
     error: str | None = None  # set when the request failed; the foreground may say so
+    ask: int | None = None  # the `ask` number of the foreground's delegate event it answers (None: not numbered)
 
 
 @dataclass

@@ -65,6 +65,7 @@ class _Request:
     epoch: int
     query: str
     source: str  # "model" (delegate event) or "client"
+    ask: int | None = None  # the delegate event's own number for its question, given back in every chunk
     start_tick: int = 0  # micro-turn whose output asked for it (its virtual clock)
     text: list[str] = field(default_factory=list)  # answer so far
     context: Pending | None = None  # its turn in the reasoner's context, committed when it completes
@@ -120,9 +121,9 @@ class BackgroundWorker:
         for ev in out.events:
             if ev.type != "delegate":
                 continue
-            query = ev.data.get("query")
+            query, ask = ev.data.get("query"), ev.data.get("ask")
             if isinstance(query, str) and query.strip():
-                self.request(query, source="model", tick=tick)
+                self.request(query, source="model", tick=tick, ask=ask if isinstance(ask, int) else None)
             else:
                 log.warning("session %s: delegate event without a query string: %r", self.session.id, ev.data)
 
@@ -154,7 +155,7 @@ class BackgroundWorker:
     # -- requests ---------------------------------------------------------------------------------
 
     def request(self, query: str, source: str, policy: Policy | None = None,
-                client_event_id: str | None = None, tick: int | None = None) -> str | None:
+                client_event_id: str | None = None, tick: int | None = None, ask: int | None = None) -> str | None:
         """Start (or queue) a request; returns its id, or None if it was refused (an error was sent)."""
         if self._stopped:
             return None
@@ -166,7 +167,7 @@ class BackgroundWorker:
                        error={"code": "queue_full", "message": message}, client_event_id=client_event_id)
             return None
         self.epoch += 1
-        req = _Request(id=p.new_id("bg"), epoch=self.epoch, query=query, source=source,
+        req = _Request(id=p.new_id("bg"), epoch=self.epoch, query=query, source=source, ask=ask,
                        start_tick=max(0, self.session.tick - 1) if tick is None else tick)
         if policy is Policy.SUPERSEDE:
             self._supersede(req.epoch)
@@ -380,7 +381,7 @@ class BackgroundWorker:
                 and not last.done and last.error is None and last_due == due):
             last.text += text
             return
-        self._pending.append((due, BackgroundChunk(req.id, req.epoch, text, done, error)))
+        self._pending.append((due, BackgroundChunk(req.id, req.epoch, text, done, error, req.ask)))
 
     def _emit(self, etype: str, **fields: Any) -> None:
         self.session.emit({"type": etype, "event_id": p.new_id("event"), **fields})

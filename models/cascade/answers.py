@@ -4,7 +4,11 @@ reasoner's answer sentence by sentence as it streams in), what it stops saying, 
 The answer comes back as `BackgroundChunk`s of the request the cascade delegated; each request's text
 is cut into sentences (text.SentenceSplitter) and each sentence is synthesised as soon as it is
 complete (speaker.py). A new question, a barge-in or a cancel mutes every request seen so far: chunks
-of those still arriving are dropped, and so are chunks of epochs older than the newest seen. What was
+of those still arriving are dropped, and so are chunks of epochs older than the newest seen. A new
+question also drops the answers to every question asked before it, even those not seen yet: each
+delegate event numbers its question (`ask`) and the reasoner's chunks carry that number back. (The
+worker drops them too once it has the new request, but chunks of the older one may already be in the
+micro-turns taken before that, or arrive while the new question's transcript is still due.) What was
 spoken is remembered for `_ECHO_MEMORY_MS`: overlapped words that are all among them are our own echo.
 
 An answer to a question about what is seen is held until it is whole and said only if it keeps to the
@@ -40,6 +44,13 @@ class AnswerState:
     backchannels: int = 0  # backchannels said (rotates the phrase)
     ground_next: tuple[str, Facts] | None = None  # the question just delegated is about what is seen
     grounded: dict[str, tuple[str, Facts, list[str]]] = field(default_factory=dict)  # request id -> its text so far
+    asked: int = 0  # questions delegated so far (the last one's `ask` number)
+    first_ask: int = 0  # answers to questions numbered below this are dropped: a newer one took the floor
+
+    def number_question(self) -> int:
+        """The `ask` number of a question delegated now."""
+        self.asked += 1
+        return self.asked
 
     def ground(self, question: str, facts: Facts) -> None:
         """The next request's answer is checked against `facts` before it is said, if `question` is
@@ -50,6 +61,7 @@ class AnswerState:
         """A new question: it supersedes whatever answer is still pending or held back; acknowledged."""
         self.speaker.drop()
         self.mute()
+        self.first_ask = self.asked + 1  # the answers to earlier questions, even those not begun, are not said
         self.ground_next = None
         if o.ack and o.ack_phrases:
             self.speaker.say(o.ack_phrases[self.acks % len(o.ack_phrases)], "ack")
@@ -69,8 +81,8 @@ class AnswerState:
 
     def add_chunk(self, c: BackgroundChunk, error_phrase: str, ev: list[Event]) -> None:
         """Queue the sentences a reasoner chunk completes (the error phrase after a failed request)."""
-        if c.epoch < self.max_epoch or c.request_id in self.muted:
-            return  # stale: superseded by a newer request, or interrupted
+        if c.epoch < self.max_epoch or c.request_id in self.muted or (c.ask is not None and c.ask < self.first_ask):
+            return  # stale: superseded by a newer request or question, or interrupted
         self.max_epoch = c.epoch
         if c.request_id not in self.seen and self.ground_next is not None:
             self.grounded[c.request_id], self.ground_next = (*self.ground_next, []), None

@@ -11,7 +11,7 @@ Per micro-turn and session (`CascadeModel.step` runs all sessions of a tick toge
      and whose voice it is (level.py);
   4. what the assistant says (answers.py) is cut into one micro-turn of speech (speaker.py); synthesis
      runs on the model's own worker threads, never inside `step`.
-The user's finished utterance becomes `Event("delegate", {"query": ...})` in the micro-turn the turn ends
+The user's finished utterance becomes `Event("delegate", {"query": ..., "ask": n})` in the micro-turn the turn ends
 (the Whisper transcript of the pause that ended it; of a turn longer than the pause audio, `whisper_ticks`
 micro-turns later), while a short acknowledgment is said at once; the background reasoner's answer
 comes back as `TickInput.background` chunks and is spoken sentence by sentence as it arrives.
@@ -448,7 +448,7 @@ class CascadeModel:
                 ev.append(vision)
             if s.sight.tracker.state.frames:  # its answer about what is seen is checked against the facts
                 s.answers.ground(query, self.sight.facts(s.sight))
-        ev.append(Event("delegate", {"query": query}))
+        ev.append(Event("delegate", {"query": query, "ask": s.answers.number_question()}))
 
     def _typed(self, s: CascadeState, text: str, ev: list[Event]) -> str:
         text = text.strip()

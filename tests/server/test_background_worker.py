@@ -114,12 +114,14 @@ async def test_answer_streams_to_drain_and_client(stub: ScriptedOpenAI) -> None:
 
 async def test_delegate_event_from_the_foreground_starts_a_request(stub: ScriptedOpenAI) -> None:
     worker, sink, reasoner = make_worker(stub)
-    worker.on_output(TickOutput(silence(), events=[Event("delegate", {"query": "look it up"})]), tick=3)
+    worker.on_output(TickOutput(silence(), events=[Event("delegate", {"query": "look it up", "ask": 7})]), tick=3)
     worker.on_output(TickOutput(silence(), events=[Event("delegate", {})]), tick=4)  # no query: ignored
     await until(lambda: bool(sink.of("duplex.background.done")))
     started = sink.of("duplex.background.started")
     assert len(started) == 1 and started[0]["source"] == "model" and started[0]["query"] == "look it up"
-    assert text_of(drain_later(worker), started[0]["request_id"]) == "answer: look it up"
+    chunks = drain_later(worker)
+    assert text_of(chunks, started[0]["request_id"]) == "answer: look it up"
+    assert chunks and all(c.ask == 7 for c in chunks)  # the foreground's number for its question, given back
     await worker.stop()
     await reasoner.aclose()
 

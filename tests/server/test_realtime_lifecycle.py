@@ -123,9 +123,6 @@ def by_response(events: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 @pytest.mark.timeout(400)  # the default voice loads for minutes on a loaded machine
-@pytest.mark.xfail(strict=True, reason="known regression found when this round's work met at the end, not yet "
-                   "bisected: after the barge-in, the barge-in turn's transcript does not complete and the typed "
-                   "request for the declared tool yields no function_call response within 15 s")
 async def test_a_plain_client_gets_the_api_lifecycle_spoken_typed_barge_in_and_tool(duplex_server,
                                                                                   stub: ScriptedOpenAI) -> None:
     server = duplex_server("--model", "cascade", "--background", "openai", "--background-url", stub.base_url,

@@ -18,8 +18,8 @@ import uvicorn
 
 from models.base import InteractionModel
 from server.app import create_app
-from server.cli import DrainingServer
 from server.config import ServerConfig
+from server.process import DrainingServer
 from server.runtime import Runtime
 from tests.conftest import free_port
 

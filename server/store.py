@@ -16,9 +16,9 @@ on another replica is the next step). Keys, all under `duplex:`:
 A replica that attaches a session **claims** it: the lease is taken with `SET NX` (or kept, if it is
 already its own), and the session's epoch is incremented; the new epoch is the fencing token every later
 write carries. A write whose epoch is not the current one (a stale owner, after a takeover) is
-rejected inside Redis (a Lua script: check and write are one step). Two replicas never serve one
-session: the second claim fails while the first owner's lease lives (it renews it every second; a
-replica killed with -9 stops renewing, and after `lease_s` another may claim).
+rejected inside Redis (a Lua script, server/store_scripts.py: check and write are one step). Two
+replicas never serve one session: the second claim fails while the first owner's lease lives (it renews
+it every second; a replica killed with -9 stops renewing, and after `lease_s` another may claim).
 
 Every operation returns a plain result and counts failures instead of raising: when the store is down,
 sessions go on where they are (only cross-replica resume is lost).
@@ -44,6 +44,18 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from server.store_scripts import (
+    APPEND_LOG,
+    BIND_TOKEN,
+    CLAIM,
+    HAND_OFF,
+    LOAD,
+    LOAD_LOG_PAGE,
+    RELEASE,
+    RENEW,
+    SAVE,
+)
+
 log = logging.getLogger(__name__)
 
 PREFIX = "duplex:"
@@ -52,131 +64,6 @@ MAX_SNAPSHOT_BYTES = 32 * 1024 * 1024  # a session's text, items and detached ba
 MAX_LOG_BYTES = 64 * 1024 * 1024  # a micro-turn log read back for a replay
 LOG_PAGE = 512  # log records per read
 _MAC_BYTES = 16
-
-# KEYS[1] = session hash; ARGV[1] = the largest snapshot read. {epoch, snap}, or {epoch, -1} when too large.
-_LOAD = """
-if redis.call('HSTRLEN', KEYS[1], 'snap') > tonumber(ARGV[1]) then
-  return {redis.call('HGET', KEYS[1], 'epoch'), -1}
-end
-return redis.call('HMGET', KEYS[1], 'epoch', 'snap')
-"""
-
-# KEYS[1] = log key; ARGV[1], ARGV[2] = first and last index, ARGV[3] = the most bytes returned. The
-# records, or -1 as soon as they hold more bytes than that (read one by one: never a whole page first).
-_LOG_PAGE = """
-local page, total, most = {}, 0, tonumber(ARGV[3])
-for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
-  local v = redis.call('LINDEX', KEYS[1], i)
-  if not v then
-    break
-  end
-  total = total + string.len(v)
-  if total > most then
-    return -1
-  end
-  page[#page + 1] = v
-end
-return page
-"""
-
-# KEYS[1] = lease key, KEYS[2] = session hash; ARGV[1] = replica id, ARGV[2] = lease ms, ARGV[3] = ttl s.
-# Returns the new epoch, or 0 when another replica holds the lease.
-_CLAIM = """
-local holder = redis.call('GET', KEYS[1])
-if holder and string.sub(holder, 1, string.len(ARGV[1]) + 1) ~= ARGV[1] .. ':' then
-  return 0
-end
-local epoch = redis.call('HINCRBY', KEYS[2], 'epoch', 1)
-redis.call('HSET', KEYS[2], 'owner', ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
-return epoch
-"""
-
-# KEYS[1] = session hash; ARGV[1] = epoch, ARGV[2] = snapshot JSON, ARGV[3] = ttl s.
-# Returns 1 when written, 0 when the epoch is stale (another replica claimed the session since).
-_SAVE = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'snap', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
-# KEYS[1] = lease key, KEYS[2] = session hash, KEYS[3] = log key; ARGV[1] = '{replica}:{epoch}', ARGV[2] =
-# lease ms, ARGV[3] = ttl s, ARGV[4] = epoch, ARGV[5] = replica id. Returns 1 when renewed, 0 when another
-# replica took the session (the lease is someone else's, or the epoch moved on), 2 when the store had lost
-# both (it restarted empty): the lease and epoch are written again and the caller writes its snapshot and
-# token again.
-_RENEW = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('EXPIRE', KEYS[2], ARGV[3])
-  redis.call('EXPIRE', KEYS[3], ARGV[3])
-  return 1
-end
-if holder or redis.call('EXISTS', KEYS[2]) == 1 then
-  return 0
-end
-redis.call('HSET', KEYS[2], 'epoch', ARGV[4], 'owner', ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 2
-"""
-
-# KEYS[1] = lease key, KEYS[2] = session hash, KEYS[3] = log key; ARGV[1] = '{replica}:{epoch}'.
-# Deletes all three when ours.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-return 1
-"""
-
-# KEYS[1] = session hash, KEYS[2] = log key; ARGV[1] = epoch, ARGV[2] = ttl s, ARGV[3] = '1' to start the
-# log again, ARGV[4..] = records. Returns the log's length, or -1 when the epoch is stale.
-_APPEND_LOG = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
-  return -1
-end
-if ARGV[3] == '1' then
-  redis.call('DEL', KEYS[2])
-end
-local n = 0
-for i = 4, #ARGV do
-  n = redis.call('RPUSH', KEYS[2], ARGV[i])
-end
-if n == 0 then
-  n = redis.call('LLEN', KEYS[2])
-end
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-return n
-"""
-
-# KEYS[1] = session hash, KEYS[2] = token key, KEYS[3] = the previous token's key; ARGV[1] = epoch, ARGV[2] =
-# the session id (sealed), ARGV[3] = ttl s, ARGV[4] = '1' to delete the previous. 1 bound, 0 stale epoch.
-_BIND_TOKEN = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
-  return 0
-end
-redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-if ARGV[4] == '1' then
-  redis.call('DEL', KEYS[3])
-end
-return 1
-"""
-
-# KEYS[1] = lease key; ARGV[1] = '{replica}:{epoch}'. Deletes the lease (not the snapshot) when ours.
-_HAND_OFF = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('DEL', KEYS[1])
-return 1
-"""
 
 
 def _token_key(token: str) -> str:
@@ -202,15 +89,15 @@ class SessionStore:
         self.lease_ms = int(lease_s * 1000)
         self.errors = 0  # operations that failed because the store was unreachable or answered an error
         self.reachable = True  # the last operation reached the store (/healthz reports it)
-        self._claim = client.register_script(_CLAIM)
-        self._save = client.register_script(_SAVE)
-        self._renew = client.register_script(_RENEW)
-        self._release = client.register_script(_RELEASE)
-        self._hand_off = client.register_script(_HAND_OFF)
-        self._append_log = client.register_script(_APPEND_LOG)
-        self._load = client.register_script(_LOAD)
-        self._log_page = client.register_script(_LOG_PAGE)
-        self._bind_token = client.register_script(_BIND_TOKEN)
+        self._claim = client.register_script(CLAIM)
+        self._save = client.register_script(SAVE)
+        self._renew = client.register_script(RENEW)
+        self._release = client.register_script(RELEASE)
+        self._hand_off = client.register_script(HAND_OFF)
+        self._append_log = client.register_script(APPEND_LOG)
+        self._load = client.register_script(LOAD)
+        self._log_page = client.register_script(LOAD_LOG_PAGE)
+        self._bind_token = client.register_script(BIND_TOKEN)
         self.refused = 0  # entries read back whose MAC did not verify, or over their bound
 
     @classmethod

@@ -4,8 +4,9 @@
 name and/or `key=value` pairs (see options.py for every option and its default).
 """
 
-from models.cascade.model import CascadeModel, CascadeState
+from models.cascade.model import CascadeModel
 from models.cascade.options import PRESETS, CascadeOptions, parse_options
+from models.cascade.session import CascadeState
 
 __all__ = ["PRESETS", "CascadeModel", "CascadeOptions", "CascadeState", "load_cascade", "parse_options"]
 

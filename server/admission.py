@@ -76,7 +76,7 @@ async def quiet(share: float = QUIET_SHARE, window: float = QUIET_WINDOW_S, limi
     share). Where /proc cannot be read, it does not wait."""
     t0, me = time.monotonic(), threading.get_native_id()
     while True:
-        samples = []
+        samples: list[bool] = []
         for _ in range(max(1, round(window / 0.02))):
             if samples and time.monotonic() - t0 >= limit:
                 break  # a starved sampler (many threads, a loaded host) still keeps to the limit

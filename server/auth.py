@@ -122,7 +122,7 @@ def client_id(scope: Scope) -> str:
 def resume_token(conn: HTTPConnection) -> str | None:
     """The resume token a WebSocket or HTTP request (WebRTC offer) carries: the subprotocol
     `duplex-resume-token.TOKEN` (browsers' WebSockets), the `X-Duplex-Resume-Token` header, or, for
-    older clients, `?resume_token=` (redacted from the access log: server/cli.py)."""
+    older clients, `?resume_token=` (redacted from the access log: server/process.py)."""
     for proto in conn.scope.get("subprotocols", ()):
         if proto.startswith(RESUME_SUBPROTOCOL_PREFIX):
             return str(proto[len(RESUME_SUBPROTOCOL_PREFIX):])

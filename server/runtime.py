@@ -312,7 +312,7 @@ class Runtime(Verbs):
 
     async def drain(self, reason: str) -> None:
         """Stop admitting, tell every live session why, and close them all. Runs first on SIGTERM or
-        SIGINT (server/cli.py), before the listening sockets close, and again (a no-op) in `stop`.
+        SIGINT (server/process.py), before the listening sockets close, and again (a no-op) in `stop`.
 
         With `--drain-grace S` (a replica behind a proxy) it first stops taking new sessions (the agent
         check says `drain`, /healthz 503), tells every session's client (`duplex.session.draining`, with

@@ -100,13 +100,19 @@ class CascadeParts:
         ~20-30 MB more at their second and later rounds. In a cascade soak the server's RSS stepped up
         by ~50 MB five minutes in and stayed there."""
         noise = (np.random.default_rng(0).standard_normal(ASR_RATE) * 0.01).astype(np.float32)
+        silence = np.zeros(ASR_RATE, np.float32)
         smart_turn, whisper, text_turn = self.smart_turn, self.whisper, self.text_turn
         for _ in range(2):
             if smart_turn is not None:
                 self.workers.on_every_thread("eot", lambda: smart_turn.probability(np.tile(noise, 8)))
             if whisper is not None:
-                for seconds in (29, 19, 9):  # each window size Whisper decodes in (30, 20 and 10 s), largest first
-                    clip = np.tile(noise, seconds)
+                # Each window size Whisper decodes in (30, 20 and 10 s), largest first. The two long ones
+                # hear digital silence: their encoder buffers are what is sized by the window, and
+                # silence decodes to a word where noise decodes to the full 224 tokens (~5 s more per
+                # call on a loaded core). The short one hears noise: its long decode sizes the
+                # decoder's own buffers, which do not depend on the window.
+                for seconds, sound in ((29, silence), (19, silence), (9, noise)):
+                    clip = np.tile(sound, seconds)
                     self.workers.on_every_thread("asr", functools.partial(whisper.transcribe, clip))
             if text_turn is not None:
                 self.workers.on_every_thread("asr", lambda: text_turn.probability("is this the end of a turn"))

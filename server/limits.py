@@ -39,6 +39,14 @@ IMAGE_ITEM_BURST = 8
 # its session was cut and reaped. A real-time client stalled this long is gone; its session stays
 # resumable for the grace period.
 TCP_USER_TIMEOUT_S = 30
+# Unsent output the kernel may hold for a connection (TCP_NOTSENT_LOWAT; data in flight does not count,
+# so a reading client's throughput is not bounded by it). Without it Linux grows a connection's send
+# buffer to megabytes (tcp_wmem: 4 MB) and takes that much output of a client that stops reading before
+# our writer ever waits, so the outbox (--max-outbox-bytes) only filled if the server out-ran the client's
+# own sends; when those stalled first (its full receive window also loses the ACKs they wait for), the
+# client was never cut and its session was held until idle. With it, unread output backs up into the
+# outbox after ~128 kB (plus the transport's 64 kB) and the client is cut.
+TCP_NOTSENT_LOWAT_BYTES = 128 * 1024
 # Seconds between the reaper's full garbage collections (the default of --collect-every). A finished
 # connection (uvicorn's protocol, websockets' zlib contexts, our connection and session) sits in
 # reference cycles that only a full collection frees, and CPython starts one by itself only after about

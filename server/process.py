@@ -1,5 +1,5 @@
-"""The server process: uvicorn with a drain first on SIGTERM/SIGINT, TCP_USER_TIMEOUT on its listening
-sockets, and resume tokens kept out of its logs.
+"""The server process: uvicorn with a drain first on SIGTERM/SIGINT, TCP_USER_TIMEOUT and TCP_NOTSENT_LOWAT
+on its listening sockets, and resume tokens kept out of its logs.
 
 `serve(config)` runs it until it stops (server/cli.py: `duplex serve` parses the options into the config).
 """
@@ -20,13 +20,15 @@ import uvicorn
 from server.auth import redact_query
 from server.config import ServerConfig
 from server.connection_limits import uvicorn_options
-from server.limits import TCP_USER_TIMEOUT_S
+from server.limits import TCP_NOTSENT_LOWAT_BYTES, TCP_USER_TIMEOUT_S
 from server.ws_keepalive import PatientKeepalive
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn, with a drain step first on SIGTERM/SIGINT: live sessions are told why and closed cleanly;
-    and TCP_USER_TIMEOUT on its listening sockets, so a stalled client connection cannot be held forever."""
+    and TCP_USER_TIMEOUT on its listening sockets, so a stalled client connection cannot be held forever,
+    and TCP_NOTSENT_LOWAT, so what a client does not read backs up into its outbox (and cuts it) instead of
+    into a send buffer the kernel grows to megabytes."""
 
     def __init__(self, config: uvicorn.Config, stalled_connection_s: float = TCP_USER_TIMEOUT_S) -> None:
         super().__init__(config)
@@ -55,6 +57,8 @@ class DrainingServer(uvicorn.Server):
                 if sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "TCP_USER_TIMEOUT"):
                     ms = int(self.stalled_connection_s * 1000)
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
+                if sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "TCP_NOTSENT_LOWAT"):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, TCP_NOTSENT_LOWAT_BYTES)
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:
         from server.app import started_runtime

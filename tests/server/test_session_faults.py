@@ -65,11 +65,6 @@ async def resume(url: str, token: str) -> tuple[Any, dict[str, Any], dict[str, A
 
 # -- fault 1: a client that stops reading --------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known regression of this round, not yet bisected: a media-pace client that floods and never reads is "
-    "no longer cut (the server stops taking its input instead; its memory stays bounded but its session "
-    "is held until idle). Not the output back-pressure (fails without it) nor the keepalive protocol "
-    "(fails with uvicorn's default)."))
 async def test_a_client_that_stops_reading_is_cut_and_nothing_else_breaks(duplex_server) -> None:
     srv = duplex_server("--model", "echo", "--background", "none", "--max-sessions", "4",
                         "--max-outbox-bytes", str(OUTBOX))

@@ -13,7 +13,9 @@ from models.background.base import (
     ReasonerError,
     TextDelta,
     ToolCall,
+    ToolChoice,
     ToolSpec,
 )
 
-__all__ = ["Concurrency", "Delta", "Done", "Message", "Reasoner", "ReasonerError", "TextDelta", "ToolCall", "ToolSpec"]
+__all__ = ["Concurrency", "Delta", "Done", "Message", "Reasoner", "ReasonerError", "TextDelta", "ToolCall",
+           "ToolChoice", "ToolSpec"]

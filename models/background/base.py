@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 Message = dict[str, Any]  # OpenAI chat message
 ToolSpec = dict[str, Any]  # OpenAI chat tool: {"type": "function", "function": {...}}
+# OpenAI chat `tool_choice`: "auto", "none", "required" or {"type": "function", "function": {"name": ...}}.
+ToolChoice = str | dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,12 @@ class Reasoner(Protocol):
     name: str  # e.g. "llamacpp:SmolLM2-135M-Instruct.Q4_1.gguf", "openai:gpt-4o-mini"
     supports_tools: bool  # False: the backend ignores `tools` (the caller should not offer any)
 
-    def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
+    def stream(self, messages: list[Message], tools: list[ToolSpec],
+               tool_choice: ToolChoice = "auto") -> AsyncGenerator[Delta, None]:
         """Stream one answer. Ends with exactly one `Done`, or raises `ReasonerError`.
+
+        `tool_choice` is the chat-completions field, meaningful only with `tools`; a backend without
+        `supports_tools` ignores both.
 
         Cancelling the consuming task (or `aclose()` on the iterator) stops generation promptly.
         """

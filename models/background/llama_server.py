@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolSpec
+from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolChoice, ToolSpec
 from models.background.llama_server_process import ChildServer
 from models.background.llamacpp_backend import SentenceEnds, _plain, bundled_gguf
 from models.background.openai_backend import OpenAIConfig, OpenAIReasoner
@@ -225,7 +225,8 @@ class LlamaServerReasoner:
 
     # -- answers ----------------------------------------------------------------------------------
 
-    async def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
+    async def stream(self, messages: list[Message], tools: list[ToolSpec],
+                     tool_choice: ToolChoice = "auto") -> AsyncGenerator[Delta, None]:
         cfg = self.config
         plain = _plain(messages)
         url = await self._ready_url()

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolSpec
+from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolChoice, ToolSpec
 from models.background.token_clock import TokenClock, eval_counts
 from models.threads import started_pool
 
@@ -232,7 +232,8 @@ class LlamaCppReasoner:
         await asyncio.get_running_loop().run_in_executor(None, self._thread.shutdown)
         self._llm = None
 
-    async def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
+    async def stream(self, messages: list[Message], tools: list[ToolSpec],
+                     tool_choice: ToolChoice = "auto") -> AsyncGenerator[Delta, None]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
         stop = threading.Event()

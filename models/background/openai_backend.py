@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolCall, ToolSpec
+from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolCall, ToolChoice, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,14 @@ class OpenAIReasoner:
     async def aclose(self) -> None:
         await self._client.close()
 
-    async def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
+    async def stream(self, messages: list[Message], tools: list[ToolSpec],
+                     tool_choice: ToolChoice = "auto") -> AsyncGenerator[Delta, None]:
         cfg = self.config
         attempt = 0
         while True:
             streamed = False
             try:
-                async for delta in self._one_attempt(messages, tools):
+                async for delta in self._one_attempt(messages, tools, tool_choice):
                     streamed = True
                     yield delta
                 return
@@ -108,15 +109,18 @@ class OpenAIReasoner:
                 )
                 await asyncio.sleep(delay)
 
-    async def _one_attempt(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
-        async for delta in self.stream_once(messages, tools):
+    async def _one_attempt(self, messages: list[Message], tools: list[ToolSpec],
+                           tool_choice: ToolChoice) -> AsyncGenerator[Delta, None]:
+        async for delta in self.stream_once(messages, tools, tool_choice=tool_choice):
             yield delta
 
     async def stream_once(self, messages: list[Message], tools: list[ToolSpec],
                           extra_body: dict[str, Any] | None = None,
-                          observe: Callable[[Any], None] | None = None) -> AsyncGenerator[Delta, None]:
+                          observe: Callable[[Any], None] | None = None,
+                          tool_choice: ToolChoice = "auto") -> AsyncGenerator[Delta, None]:
         """One attempt, no retry. `extra_body`: fields for this request on top of the config's (e.g.
-        llama-server's `id_slot`); `observe`: called with every raw chunk (e.g. to read its `timings`)."""
+        llama-server's `id_slot`); `observe`: called with every raw chunk (e.g. to read its `timings`);
+        `tool_choice`: sent with the tools (the API refuses it without any), left out when "auto"."""
         cfg, oa = self.config, self._openai
         kwargs: dict[str, Any] = {
             "model": cfg.model,
@@ -127,6 +131,8 @@ class OpenAIReasoner:
         }
         if tools:
             kwargs["tools"] = tools
+            if tool_choice != "auto":
+                kwargs["tool_choice"] = tool_choice
         if cfg.extra_body or extra_body:
             kwargs["extra_body"] = {**cfg.extra_body, **(extra_body or {})}
         where = f"{cfg.base_url} (model {cfg.model})"

@@ -28,7 +28,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolSpec
+from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolChoice, ToolSpec
 
 
 @dataclass
@@ -62,7 +62,8 @@ class SGLangReasoner:
     async def aclose(self) -> None:
         self._engine.shutdown()
 
-    async def stream(self, messages: list[Message], tools: list[ToolSpec]) -> AsyncGenerator[Delta, None]:
+    async def stream(self, messages: list[Message], tools: list[ToolSpec],
+                     tool_choice: ToolChoice = "auto") -> AsyncGenerator[Delta, None]:
         prompt = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         params = {"max_new_tokens": self.config.max_tokens, "temperature": self.config.temperature}
         try:

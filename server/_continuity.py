@@ -43,7 +43,8 @@ def snapshot(session: Session) -> dict[str, Any]:
     return {
         "v": SNAPSHOT_VERSION,
         "settings": {"pace": s.pace.value, "in_rate": s.in_format.rate, "out_rate": s.out_format.rate,
-                     "instructions": s.instructions, "tools": s.tools, "tick_stats": s.tick_stats},
+                     "instructions": s.instructions, "tools": s.tools, "tick_stats": s.tick_stats,
+                     "tool_choice": s.tool_choice, "output_modality": s.output_modality},
         "log": [asdict(e) for e in session.log.entries],
         "tick": session.tick,
         "items": session.items.all(),
@@ -123,10 +124,21 @@ def parse(snap: Any) -> Restored:
                 raise ValueError(f"{key} {st[key]!r} is not one of {SUPPORTED_RATES}")
         if not all(isinstance(t, dict) for t in st["tools"]):
             raise ValueError("tools must be objects")
+        tool_choice = st.get("tool_choice", "auto")  # both absent from a previous release's snapshot
+        if not (tool_choice in ("auto", "none", "required") or (
+                isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
+                and isinstance(tool_choice.get("name"), str))):
+            raise ValueError(f"tool_choice {str(tool_choice)[:80]!r} is not one the API allows")
+        modality = st.get("output_modality", "audio")
+        if modality not in ("audio", "text"):
+            raise ValueError(f"output_modality {str(modality)[:20]!r} is not audio or text")
         settings = SessionSettings(pace=Pace(st["pace"]), in_format=AudioFormat(int(st["in_rate"])),
                                    out_format=AudioFormat(int(st["out_rate"])),
                                    instructions=str(st["instructions"]), tools=list(st["tools"]),
-                                   tick_stats=bool(st["tick_stats"]))
+                                   tick_stats=bool(st["tick_stats"]),
+                                   tool_choice={"type": "function", "name": tool_choice["name"]}
+                                   if isinstance(tool_choice, dict) else str(tool_choice),
+                                   output_modality=str(modality))
         entries = []
         for e in snap["log"]:
             role = e["role"]

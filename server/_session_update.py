@@ -75,7 +75,57 @@ def updated_settings(cfg: Any, current: SessionSettings, audio_started: bool, me
     tick_stats = bool(ext["tick_stats"]) if "tick_stats" in ext else current.tick_stats
     media_clock = _media_clock(ext, current, pace, audio_started, eid)
     return dataclasses.replace(current, pace=pace, in_format=in_fmt, out_format=out_fmt, instructions=instructions,
-                               tools=tools, tick_stats=tick_stats, media_clock=media_clock)
+                               tools=tools, tool_choice=_tool_choice(cfg, current, tools, eid),
+                               output_modality=_output_modality(cfg, current, eid), tick_stats=tick_stats,
+                               media_clock=media_clock)
+
+
+TOOL_CHOICES = ("auto", "none", "required")
+
+
+def _tool_choice(cfg: dict[str, Any], current: SessionSettings, tools: list[dict[str, Any]],
+                 eid: str | None) -> str | dict[str, Any]:
+    """`session.tool_choice`: "auto", "none", "required" or {"type": "function", "name"} of a declared tool."""
+    param = "session.tool_choice"
+    value = cfg.get("tool_choice", current.tool_choice)
+    choice: str | dict[str, Any]
+    if isinstance(value, str) and value in TOOL_CHOICES:
+        choice = value
+    elif isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+        choice = {"type": "function", "name": value["name"]}
+    else:
+        raise ProtocolError("invalid_tool_choice", f"{param} must be 'auto', 'none', 'required' or "
+                            f"{{\"type\": \"function\", \"name\": ...}}, got {str(value)[:80]!r} (MCP tools are "
+                            "not supported)", param, eid)
+    declared = {t["name"] for t in tools if t.get("type", "function") == "function"}
+    if choice == "required" and not declared:
+        raise ProtocolError("invalid_tool_choice", f"{param} 'required' needs at least one function in "
+                            "session.tools", param, eid)
+    if isinstance(choice, dict) and choice["name"] not in declared:
+        raise ProtocolError("invalid_tool_choice", f"{param} names the function {choice['name'][:64]!r}, which "
+                            "session.tools does not declare", param, eid)
+    return choice
+
+
+def _output_modalities(value: Any) -> str | None:
+    """["audio"] or ["text"] (beta clients: ["text", "audio"], which is audio with its transcript)."""
+    if value == ["text"]:
+        return "text"
+    if isinstance(value, list) and sorted(value) in (["audio"], ["audio", "text"]):
+        return "audio"
+    return None
+
+
+def _output_modality(cfg: dict[str, Any], current: SessionSettings, eid: str | None) -> str:
+    """`session.output_modalities` (the beta protocol's `modalities`): what responses carry."""
+    for param in ("output_modalities", "modalities"):
+        if param in cfg:
+            modality = _output_modalities(cfg[param])
+            if modality is None:
+                raise ProtocolError("invalid_output_modalities", f"session.{param} must be [\"audio\"] or "
+                                    f"[\"text\"], got {str(cfg[param])[:80]!r}", f"session.{param}", eid)
+            return modality
+    return current.output_modality
 
 
 MAX_MEDIA_CLOCK = 10**9  # micro-turns (over six years): a bound, so the value stays a small int

@@ -31,7 +31,7 @@ from models.background.clock import RequestClock, SharedWork
 from models.base import BackgroundChunk, TickOutput
 from server import protocol as p
 from server.background_context import Pending, ReasonerContext
-from server.client_tools import ClientTools
+from server.client_tools import ClientTools, ToolPolicy
 from server.metrics import Metrics
 from server.rate_limit import background_requests, retry_after
 from server.sessions import Pace, Session
@@ -294,11 +294,13 @@ class BackgroundWorker:
         """Stream the reasoner, running tool calls between rounds, until it answers without tools."""
         s, cfg = self.session, self.settings
         messages, req.context = self.context.build(s.log, s.settings.instructions, req.query)
-        tools = self._tools() if self.reasoner.supports_tools else []
+        policy = ToolPolicy(s.settings.tool_choice)  # as it stood when the request began
+        client, builtin = self._tools() if self.reasoner.supports_tools else ([], [])
         for round_no in range(cfg.max_tool_rounds + 1):
             calls: list[ToolCall] = []
             said: list[str] = []
-            async with contextlib.aclosing(self.reasoner.stream(messages, tools)) as deltas:
+            tools, choice = policy.offer(round_no, client, builtin)
+            async with contextlib.aclosing(self.reasoner.stream(messages, tools, choice)) as deltas:
                 async for d in deltas:
                     if isinstance(d, TextDelta):
                         if not req.text and self.metrics is not None:
@@ -310,6 +312,7 @@ class BackgroundWorker:
                                    delta=d.text)
                     elif isinstance(d, ToolCall):
                         calls.append(d)
+            calls = policy.allowed(calls, s.id)
             if not calls:
                 return
             if round_no == cfg.max_tool_rounds:
@@ -324,11 +327,12 @@ class BackgroundWorker:
 
     # -- tools ----------------------------------------------------------------------------------
 
-    def _tools(self) -> list[ToolSpec]:
+    def _tools(self) -> tuple[list[ToolSpec], list[ToolSpec]]:
+        """The client's declared tools and the built-ins, in chat format."""
         client = client_tools_to_chat(self.session.settings.tools)
         names = {t["function"]["name"] for t in client}
         # A client tool with a built-in's name wins: the client declared it on purpose.
-        return client + [t for t in BUILTIN_TOOLS if t["function"]["name"] not in names]
+        return client, [t for t in BUILTIN_TOOLS if t["function"]["name"] not in names]
 
     async def _run_tool(self, req: _Request, call: ToolCall) -> ToolResult:
         client_names = {t.get("name") for t in self.session.settings.tools}

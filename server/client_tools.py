@@ -1,18 +1,63 @@
 """Tool calls the client executes, the Realtime way: the call goes out as
 `response.function_call_arguments.done`, and the client's `function_call_output` item comes back.
-One per session's background worker (server/background.py)."""
+One per session's background worker (server/background.py).
+
+`session.tool_choice` decides, per background request, what the reasoner is offered and which of its
+calls run (`ToolPolicy`): `auto`, every tool, the reasoner chooses; `none`, the tools are still
+described (the prompt's prefix stays the same) with the chat API's `tool_choice: "none"`, and a call
+the reasoner makes anyway is not run; `required`, the request's first round offers only the client's
+declared tools with `tool_choice: "required"`; `{"type": "function", "name": X}`, the first round asks
+for X (`{"type": "function", "function": {"name": X}}`). Once a forced call's output is back, later
+rounds are `auto`, so the reasoner answers in words instead of calling again and again. A reasoner
+without tools (`supports_tools` False: the embedded llama.cpp ones) is offered none and told nothing:
+there `none` holds trivially, and `required` or a named function cannot be forced (it answers in words).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
-from models.background import ToolCall
+from models.background import ToolCall, ToolChoice, ToolSpec
 from server import protocol as p
 from server.limits import MAX_FUNCTION_OUTPUT_CHARS
 from server.sessions import Session
 from server.tools import ToolResult, error_result
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """What one background request may do with tools, from the session's `tool_choice` (Realtime form)."""
+
+    choice: str | dict[str, Any] = "auto"
+
+    @property
+    def forced(self) -> bool:
+        return self.choice == "required" or isinstance(self.choice, dict)
+
+    def offer(self, round_no: int, client: list[ToolSpec], builtin: list[ToolSpec]) -> tuple[list[ToolSpec],
+                                                                                              ToolChoice]:
+        """The tools offered in round `round_no` (0: the request's first call) and the chat `tool_choice`."""
+        if round_no > 0 and self.forced:
+            return client + builtin, "auto"  # the forced call was made; now the reasoner may answer
+        if self.choice == "required":
+            return client, "required"  # a call of one of the client's declared tools, not a built-in
+        if isinstance(self.choice, dict):
+            return client + builtin, {"type": "function", "function": {"name": self.choice["name"]}}
+        return client + builtin, str(self.choice)
+
+    def allowed(self, calls: list[ToolCall], session_id: str) -> list[ToolCall]:
+        """The calls that run: none under `none` (a reasoner that calls anyway is overruled)."""
+        if self.choice != "none" or not calls:
+            return calls
+        log.warning("session %s: the reasoner called %s under tool_choice 'none'; not run", session_id,
+                    ", ".join(c.name for c in calls))
+        return []
 
 
 class ClientTools:

@@ -57,6 +57,7 @@ def assistant_item(item_id: str, status: str, modality: str = "audio", text: str
 def message_opened(rid: str, item_id: str, previous: str | None, modality: str = "audio") -> list[Event]:
     """After `response.created`: the assistant's message item and its one content part, announced."""
     item = assistant_item(item_id, "in_progress", modality)
+    # The part's type is the API's "audio" or "text" (the item's content says "output_audio" / "output_text").
     part = {"type": "audio", "transcript": ""} if modality == "audio" else {"type": "text", "text": ""}
     return [_ev("response.output_item.added", response_id=rid, output_index=0, item=item),
             _ev("conversation.item.added", previous_item_id=previous, item=item),
@@ -83,20 +84,20 @@ def message_closed(rid: str, item_id: str, text: str, status: str, modality: str
 
 
 def function_call(rid: str, item_id: str, call_id: str, name: str, arguments: str,
-                  previous: str | None) -> list[Event]:
+                  previous: str | None, modality: str = "audio") -> list[Event]:
     """A whole response whose output is one `function_call` item, as the API streams it."""
     opened = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "in_progress",
               "call_id": call_id, "name": name, "arguments": ""}
     done = {**opened, "status": "completed", "arguments": arguments}
     at = {"response_id": rid, "item_id": item_id, "output_index": 0, "call_id": call_id}
-    return [_ev("response.created", response=response(rid, "in_progress", [])),
+    return [_ev("response.created", response=response(rid, "in_progress", [], modality)),
             _ev("response.output_item.added", response_id=rid, output_index=0, item=opened),
             _ev("conversation.item.added", previous_item_id=previous, item=opened),
             _ev("response.function_call_arguments.delta", **at, delta=arguments),
             _ev("response.function_call_arguments.done", **at, name=name, arguments=arguments),
             _ev("response.output_item.done", response_id=rid, output_index=0, item=done),
             _ev("conversation.item.done", previous_item_id=previous, item=done),
-            _ev("response.done", response=response(rid, "completed", [done]))]
+            _ev("response.done", response=response(rid, "completed", [done], modality))]
 
 
 def user_audio_item(item_id: str, transcript: str | None) -> dict[str, Any]:

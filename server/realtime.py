@@ -93,7 +93,8 @@ class RealtimeConnection(Connection):
         cfg = s.settings
         return {
             "id": s.id, "object": "realtime.session", "type": "realtime", "model": self.runtime.model.name,
-            "instructions": cfg.instructions, "output_modalities": ["audio"], "tools": cfg.tools,
+            "instructions": cfg.instructions, "output_modalities": [cfg.output_modality], "tools": cfg.tools,
+            "tool_choice": cfg.tool_choice,
             "audio": {"input": {"format": cfg.in_format.describe(), "turn_detection": None},
                       "output": {"format": cfg.out_format.describe()}},
             "pace": cfg.pace.value, "duplex": {"tick_stats": cfg.tick_stats, "tick_ms": int(TICK_SECONDS * 1000),
@@ -114,7 +115,8 @@ class RealtimeConnection(Connection):
             previous = self.session.items.last_id() if self.session_id is not None else None
             self.output.after_response(lc.function_call(
                 p.new_id("resp"), str(event.get("item_id") or p.new_id("item")), str(event.get("call_id")),
-                str(event.get("name")), str(event.get("arguments") or ""), previous))
+                str(event.get("name")), str(event.get("arguments") or ""), previous,
+                self.session.settings.output_modality))
             return
         if event.get("type") == "conversation.item.added" and event.get("item", {}).get("type") == \
                 "function_call_output":  # the client's tool output, acknowledged as the API does
@@ -295,7 +297,10 @@ class RealtimeConnection(Connection):
         text = self.output.truncated_text(item_id, end_ms)
         if text is not None:
             kept = self.session.items.get(item_id) or item
-            self.session.items.put({**kept, "content": [{"type": "output_audio", "transcript": text}]})
+            part = {"type": "output_audio", "transcript": text}
+            if [c.get("type") for c in kept.get("content", [])] == ["output_text"]:  # a text-only session's
+                part = {"type": "output_text", "text": text}
+            self.session.items.put({**kept, "content": [part]})
         self.emit({"type": "conversation.item.truncated", "event_id": p.new_id("event"), "item_id": item_id,
                    "content_index": int(ev.get("content_index") or 0), "audio_end_ms": end_ms})
 

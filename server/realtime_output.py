@@ -6,6 +6,10 @@ model giving up the floor (a barge-in) cancels it with what was said so far. Eac
 assistant message item through the API's whole lifecycle (server/lifecycle.py). The user's speech
 between the model's `speech_started` and `speech_stopped` becomes a user item once the turn ends (it is
 committed before the response that answers it is created), its transcript completing it.
+
+A text-only session (`output_modalities: ["text"]`) has the same responses, made up from the same
+output (the model still speaks; its words are the response's text): each carries an `output_text`
+part, its words as `response.output_text.delta`, and no audio leaves the server.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class RealtimeOutput:
         self.response_id: str | None = None  # the assistant utterance in progress
         self.last_response_id: str | None = None
         self._item_id: str | None = None
+        self._modality = "audio"  # the open response's: fixed when it opens, whatever session.update says later
         self._said: list[tuple[int, str]] = []  # (ms of the item's audio before the words, words)
         self._audio_ms = 0  # audio of the open item so far
         self.timings: OrderedDict[str, list[tuple[int, str]]] = OrderedDict()  # item id -> its words' times
@@ -82,12 +87,16 @@ class RealtimeOutput:
         if (speaking or worded) and self.response_id is None:
             # A backchannel ("mm-hm") over the user's turn answers nothing: the turn stays open.
             self._start_response(tick, commit=not any(ev.type == "backchannel" for ev in out.events))
+        text_only = s.settings.output_modality == "text" if self.response_id is None else self._modality == "text"
         if worded:
             self._said.append((self._audio_ms, out.text))
-            delta = {"type": "response.output_audio_transcript.delta", "event_id": p.new_id("event"),
-                     "response_id": self.response_id, "item_id": self._item_id, "output_index": 0,
-                     "content_index": 0, "delta": out.text, "tick": tick}
-        if speaking or media:
+            delta = {"type": "response.output_text.delta" if text_only else "response.output_audio_transcript.delta",
+                     "event_id": p.new_id("event"), "response_id": self.response_id, "item_id": self._item_id,
+                     "output_index": 0, "content_index": 0, "delta": out.text, "tick": tick}
+        if text_only:
+            if self.response_id is not None:
+                self._audio_ms += TICK_MS  # the words' times, as if heard (conversation.item.truncate)
+        elif speaking or media:
             self.send_audio(audio, tick)
         if worded:
             self.emit(delta)
@@ -137,8 +146,10 @@ class RealtimeOutput:
             self._commit_user(tick, early=True)
         self.response_id, self._item_id = p.new_id("resp"), p.new_id("item")
         self._said, self._audio_ms, self._held, self._overlap = [], 0, 0, False
+        self._modality = modality = self.conn.session.settings.output_modality
         previous = self.conn.session.items.last_id()
-        for event in lc.created(self.response_id) + lc.message_opened(self.response_id, self._item_id, previous):
+        for event in (lc.created(self.response_id, modality)
+                      + lc.message_opened(self.response_id, self._item_id, previous, modality)):
             self.emit(event)
 
     def finish_response(self, status: str, reason: str | None = None) -> None:
@@ -152,7 +163,7 @@ class RealtimeOutput:
         while len(self.timings) > KEPT_TIMINGS:
             self.timings.popitem(last=False)
         text = "".join(words for _, words in self._said)
-        for event in lc.message_closed(rid, iid, text, status, reason=reason):
+        for event in lc.message_closed(rid, iid, text, status, self._modality, reason=reason):
             self.emit(event)
         deferred, self._deferred = self._deferred, []
         for event in deferred:

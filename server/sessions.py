@@ -131,6 +131,10 @@ class SessionSettings:
     out_format: AudioFormat = field(default_factory=AudioFormat)  # audio the client gets back
     instructions: str = ""  # system instructions for the background reasoner
     tools: list[dict[str, Any]] = field(default_factory=list)  # client-declared tools (Realtime format)
+    # Whether the reasoner must, may or must not call them: "auto", "none", "required" or
+    # {"type": "function", "name": ...} (Realtime format; server/client_tools.py says what each does).
+    tool_choice: str | dict[str, Any] = "auto"
+    output_modality: str = "audio"  # "text": responses carry output_text parts and no audio
     tick_stats: bool = False  # send duplex.tick after every micro-turn
     # Media pace: where this session's micro-turn 0 lies on a clock shared with other media sessions
     # that a client steps in lockstep (bench/fdbench/lockstep.py). The shared background reasoner then

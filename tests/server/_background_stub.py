@@ -12,6 +12,11 @@ parses a real server. The script is picked by a marker in the last user message:
   [malformed]       one word, then a `data:` line that is not JSON
   anything else     "answer: <the task>" word by word, or `answer` word by word where one was given
                     (a look-up's result, whatever words the recogniser heard in the request)
+
+Before the script, the request's `tool_choice` is obeyed as a real server obeys it (unless
+`obey_tool_choice` is False): "none" answers in words whatever the marker says, "required" calls the
+first tool offered and {"type": "function", "function": {"name": X}} calls X (with the marker's
+arguments when the marker names X, else `{}`), each only while no tool result is in the history.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ _TOOL = re.compile(r"\[tool:(\w+):(\{.*?\})\]")
 class ScriptedOpenAI:
     def __init__(self, answer: str | None = None) -> None:
         self.answer = answer
+        self.obey_tool_choice = True  # False: a server that calls tools whatever `tool_choice` says
         self.requests: list[dict[str, Any]] = []  # request bodies, in arrival order
         self.cut_connections = 0  # connections the client closed while we were still streaming
         self._loop = asyncio.new_event_loop()
@@ -96,7 +102,14 @@ class ScriptedOpenAI:
         task = next(m["content"] for m in reversed(messages) if m["role"] == "user")
         tool_results = [m for m in messages if m["role"] == "tool"]
         tool = _TOOL.search(task)
-        if tool and not tool_results:
+        choice = body.get("tool_choice", "auto") if self.obey_tool_choice else "auto"
+        forced = body["tools"][0]["function"]["name"] if choice == "required" else \
+            choice["function"]["name"] if isinstance(choice, dict) else None
+        if choice == "none":
+            await self._words(w, ("answer: " + _TOOL.sub("", task).strip()).split(" "))
+        elif forced is not None and not tool_results:
+            await self._tool_call(w, forced, tool.group(2) if tool and tool.group(1) == forced else "{}")
+        elif tool and not tool_results:
             await self._tool_call(w, tool.group(1), tool.group(2))
         elif tool:
             await self._words(w, f"tool said: {tool_results[-1]['content']}".split(" "))

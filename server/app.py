@@ -16,9 +16,11 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from models.base import InteractionModel
+from server import client_secrets
 from server.auth import APIKeyMiddleware
 from server.client_rate import NewSessionRateLimit
 from server.config import ServerConfig
+from server.cors import CORS
 from server.host_check import HostCheck, allowed_names
 from server.live.endpoint import PATH as LIVE_PATH
 from server.live.endpoint import live_endpoint
@@ -79,12 +81,17 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
     # The OpenAPI pages only when asked for: /docs loads Swagger UI's script from a CDN into this origin.
     docs: dict[str, Any] = {} if config.api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="duplex", version="0.1.0", lifespan=lifespan, **docs)
-    app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    # Ephemeral keys for browser apps (POST /v1/realtime/client_secrets), taken by the transports.
+    app.state.client_secrets = secrets_store = client_secrets.ClientSecrets(config.ephemeral_key_ttl)
+    app.add_middleware(APIKeyMiddleware, api_key=config.api_key, client_secrets=secrets_store)
     # No key to stop a DNS-rebinding page: its Host does (behind a named proxy, the proxy's name is public).
     if config.is_loopback() and not config.api_key and not config.forwarded_allow_ips:
         app.add_middleware(HostCheck, names=allowed_names(config.host, config.allowed_origins))
-    # Outermost: an address's attempts count whether or not they carry the key.
+    # An address's attempts count whether or not they carry the key.
     app.add_middleware(NewSessionRateLimit, per_minute=config.new_sessions_per_minute or 0.0)
+    # Outermost: a preflight carries no key, and every answer (a 401, a 429 too) must be readable by an
+    # admitted page; the origins are the runtime's, those the WebSocket's Origin check admits.
+    app.add_middleware(CORS, origins=lambda: app.state.runtime.allowed_origins)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
@@ -109,6 +116,7 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
         m.asyncio_tasks.set(len(asyncio.all_tasks()))  # a task leak shows as this growing over a soak
         return Response(m.render(), media_type="text/plain; version=0.0.4")
 
+    client_secrets.register_routes(app, secrets_store)
     app.add_api_websocket_route("/v1/realtime", realtime_endpoint)
     app.add_api_websocket_route(LIVE_PATH, live_endpoint)  # GPT-Live (docs/live.md)
     if webrtc is not None:

@@ -15,6 +15,7 @@ import secrets
 import urllib.parse
 from collections.abc import Iterable
 from enum import Enum
+from typing import Protocol
 
 from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
@@ -91,26 +92,47 @@ def origin_ok(origin: str | None, allowed: set[str]) -> bool:
     return "*" in allowed or origin.rstrip("/") in allowed
 
 
-class APIKeyMiddleware:
-    """Rejects HTTP requests without the configured key (WebSockets are checked by their endpoint)."""
+class EphemeralKeys(Protocol):
+    """server/client_secrets.py's ClientSecrets, as the middleware sees it."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+    def authorize_http(self, api_key: str | None, scope: Scope) -> tuple[bool, tuple[str, str] | None]:
+        """(whether an ephemeral key may be used here, and the refusal's (code, message) or None)."""
+
+
+class APIKeyMiddleware:
+    """Rejects HTTP requests without the configured key (WebSockets are checked by their endpoint). An
+    ephemeral key (server/client_secrets.py) is taken where a browser uses one: the WebRTC offer, which
+    spends it, and the ICE servers; it is checked there even on a server without a key of its own."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, client_secrets: EphemeralKeys | None = None) -> None:
         self.app = app
         self.api_key = api_key
+        self.client_secrets = client_secrets
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.api_key:
+        if scope["type"] == "http":
             path = scope.get("path", "")
             public = path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
-            if not public and not key_ok(self.api_key, Headers(scope=scope)):
+            refusal = None if public else self._refusal(scope)
+            if refusal is not None:
+                code, message = refusal
                 response = JSONResponse(
-                    {"error": {"type": "invalid_request_error", "code": "invalid_api_key",
-                               "message": "missing or wrong API key: send 'Authorization: Bearer <key>'"}},
+                    {"error": {"type": "invalid_request_error", "code": code, "message": message}},
                     status_code=401, headers={"WWW-Authenticate": "Bearer"},
                 )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> tuple[str, str] | None:
+        """(code, message) when the request may not go on; None when it may."""
+        if self.client_secrets is not None:
+            applies, refusal = self.client_secrets.authorize_http(self.api_key, scope)
+            if applies:
+                return refusal
+        if self.api_key and not key_ok(self.api_key, Headers(scope=scope)):
+            return "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer <key>'"
+        return None
 
 
 def client_id(scope: Scope) -> str:

@@ -81,7 +81,12 @@ def add_serve_command(sub: Any) -> None:
     serve.add_argument("--allow-no-auth", action="store_true",
                        help="allow binding a non-loopback interface without an API key")
     serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                       help="browser origin allowed on the WebSocket besides the server's own ('*' = any); repeatable")
+                       help="browser origin allowed besides the server's own ('*' = any): on the WebSockets "
+                       "(their Origin check), the WebRTC offer and hangup, and as CORS on every HTTP endpoint "
+                       "(preflights answered, Access-Control-Allow-Origin echoed); repeatable")
+    serve.add_argument("--ephemeral-key-ttl", type=float, default=60.0, metavar="SECONDS",
+                       help="how long an ephemeral key minted at POST /v1/realtime/client_secrets may open its one "
+                       "session (WebSocket or WebRTC), 1..7200; a request's shorter expires_after is kept")
     serve.add_argument("--max-sessions", type=int, default=None,
                        help="sessions admitted at once; default: measured at start-up from the step time")
     serve.add_argument("--phase-groups", type=_auto_int, default="auto", metavar="auto|N",
@@ -285,7 +290,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         native=native_options(args),
         api_key=_secret(args.api_key, args.api_key_file, "DUPLEX_API_KEY", "--api-key"), api_docs=args.api_docs,
         allow_no_auth=args.allow_no_auth,
-        allowed_origins=args.allow_origin,
+        allowed_origins=args.allow_origin, ephemeral_key_ttl=args.ephemeral_key_ttl,
         max_sessions=args.max_sessions, phase_groups=args.phase_groups, guard_ms=args.guard_ms,
         late_input_ms=args.late_input_ms,
         max_backlog_ticks=args.max_backlog_ticks, max_frame_bytes=args.max_frame_bytes,

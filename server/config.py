@@ -28,6 +28,7 @@ class ServerConfig:
     allow_no_auth: bool = False  # explicit opt-in to serve a non-loopback interface without a key
     api_docs: bool = False  # serve /docs, /redoc and /openapi.json (Swagger UI comes from a CDN)
     allowed_origins: list[str] = field(default_factory=list)  # extra browser origins ("*" = any)
+    ephemeral_key_ttl: float = 60.0  # seconds a key minted at /v1/realtime/client_secrets may open its session
     max_sessions: int | None = None  # None = measured at start-up (see server/admission.py)
     phase_groups: int | None = None  # phase slots per micro-turn for real-time sessions; None = from calibration
     guard_ms: float = 1.0  # margin between a chunk's arrival and its tick
@@ -151,6 +152,8 @@ class ServerConfig:
             raise ValueError("--ws-ping-interval must be within 0..3600 s and --ws-ping-timeout within (0, 3600] s")
         if self.max_session_minutes is not None and not 0 < self.max_session_minutes <= 7 * 24 * 60:
             raise ValueError(f"--max-session-minutes must be positive (at most a week), got {self.max_session_minutes}")
+        if not 1 <= self.ephemeral_key_ttl <= 7200:
+            raise ValueError(f"--ephemeral-key-ttl must be within 1..7200 seconds, got {self.ephemeral_key_ttl}")
         if self.session_usage_every < 0:
             raise ValueError(f"--session-usage-every must be 0 (none) or more, got {self.session_usage_every}")
         if self.session_expiry_warning_s < 0:

@@ -27,6 +27,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from server import client_secrets
 from server._rtc_call import RtcCall
 from server.auth import client_id, origin_ok, resume_token
 from server.extensions import wants_extensions
@@ -73,13 +74,14 @@ class Calls:
         self.live: set[RtcCall] = set()
         runtime.add_transport(self.close_all)  # the runtime's stop ends the peers, after its drain
 
-    async def open(self, offer: str, resume_token: str | None, client: str,
-                   extensions: bool = False) -> tuple[RtcCall, str]:
+    async def open(self, offer: str, resume_token: str | None, client: str, extensions: bool = False,
+                   session_config: dict[str, Any] | None = None) -> tuple[RtcCall, str]:
         """Attach (new or resumed) a session to a new call and answer the offer. Raises Refused."""
         runtime = self.runtime
         pc = RTCPeerConnection(RTCConfiguration(iceServers=self.ice_servers))
         call = RtcCall(runtime, pc, on_end=self.live.discard)
         call.conn.extensions = extensions  # duplex's events only for a client that asked (server/extensions.py)
+        client_secrets.hand_over(call.conn, session_config)  # an ephemeral key's, for the connection to apply
         try:
             session = await runtime.attach(call.conn, resume_token, client, media=False)
         except Refused:
@@ -172,8 +174,10 @@ def register_routes(app: FastAPI) -> None:
         except TooManyCandidates as exc:
             return _error(400, "too_many_candidates", str(exc))
         try:
+            ephemeral = request.scope.get(client_secrets.SCOPE_KEY)  # spent by APIKeyMiddleware (server/auth.py)
+            config = request.app.state.client_secrets.take_config(ephemeral) if ephemeral else None
             call, answer = await calls.open(offer, resume_token(request), client_id(request.scope),
-                                            wants_extensions(request.headers))
+                                            wants_extensions(request.headers), config)
         except Refused as exc:
             runtime.metrics.client_errors.labels(exc.code).inc()
             return _error(exc.http_status, exc.code, exc.message, exc.headers)

@@ -15,12 +15,12 @@ import logging
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from server import client_secrets
 from server import protocol as p
 from server.auth import (
     KEY_SUBPROTOCOL_PREFIXES,
     RESUME_SUBPROTOCOL_PREFIX,
     client_id,
-    key_ok,
     origin_ok,
     resume_token,
 )
@@ -69,13 +69,20 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await _deny(ws, 403, "origin_not_allowed", f"origin {ws.headers.get('origin')!r} is not allowed; "
                     "start the server with --allow-origin ORIGIN")
         return
-    if not key_ok(runtime.config.api_key, ws.headers, offered):
-        runtime.metrics.client_errors.labels("invalid_api_key").inc()
-        await _deny(ws, 401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer <key>' "
-                    "or the subprotocol 'duplex-api-key.<key>'")
+    # The server's key, or an ephemeral one (server/client_secrets.py), spent here: one key, one connection.
+    store: client_secrets.ClientSecrets = ws.app.state.client_secrets
+    verdict, ephemeral = store.authorize(runtime.config.api_key, ws.headers, offered)
+    if verdict is not client_secrets.Verdict.OK:
+        code, message = client_secrets.REFUSALS[verdict]
+        runtime.metrics.client_errors.labels(code).inc()
+        if verdict is client_secrets.Verdict.WRONG:
+            message += " or the subprotocol 'duplex-api-key.<key>'"
+        await _deny(ws, 401, code, message)
         return
     await ws.accept(subprotocol=_pick_subprotocol(offered))
     conn = RealtimeConnection(runtime, beta=_wants_beta(ws, offered), extensions=wants_extensions(ws.headers, offered))
+    if ephemeral is not None:  # the session config it was minted with, for the connection to apply
+        client_secrets.hand_over(conn, store.take_config(ephemeral))
     token = resume_token(ws)
     try:
         session = await runtime.attach(conn, token, client_id(ws.scope))

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from models.base import TickOutput
+from server import client_secrets
 from server import lifecycle as lc
 from server import protocol as p
 from server._session_update import updated_settings
@@ -83,10 +84,29 @@ class RealtimeConnection(Connection):
 
     def hello(self) -> None:
         s = self.session
+        error = self._apply_minted_config()
         self.emit({"type": "session.created", "event_id": p.new_id("event"), "session": self.describe()})
         self.emit({"type": "duplex.session.resume", "event_id": p.new_id("event"), "session_id": s.id,
                    "resume_token": s.resume_token, "resumed": self.resumed, "tick": s.tick,
                    "grace_seconds": self.runtime.config.resume_grace})
+        if error is not None:
+            self.emit(self.error_event(error))
+
+    def _apply_minted_config(self) -> ProtocolError | None:
+        """The session config an ephemeral key was minted with (server/client_secrets.py), applied before
+        `session.created` so that the session starts as the app's backend set it up. A resumed session keeps
+        its own. It was checked at minting, but a transport may still refuse part of it (`pace: media` on
+        WebRTC): then the session starts with the defaults and the client gets the error."""
+        cfg = client_secrets.take(self)
+        if cfg is None or self.resumed:
+            return None
+        s = self.session
+        try:
+            self.runtime.settings_changed(s, updated_settings(cfg, s.settings, s.audio_started, self.media_ok, None))
+        except ProtocolError as exc:
+            return exc
+        self.apply_formats()
+        return None
 
     def describe(self) -> dict[str, Any]:
         s = self.session

@@ -71,7 +71,10 @@ async def test_sdk_mints_a_key_that_opens_one_session(keyed: ServerProc) -> None
 
     auth = {"Authorization": f"Bearer {created.value}"}
     ws = await open_ws(keyed.ws_url, additional_headers=auth)
-    assert (await recv_event(ws))["type"] == "session.created"
+    first = await recv_event(ws)
+    assert first["type"] == "session.created"
+    # The session starts as the app's backend set it up when it minted the key.
+    assert first["session"]["instructions"] == "Answer in one word.", first["session"]
     await ws.close()
     status, body = await refusal(keyed, additional_headers=auth)
     assert status == 401 and b"client_secret_used" in body and b"already used" in body

@@ -23,6 +23,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from server.connection_limits import WS_MESSAGE_SLACK
 from server.limits import MAX_INSTRUCTIONS_CHARS, MAX_ITEM_TEXT_CHARS
 
 RATES = (8000, 16000, 24000, 48000)
@@ -95,6 +96,11 @@ tools_ok = st.lists(st.fixed_dictionaries({"type": st.just("function"), "name": 
                                           optional={"description": TEXT, "parameters": json_values}), max_size=3)
 
 
+def _modalities_ok(v: Any) -> bool:
+    return isinstance(v, list) and sorted(map(str, v)) in (["audio"], ["text"], ["audio", "text"]) and \
+        all(isinstance(x, str) for x in v)
+
+
 def _tools_ok(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str) for t in v)
 
@@ -131,8 +137,12 @@ def session_update(draw: st.DrawFn, m: SessionModel) -> tuple[dict[str, Any], st
         ext = draw(st.fixed_dictionaries({}, optional={"tick_stats": json_values}) | json_values)
         cfg["duplex"] = ext
         due |= not isinstance(ext, dict)
+    if draw(st.booleans()):  # what responses carry (the beta protocol's name is `modalities`)
+        modalities = draw(st.sampled_from([["audio"], ["text"], ["audio", "text"], ["text", "audio"]]) | json_values)
+        cfg[draw(st.sampled_from(["output_modalities", "modalities"]))] = modalities
+        due |= not _modalities_ok(modalities)
     if draw(st.booleans()):  # a field the grammar does not know: ignored by Realtime servers
-        cfg[draw(st.sampled_from(["voice", "modalities", "temperature", "zzz"]))] = draw(json_values)
+        cfg[draw(st.sampled_from(["voice", "temperature", "zzz"]))] = draw(json_values)
     session: Any = cfg
     if draw(st.integers(0, 9)) == 0:
         session = draw(_not(lambda v: isinstance(v, dict)))
@@ -254,6 +264,8 @@ def valid_grammar_event(draw: st.DrawFn, m: SessionModel) -> tuple[str, str, str
 
 def _size_expect(text: str, expect: str, m: SessionModel) -> str:
     size = len(text.encode("utf-8", errors="surrogatepass"))
+    if m.transport == "ws" and size > WS_MESSAGE_SLACK * m.max_frame_bytes:
+        return "closed_1009"  # past the WebSocket's message limit: closed before it is read (connection_limits)
     if len(text) > m.max_frame_bytes:
         return "error"
     if size > m.max_frame_bytes:

@@ -121,6 +121,10 @@ def judge(case: Case, out: Outcome, faults: list[str], dead: bool) -> list[str]:
         if case.expect == "error" and not out.errors and out.http_status is None:
             sigs.append("violation:missing_error")
         return sigs
+    if case.expect == "closed_1009":  # 1009, or dropped before the client read the close frame (-1)
+        if out.closed is None and not out.errors:
+            sigs.append(f"violation:oversized_message_not_refused:{out.closed}")
+        return sigs
     if out.closed is not None:
         sigs.append(f"crash:connection_closed:{out.closed}{':told' if out.told else ''}")
     elif not out.timeout:

@@ -12,6 +12,7 @@ PORT   ?= 8000
 MODEL  ?= cascade
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
+JOBS   ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 # Debian packages: espeak-ng is the fallback voice and the benchmark's second voice family;
 # cmake/g++ build llama.cpp; chromium drives the browser tests (test only).
 APT_RUN  := espeak-ng libsndfile1 cmake g++
@@ -29,8 +30,18 @@ help:
 serve: setup
 	$(BIN)/duplex serve --host $(HOST) --port $(PORT) --model $(MODEL) $(SERVE_ARGS)
 
+# Most tests wait on servers, clients and the clock, so the suite runs on every core (JOBS, one file
+# per worker: a module's servers and models stay in one process). Tests marked `serial` measure timing
+# or interference between sessions; they run alone afterwards, so that neighbours cannot skew them.
+# One worker more than cores: with three on two cores the suite kept the CPU ~80 % busy. Both parts
+# always run; the exit status is the first failure's (5, "nothing selected", is no failure). Bytecode
+# is written even where PYTHONDONTWRITEBYTECODE is set: every server a test starts would otherwise
+# compile duplex again, and every worker rewrite the tests' asserts again.
 test: setup-test
-	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+	@status=0; unset PYTHONDONTWRITEBYTECODE; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not serial" --durations=25 $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest -q -p no:xdist -m serial --durations=10 $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || [ $$status -ne 0 ] || status=$$s; }; \
+	exit $$status
 
 setup: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps $(VENV)/.stamp-llama
 

@@ -10,6 +10,8 @@ pytest.importorskip("llama_cpp", reason="the benchmark measures the embedded lla
 
 from bench import background_latency
 
+pytestmark = pytest.mark.serial  # it measures the reasoner's latency beside the micro-turns: run alone (Makefile, test)
+
 
 def test_bench_background_json(capsys: pytest.CaptureFixture[str]) -> None:
     background_latency.main(["--json", "--requests", "1", "--max-tokens", "8", "--baseline", "1.0", "--fg-ms", "20"])

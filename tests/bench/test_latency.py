@@ -8,6 +8,8 @@ import pytest
 
 from bench import latency
 
+pytestmark = pytest.mark.serial  # it measures the server's added latency: run alone (Makefile, test)
+
 
 def test_latency_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert latency.main(["--sessions", "1,3", "--seconds", "2", "--json"]) == 0

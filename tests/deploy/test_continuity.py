@@ -45,6 +45,8 @@ from tests.wsclient import (
     start_session,
 )
 
+pytestmark = pytest.mark.serial  # its replay must be bit-identical: run alone (Makefile)
+
 HELD_WORD = 0.6  # s: the held answer's first word has reached the detached session's backlog
 NATIVE_TICKS = 6  # micro-turns the native session lives before it moves
 

@@ -8,7 +8,11 @@ import hashlib
 import threading
 import time
 
+import pytest
+
 from server.admission import quiet
+
+pytestmark = pytest.mark.serial  # it measures how busy the process's other threads are: run alone (Makefile, test)
 
 
 def _burn(seconds: float) -> None:

@@ -15,6 +15,8 @@ from models.speech.vad import speech_segments
 from streaming.wav import read_wav
 from tests.server._background_stub import ScriptedOpenAI
 
+pytestmark = pytest.mark.serial  # real-time and media pace must agree to a micro-turn: run alone (Makefile, test)
+
 TICK = 0.2
 
 

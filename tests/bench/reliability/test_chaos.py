@@ -7,6 +7,8 @@ import pytest
 
 from bench.reliability import chaos
 
+pytestmark = pytest.mark.serial  # it measures what a fault does to the other sessions: run alone (Makefile)
+
 
 @pytest.mark.parametrize("scenario", chaos.SCENARIOS)
 def test_fault_under_load(scenario: str) -> None:

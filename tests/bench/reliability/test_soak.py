@@ -15,6 +15,8 @@ from bench._server import ServerUnderTest
 from bench.reliability import soak
 from bench.reliability._common import LoopLag, fit_line, fit_slope
 
+pytestmark = pytest.mark.serial  # it measures lateness and memory over a run: run alone (Makefile, test)
+
 
 def test_fit_slope() -> None:
     assert fit_slope([0, 1, 2, 3], [5, 7, 9, 11]) == pytest.approx(2.0)

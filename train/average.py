@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.interaction.checkpoint import FORMAT, read_metadata
+from models.interaction.config import current_names
 from models.interaction.onset import DELEGATE_KEY, ONSET_KEY, ONSET_NOTE_KEY
 from models.interaction.phrases import PHRASES_KEY, PhraseSet
 from models.interaction.voice import PHRASE_WER_KEY
@@ -59,6 +60,8 @@ def average(paths: Sequence[Path], weights: Sequence[float], out: Path, command:
     for p, m in zip(paths, metas, strict=True):
         if m.get("format") != FORMAT:
             raise ValueError(f"{p} is not a duplex native checkpoint (metadata format {m.get('format')!r})")
+        if "config" in m:  # older checkpoints name some fields otherwise: compared, and written, under today's names
+            m["config"] = json.dumps(current_names(json.loads(m["config"])))
     for key in SHARED:
         differ = [str(p) for p, m in zip(paths, metas, strict=True) if m.get(key) != metas[0].get(key)]
         if differ:

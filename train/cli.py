@@ -182,7 +182,7 @@ def run(a: argparse.Namespace) -> int:
         data.pos = DataPosition(**extra["data_position"])
         trained_s = float(extra.get("trained_s", 0.0))
         log(f"resumed {state_path} at step {tc.step}, data position {extra['data_position']}")
-    tokens_per_step = a.batch * data.ticks * cfg.tokens_per_turn
+    tokens_per_step = a.batch * data.ticks * cfg.tokens_per_tick
     # The metadata key stays "turns": checkpoints already written and shipped carry it.
     meta = {
         "command": "duplex train " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["train"] else sys.argv[1:]),

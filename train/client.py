@@ -128,7 +128,7 @@ class TrainingClient:
         out = self.forward(batch)
         value, metrics = fn(out, batch, self.net.flow, self.weights, self.generator)
         value.backward()
-        return ForwardBackwardOutput(float(value.detach()), metrics, batch.rows * self.net.cfg.tokens_per_turn)
+        return ForwardBackwardOutput(float(value.detach()), metrics, batch.rows * self.net.cfg.tokens_per_tick)
 
     def _optimizer(self, p: AdamParams) -> torch.optim.AdamW:
         if self._opt is None:

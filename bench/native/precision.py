@@ -1,6 +1,6 @@
 """python -m bench.native.precision: what running the native model's products in bf16 costs in output quality.
 
-    python -m bench.native.precision --turns 150 [--checkpoint FILE --preset tiny] --json
+    python -m bench.native.precision --ticks 150 [--checkpoint FILE --preset tiny] --json
 
 The same teacher-forced micro-turns (user audio from a speech-like signal, a typed sentence, the
 model silent) go through `forward_sequence` twice, with the transformer blocks' products in fp32 and
@@ -38,7 +38,7 @@ class PrecisionReport:
     preset: str
     checkpoint: str | None
     matmul: str
-    turns: int
+    turns: int  # micro-turns (the JSON key stays "turns")
     control_rel: float
     control_agree: float
     vad_agree: float
@@ -50,26 +50,26 @@ class PrecisionReport:
     mel_sc: float
 
 
-def features(net: InteractionTransformer, turns: int) -> TickFeatures:
+def features(net: InteractionTransformer, ticks: int) -> TickFeatures:
     cfg = net.cfg
-    audio = speech_like(turns * 0.2 + 0.1)
+    audio = speech_like(ticks * 0.2 + 0.1)
     fe = dmel.DMelFrontend(cfg.dmel_bins, cfg.dmel_levels, torch.device("cpu"))
     n = FRAMES_PER_TICK * dmel.HOP
-    chunks = torch.stack([audio[i * n : i * n + dmel.CONTEXT + n] for i in range(turns)])
-    typed = torch.full((turns, cfg.typed_tokens), NO_BYTE)
+    chunks = torch.stack([audio[i * n : i * n + dmel.CONTEXT + n] for i in range(ticks)])
+    typed = torch.full((ticks, cfg.typed_tokens), NO_BYTE)
     text = b"what is the weather like in paris today?"
     for i in range(0, len(text), cfg.typed_tokens):  # typed from micro-turn 10 on, a few bytes a turn
         piece = text[i : i + cfg.typed_tokens]
         typed[10 + i // cfg.typed_tokens, : len(piece)] = torch.tensor(list(piece))
-    nb = torch.full((turns, 1), NO_BYTE)
+    nb = torch.full((ticks, 1), NO_BYTE)
     return TickFeatures(
         user_dmel=fe(chunks, det=True),
-        self_dmel=torch.zeros(turns, FRAMES_PER_TICK, cfg.dmel_bins, dtype=torch.long),
-        video=torch.zeros(turns, cfg.video_grid**2, PATCH, PATCH, 3),
-        video_present=torch.zeros(turns, dtype=torch.bool),
+        self_dmel=torch.zeros(ticks, FRAMES_PER_TICK, cfg.dmel_bins, dtype=torch.long),
+        video=torch.zeros(ticks, cfg.video_grid**2, PATCH, PATCH, 3),
+        video_present=torch.zeros(ticks, dtype=torch.bool),
         typed=typed,
-        background=nb.expand(turns, cfg.background_tokens),
-        own_text=nb.expand(turns, cfg.text_tokens),
+        background=nb.expand(ticks, cfg.background_tokens),
+        own_text=nb.expand(ticks, cfg.text_tokens),
     )
 
 
@@ -92,16 +92,16 @@ def _agree(a: torch.Tensor, b: torch.Tensor) -> float:
     return round(float((a == b).float().mean()), 4)
 
 
-def run(preset: str, checkpoint: str | None, matmul: str, turns: int) -> PrecisionReport:
+def run(preset: str, checkpoint: str | None, matmul: str, ticks: int) -> PrecisionReport:
     net = build(preset, checkpoint).eval()
     net.set_deterministic(True)
-    feats = features(net, turns)
+    feats = features(net, ticks)
     outs: dict[str, HeadOutputs] = {}
     mels: dict[str, torch.Tensor] = {}
-    noise = tick_noise([7] * turns, list(range(turns)), (net.cfg.audio_out_tokens, net.flow.width), torch.device("cpu"))
+    noise = tick_noise([7] * ticks, list(range(ticks)), (net.cfg.audio_out_tokens, net.flow.width), torch.device("cpu"))
     for name in ("fp32", matmul):
         _set_matmul(net, name)
-        print(f"[bench.native.precision] {turns} micro-turns with {name} products ...", file=sys.stderr, flush=True)
+        print(f"[bench.native.precision] {ticks} micro-turns with {name} products ...", file=sys.stderr, flush=True)
         outs[name] = h = net.forward_sequence(feats)
         mels[name] = net.flow.sample(h.audio_cond, noise)
     _set_matmul(net, "fp32")
@@ -112,7 +112,7 @@ def run(preset: str, checkpoint: str | None, matmul: str, turns: int) -> Precisi
         preset,
         checkpoint,
         matmul,
-        turns,
+        ticks,
         _rel(a.control, b.control),
         _agree(a.control[:, :n_act].argmax(-1), b.control[:, :n_act].argmax(-1)),
         _agree(a.control[:, n_act] > 0, b.control[:, n_act] > 0),
@@ -130,13 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--checkpoint", help="trained weights (.safetensors); default: seeded random weights")
     ap.add_argument("--matmul", default="bf16", choices=[m for m in MATMUL_DTYPES if m != "fp32"])
-    ap.add_argument("--turns", type=int, default=150, help="micro-turns (150 = 30 s: the global layer's ring wraps)")
+    ap.add_argument("--ticks", "--turns", type=int, default=150,
+                    help="micro-turns (150 = 30 s: the global layer's ring wraps)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.turns < 12:
-        ap.error("--turns must be >= 12 (the typed sentence starts at micro-turn 10)")
+    if args.ticks < 12:
+        ap.error("--ticks must be >= 12 (the typed sentence starts at micro-turn 10)")
     with torch.inference_mode():
-        r = run(args.preset, args.checkpoint, args.matmul, args.turns)
+        r = run(args.preset, args.checkpoint, args.matmul, args.ticks)
     print(f"[bench.native.precision] {json.dumps(asdict(r))}", file=sys.stderr)
     if args.json:
         print(json.dumps(asdict(r)))

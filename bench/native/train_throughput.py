@@ -81,7 +81,7 @@ def step_figures(preset_name: str, batch: Batch, precision: str, steps: int) -> 
         times.append(time.perf_counter() - t)
         print(f"  {precision} step {i + 1}/{steps}: {times[-1]:.2f} s, loss {fb.loss:.3f}", flush=True)
     best = min(times)
-    tokens = batch.rows * tc.net.cfg.tokens_per_turn
+    tokens = batch.rows * tc.net.cfg.tokens_per_tick
     return {"tokens_per_step": tokens, "step_s": round(best, 3), "tokens_per_s": round(tokens / best, 1),
             "gflop_per_step": round(flops / 1e9, 2), "gflops": round(flops / best / 1e9, 2)}
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     loop_ticks = a.ticks if a.loop_ticks < 0 else a.loop_ticks
     if loop_ticks:
         vs = loop_speedup(a.preset, loop_ticks, max(a.loop_reps, 1))
-        loop_tps = loop_ticks * preset(a.preset).tokens_per_turn / vs["per_turn_loop_s"]
+        loop_tps = loop_ticks * preset(a.preset).tokens_per_tick / vs["per_turn_loop_s"]
         vs["loop_tokens_per_s"] = round(loop_tps, 1)
         step = result.get("auto") or result.get(auto)
         if step:  # the whole training step (losses and AdamW included) against the loop's forward+backward

@@ -6,7 +6,7 @@ segment it conditions after it:
     input : user audio (+ heard words) | self audio | video patches | typed text | background text | own text (fed back)
     output: control | assistant text | user transcript | audio out
 
-so that position n * tokens_per_turn + i is always slot i of micro-turn n and every step has one shape.
+so that position n * tokens_per_tick + i is always slot i of micro-turn n and every step has one shape.
 """
 
 from dataclasses import asdict, dataclass, field, fields
@@ -33,10 +33,10 @@ class InteractionConfig:
     conv_kernel: int = 4  # short causal depthwise convolution before attention (tokens)
     rope_theta: float = 1_000_000.0  # large base: absolute positions reach ~10^6 in an hour-long session
     norm_eps: float = 1e-5
-    # --- memory, in micro-turns (a micro-turn is tokens_per_turn tokens) ---
-    window_turns: int = 16  # sliding layers see the current micro-turn and the 15 before it (3.2 s)
-    sink_turns: int = 2  # global layers keep the first micro-turns forever (attention sink)...
-    global_turns: int = 100  # ...and are capped at this many micro-turns in all (sink + most recent: 20 s)
+    # --- memory, in micro-turns (a micro-turn is tokens_per_tick tokens) ---
+    window_ticks: int = 16  # sliding layers see the current micro-turn and the 15 before it (3.2 s)
+    sink_ticks: int = 2  # global layers keep the first micro-turns forever (attention sink)...
+    global_ticks: int = 100  # ...and are capped at this many micro-turns in all (sink + most recent: 20 s)
     # --- inputs ---
     audio_tokens: int = 4  # tokens per micro-turn for each audio stream; 20 dMel frames grouped 5 per token
     dmel_bins: int = 80  # log-mel bins at 16 kHz
@@ -61,7 +61,7 @@ class InteractionConfig:
     # --- derived (computed in __post_init__, not arguments) ---
     head_dim: int = field(init=False)
     ffn_hidden: int = field(init=False)
-    tokens_per_turn: int = field(init=False)
+    tokens_per_tick: int = field(init=False)
     slots: dict[str, tuple[int, int]] = field(init=False)  # segment name -> (start, length)
 
     def __post_init__(self) -> None:
@@ -72,13 +72,13 @@ class InteractionConfig:
             )
         if FRAMES_PER_TICK % self.audio_tokens or FRAMES_PER_TICK % self.audio_out_tokens:
             raise ValueError(f"audio_tokens and audio_out_tokens must divide {FRAMES_PER_TICK} frames")
-        if not 0 <= self.sink_turns < self.global_turns:
-            raise ValueError(f"need 0 <= sink_turns ({self.sink_turns}) < global_turns ({self.global_turns})")
+        if not 0 <= self.sink_ticks < self.global_ticks:
+            raise ValueError(f"need 0 <= sink_ticks ({self.sink_ticks}) < global_ticks ({self.global_ticks})")
         if not 0 <= self.heard_tokens <= self.audio_tokens:
             raise ValueError(f"heard_tokens ({self.heard_tokens}) must be 0..audio_tokens ({self.audio_tokens}): "
                              "its bytes are added onto the user-audio slots")
-        if self.window_turns < 1:
-            raise ValueError(f"window_turns must be >= 1, got {self.window_turns}")
+        if self.window_ticks < 1:
+            raise ValueError(f"window_ticks must be >= 1, got {self.window_ticks}")
         self.head_dim = self.dim // self.n_heads
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
@@ -99,7 +99,7 @@ class InteractionConfig:
         for name, n in order:
             self.slots[name] = (start, n)
             start += n
-        self.tokens_per_turn = start
+        self.tokens_per_tick = start
 
     def layer_is_global(self, i: int) -> bool:
         return (i + 1) % self.global_every == 0
@@ -109,17 +109,30 @@ class InteractionConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "InteractionConfig":
+        d = current_names(d)
         known = {f.name for f in fields(cls) if f.init}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown config fields {sorted(unknown)}; the checkpoint is from another version")
-        d = dict(d)
         if "hmlp_channels" in d:
             d["hmlp_channels"] = tuple(d["hmlp_channels"])
         return cls(**d)
 
     def same_as(self, other: "InteractionConfig") -> bool:
         return asdict(self) == asdict(other)
+
+
+# Older checkpoints (the shipped native-tiny among them) saved the memory sizes under these names, from before
+# the micro-turn was called a tick in the model's math too; they are read under today's names.
+OLD_NAMES = {"window_turns": "window_ticks", "sink_turns": "sink_ticks", "global_turns": "global_ticks"}
+
+
+def current_names(d: dict[str, Any]) -> dict[str, Any]:
+    """A saved config (`to_dict`'s fields) with the fields older checkpoints named otherwise under today's names."""
+    both = sorted(old for old, new in OLD_NAMES.items() if old in d and new in d)
+    if both:
+        raise ValueError(f"config fields {both} are given under their old and their new names; keep the new ones")
+    return {OLD_NAMES.get(k, k): v for k, v in d.items()}
 
 
 PRESETS: dict[str, InteractionConfig] = {
@@ -131,9 +144,9 @@ PRESETS: dict[str, InteractionConfig] = {
         n_layers=24,
         n_heads=16,
         n_kv_heads=4,
-        window_turns=32,
-        sink_turns=4,
-        global_turns=300,
+        window_ticks=32,
+        sink_ticks=4,
+        global_ticks=300,
         video_grid=4,
         hmlp_channels=(96, 192),
         typed_tokens=8,

@@ -45,7 +45,7 @@ def buckets(max_batch: int) -> list[int]:
 class _Bucket:
     feats: TickFeatures  # static inputs, [bucket, ...] each
     slots: Tensor  # [bucket] int64 on the device
-    turns: Tensor  # [bucket] int64 on the device
+    ticks: Tensor  # [bucket] int64 on the device
     heads: HeadOutputs | None = None  # static outputs (filled by capture, or by each eager run)
     graph: "torch.cuda.CUDAGraph | None" = None
 
@@ -77,7 +77,7 @@ class BucketedStep:
         # What InteractionTransformer.forward_step does, with the slots as a device tensor (no host sync).
         net = self.net
         x = net.embed(bk.feats)
-        return net.heads(net._run_tiles(x, bk.turns, StreamCache(self.pool, bk.slots, bk.turns)))
+        return net.heads(net._run_tiles(x, bk.ticks, StreamCache(self.pool, bk.slots, bk.ticks)))
 
     def _new_bucket(self, size: int, like: TickFeatures) -> _Bucket:
         first = like.rows(0, 1)
@@ -106,7 +106,7 @@ class BucketedStep:
             bk.heads = self._forward(bk)
         bk.graph = graph
 
-    def _load(self, bk: _Bucket, feats: TickFeatures, slots: Sequence[int], turns: Tensor) -> None:
+    def _load(self, bk: _Bucket, feats: TickFeatures, slots: Sequence[int], ticks: Tensor) -> None:
         b = len(slots)
         for f in fields(TickFeatures):
             dst, src = getattr(bk.feats, f.name), getattr(feats, f.name)
@@ -119,21 +119,21 @@ class BucketedStep:
                 dst[b:] = 0
         bk.slots[:b].copy_(torch.tensor(list(slots), dtype=torch.long), non_blocking=True)
         bk.slots[b:] = self.scratch
-        bk.turns[:b].copy_(turns)
-        bk.turns[b:] = 0
+        bk.ticks[:b].copy_(ticks)
+        bk.ticks[b:] = 0
 
-    def __call__(self, feats: TickFeatures, slots: Sequence[int], turns: Tensor) -> HeadOutputs:
+    def __call__(self, feats: TickFeatures, slots: Sequence[int], ticks: Tensor) -> HeadOutputs:
         b, top = len(slots), self.sizes[-1]
         if b > top:  # more sessions than the largest bucket: run it several times (still invariant)
             parts = [
-                self(feats.rows(i, i + top), slots[i : i + top], turns[i : i + top]) for i in range(0, b, top)
+                self(feats.rows(i, i + top), slots[i : i + top], ticks[i : i + top]) for i in range(0, b, top)
             ]
             return HeadOutputs(*(torch.cat([getattr(p, k) for p in parts]) for k in _HEADS))
         size = self.bucket_for(b)
         bk = self._buckets.get(size)
         if bk is None:
             bk = self._buckets[size] = self._new_bucket(size, feats)
-        self._load(bk, feats, slots, turns)
+        self._load(bk, feats, slots, ticks)
         if bk.graph is not None:
             bk.graph.replay()
         else:

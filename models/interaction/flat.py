@@ -5,7 +5,7 @@ N micro-turns of B episodes in one pass. Visibility is the same rule either way 
 query in micro-turn n sees micro-turn m when m == n causally, or m < n within the layer's ring, or
 m < sink on global layers. Three ways to run it, picked per layer by what the rule reduces to:
 
-* `causal`: sink + ring cover the whole sequence (global layers of episodes <= global_turns): plain
+* `causal`: sink + ring cover the whole sequence (global layers of episodes <= global_ticks): plain
   token-causal SDPA, no mask tensor at all;
 * `windowed`: sliding layers: queries in blocks of ring/4 micro-turns, each against its own block and
   the ones before it that the ring reaches (1.25 * ring micro-turns of keys) with the exact mask.
@@ -92,13 +92,13 @@ class FlatAttention:
                 self._masks[key] = flat_mask(self.cfg, self.n_ticks, layer, self.device)
             rows = self._masks[key].view(self.n_ticks, t, -1)[:, first:].reshape(self.n_ticks * n_out, -1)
             return _sdpa(q, k, v, rows, False)
-        c = max(1, self.cfg.window_turns // 4)  # micro-turns per query chunk
+        c = max(1, self.cfg.window_ticks // 4)  # micro-turns per query chunk
         outs = []
         for a in range(0, self.n_ticks, c):
             e = min(a + c, self.n_ticks)
             lo = 0 if g.sink else max(0, a - g.ring + 1)  # first micro-turn any query here may see
-            turns = torch.arange(a, e, device=q.device)
-            qpos = (turns[:, None] * t + torch.arange(first, t, device=q.device)).reshape(-1)
+            ticks = torch.arange(a, e, device=q.device)
+            qpos = (ticks[:, None] * t + torch.arange(first, t, device=q.device)).reshape(-1)
             kpos = torch.arange(lo * t, e * t, device=q.device)
             n, m = qpos[:, None] // t, kpos[None, :] // t
             visible = (kpos[None, :] <= qpos[:, None]) & ((m > n - g.ring) | (m < g.sink))

@@ -21,18 +21,18 @@ TIME_DIM = 64
 _MASK63 = (1 << 63) - 1
 
 
-def noise_seed(seed: int, turn: int) -> int:
+def noise_seed(seed: int, tick: int) -> int:
     """Mix a session seed and a micro-turn index into one generator seed (splitmix-style constants)."""
-    return (seed * 0x9E3779B97F4A7C15 + turn * 0xBF58476D1CE4E5B9 + 1) & _MASK63
+    return (seed * 0x9E3779B97F4A7C15 + tick * 0xBF58476D1CE4E5B9 + 1) & _MASK63
 
 
-def tick_noise(seeds: list[int], turns: list[int], shape: tuple[int, ...], device: torch.device) -> Tensor:
-    """[B, *shape] standard normal noise, row b drawn from noise_seed(seeds[b], turns[b]) on the CPU.
+def tick_noise(seeds: list[int], ticks: list[int], shape: tuple[int, ...], device: torch.device) -> Tensor:
+    """[B, *shape] standard normal noise, row b drawn from noise_seed(seeds[b], ticks[b]) on the CPU.
 
     Drawn on the CPU so that CPU and GPU runs of the same session get the same noise.
     """
     rows = []
-    for s, n in zip(seeds, turns, strict=True):
+    for s, n in zip(seeds, ticks, strict=True):
         g = torch.Generator().manual_seed(noise_seed(s, n))
         rows.append(torch.randn(shape, generator=g))
     return torch.stack(rows).to(device)

@@ -1,12 +1,12 @@
 """Per-session memory: the preallocated KV pool, its ring buffers, and the teacher-forced equivalent.
 
-Memory is kept in whole micro-turns (tokens_per_turn tokens each). Every layer's store for one
+Memory is kept in whole micro-turns (tokens_per_tick tokens each). Every layer's store for one
 session holds `sink + ring` micro-turns:
 
-* sliding layers: sink = 0, ring = window_turns. Micro-turn n lives at ring index n % ring and
+* sliding layers: sink = 0, ring = window_ticks. Micro-turn n lives at ring index n % ring and
   overwrites micro-turn n - ring, so a session runs for hours in fixed memory.
-* global layers: the first `sink_turns` micro-turns stay forever (the attention sink, as in
-  StreamingLLM), later ones go round a ring of global_turns - sink_turns (micro-turn n >= sink at
+* global layers: the first `sink_ticks` micro-turns stay forever (the attention sink, as in
+  StreamingLLM), later ones go round a ring of global_ticks - sink_ticks (micro-turn n >= sink at
   sink + (n - sink) % ring). Until the cap is reached a global layer sees the whole conversation;
   after it, the sink plus the most recent micro-turns. Nothing is ever reset silently and memory
   never grows.
@@ -38,7 +38,7 @@ class Geometry:
     tokens: int  # tokens per micro-turn
 
     @property
-    def turns(self) -> int:
+    def ticks(self) -> int:
         return self.sink + self.ring
 
     def store_index(self, n: Tensor) -> Tensor:
@@ -51,10 +51,10 @@ class Geometry:
 
     def written(self, n: int) -> int:
         """While micro-turn n is processed, store indices 0 .. written(n) - 1 hold micro-turns (see module doc)."""
-        return min(n + 1, self.turns)
+        return min(n + 1, self.ticks)
 
-    def held_turns(self, n: Tensor) -> Tensor:
-        """While micro-turn n [B] is processed: which micro-turn each store index holds [B, turns], -1 = none."""
+    def held_ticks(self, n: Tensor) -> Tensor:
+        """While micro-turn n [B] is processed: which micro-turn each store index holds [B, ticks], -1 = none."""
         j = torch.arange(self.sink, device=n.device)
         sink = torch.where(j[None] <= n[:, None], j[None], -1)  # [B, sink]
         p = torch.arange(self.ring, device=n.device)
@@ -71,22 +71,22 @@ class Geometry:
         return m
 
     def mask(self, n: Tensor) -> Tensor:
-        """Attention mask [B, T, turns*T] for micro-turn n [B]: held turns fully, the current one causally."""
-        held = self.held_turns(n)  # [B, S]
+        """Attention mask [B, T, ticks*T] for micro-turn n [B]: held micro-turns fully, the current one causally."""
+        held = self.held_ticks(n)  # [B, S]
         t = self.tokens
         causal = torch.ones(t, t, dtype=torch.bool, device=n.device).tril()  # [Tq, Tk]
         valid = (held >= 0)[:, None, :, None]  # [B, 1, S, 1]
         current = (held == n[:, None])[:, None, :, None]  # [B, 1, S, 1]
         m = valid & (~current | causal[None, :, None, :])  # [B, Tq, S, Tk]
-        return m.reshape(len(n), t, self.turns * t)
+        return m.reshape(len(n), t, self.ticks * t)
 
 
 def geometries(cfg: InteractionConfig) -> list[Geometry]:
-    t = cfg.tokens_per_turn
+    t = cfg.tokens_per_tick
     return [
-        Geometry(cfg.sink_turns, cfg.global_turns - cfg.sink_turns, t)
+        Geometry(cfg.sink_ticks, cfg.global_ticks - cfg.sink_ticks, t)
         if cfg.layer_is_global(i)
-        else Geometry(0, cfg.window_turns, t)
+        else Geometry(0, cfg.window_ticks, t)
         for i in range(cfg.n_layers)
     ]
 
@@ -105,7 +105,7 @@ class KVPool:
         self.n_slots = n_slots
         shape = (cfg.n_kv_heads, cfg.head_dim)
         # k[l], v[l]: [slots, sink+ring, T, Hkv, hd]
-        self.k = [torch.zeros(n_slots, g.turns, g.tokens, *shape, device=device, dtype=dtype) for g in self.geoms]
+        self.k = [torch.zeros(n_slots, g.ticks, g.tokens, *shape, device=device, dtype=dtype) for g in self.geoms]
         self.v = [torch.zeros_like(x) for x in self.k]
         # The last k-1 normalised inputs of each layer's causal conv: [slots, layers, k-1, D]
         self.conv = torch.zeros(n_slots, cfg.n_layers, cfg.conv_kernel - 1, cfg.dim, device=device, dtype=dtype)
@@ -116,7 +116,7 @@ class KVPool:
     def session_bytes(cfg: InteractionConfig, dtype: torch.dtype) -> int:
         """Bytes one session occupies; the same at every age."""
         item = torch.empty(0, dtype=dtype).element_size()
-        kv = sum(2 * g.turns * g.tokens * cfg.n_kv_heads * cfg.head_dim for g in geometries(cfg))
+        kv = sum(2 * g.ticks * g.tokens * cfg.n_kv_heads * cfg.head_dim for g in geometries(cfg))
         return (kv + cfg.n_layers * (cfg.conv_kernel - 1) * cfg.dim) * item
 
     @property
@@ -152,22 +152,22 @@ class KVPool:
 
 
 class StreamCache:
-    """One batched micro-turn of live sessions against the pool: slots [B], their micro-turn index turns [B]."""
+    """One batched micro-turn of live sessions against the pool: slots [B], their micro-turn index ticks [B]."""
 
     batchable = True  # B sessions' keys may be stacked for one batched attention call
 
-    def __init__(self, pool: KVPool, slots: Sequence[int] | Tensor, turns: Tensor) -> None:
+    def __init__(self, pool: KVPool, slots: Sequence[int] | Tensor, ticks: Tensor) -> None:
         """slots may be a device tensor: then nothing here synchronises with the host until the per-tile
         path asks for plain integers (the stacked path never does, so a CUDA graph can capture it)."""
         self.pool = pool
-        self.slot_t = slots if isinstance(slots, Tensor) else torch.tensor(list(slots), device=turns.device)
-        self.turns = turns
+        self.slot_t = slots if isinstance(slots, Tensor) else torch.tensor(list(slots), device=ticks.device)
+        self.ticks = ticks
         self._ints: tuple[list[int], list[int]] | None = None
         self._masks: dict[tuple[Geometry, int, int], Tensor] = {}  # shared by sessions and layers alike
 
-    def _slots_turns(self) -> tuple[list[int], list[int]]:
+    def _slots_ticks(self) -> tuple[list[int], list[int]]:
         if self._ints is None:
-            self._ints = [int(s) for s in self.slot_t.tolist()], [int(n) for n in self.turns.tolist()]
+            self._ints = [int(s) for s in self.slot_t.tolist()], [int(n) for n in self.ticks.tolist()]
         return self._ints
 
     def conv_prev(self, layer: int, h: Tensor) -> Tensor:
@@ -178,7 +178,7 @@ class StreamCache:
 
     def _store(self, layer: int, k: Tensor, v: Tensor) -> Geometry:
         g = self.pool.geoms[layer]
-        idx = g.store_index(self.turns)
+        idx = g.store_index(self.ticks)
         self.pool.k[layer][self.slot_t, idx] = k
         self.pool.v[layer][self.slot_t, idx] = v
         return g
@@ -186,18 +186,18 @@ class StreamCache:
     def _mask(self, g: Geometry, n: int) -> Tensor:
         key = (g, g.written(n), g.store_index_of(n))  # the mask depends on nothing else
         if key not in self._masks:
-            self._masks[key] = g.prefix_mask(n, self.turns.device)
+            self._masks[key] = g.prefix_mask(n, self.ticks.device)
         return self._masks[key]
 
     def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, TileKeys]:
         g = self._store(layer, k, v)
         kp, vp = self.pool.k[layer], self.pool.v[layer]
         # Views of each slot's written prefix, [written*T, Hkv, hd]: attention reads the pool in place.
-        slots, turns = self._slots_turns()
-        ws = [g.written(n) for n in turns]
+        slots, ticks = self._slots_ticks()
+        ws = [g.written(n) for n in ticks]
         ks = [kp[s, :w].view(-1, *kp.shape[3:]) for s, w in zip(slots, ws, strict=True)]
         vs = [vp[s, :w].view(-1, *vp.shape[3:]) for s, w in zip(slots, ws, strict=True)]
-        return ks, vs, [self._mask(g, n) for n in turns]
+        return ks, vs, [self._mask(g, n) for n in ticks]
 
     def exchange_stacked(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Like exchange, for one batched attention call: every slot's whole store stacked (a copy),
@@ -205,7 +205,7 @@ class StreamCache:
         g = self._store(layer, k, v)
         kb = self.pool.k[layer][self.slot_t].flatten(1, 2)
         vb = self.pool.v[layer][self.slot_t].flatten(1, 2)
-        return kb, vb, g.mask(self.turns)
+        return kb, vb, g.mask(self.ticks)
 
 
 class _Gathered:
@@ -245,7 +245,7 @@ class SequenceCache:
 
     def __init__(self, cfg: InteractionConfig, n_ticks: int, device: torch.device) -> None:
         self.geoms = geometries(cfg)
-        self.turns = torch.arange(n_ticks, device=device)
+        self.ticks = torch.arange(n_ticks, device=device)
         self.k1 = cfg.conv_kernel - 1
 
     def conv_prev(self, layer: int, h: Tensor) -> Tensor:
@@ -254,7 +254,7 @@ class SequenceCache:
 
     def exchange(self, layer: int, k: Tensor, v: Tensor) -> tuple[TileKeys, TileKeys, TileKeys]:
         g = self.geoms[layer]
-        held = g.held_turns(self.turns)  # [N, S]
+        held = g.held_ticks(self.ticks)  # [N, S]
         t = torch.arange(g.tokens, device=k.device)
         index = (held.clamp(min=0)[:, :, None] * g.tokens + t).reshape(len(held), -1)  # [N, S*T]
         written = [g.written(n) * g.tokens for n in range(len(held))]
@@ -273,8 +273,8 @@ def flat_mask(cfg: InteractionConfig, n_ticks: int, layer: int, device: torch.de
     """
     g = geometries(cfg)[layer]
     t = g.tokens
-    turn = torch.arange(n_ticks * t, device=device) // t
-    n, m = turn[:, None], turn[None, :]
+    tick = torch.arange(n_ticks * t, device=device) // t
+    n, m = tick[:, None], tick[None, :]
     causal = torch.ones(n_ticks * t, n_ticks * t, dtype=torch.bool, device=device).tril()
     recent = (m <= n) & (m > n - g.ring)
     return causal & (recent | (m < g.sink))

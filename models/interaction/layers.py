@@ -1,6 +1,6 @@
 """Transformer pieces: tile-wise linear, RMSNorm, RoPE, causal depthwise conv, SwiGLU, GQA attention block.
 
-A *tile* is one session's micro-turn: [T, D] with T = tokens_per_turn. In deterministic mode a
+A *tile* is one session's micro-turn: [T, D] with T = tokens_per_tick. In deterministic mode a
 tile's result must not depend on how many other tiles (sessions in the batch, micro-turns in a
 teacher-forced sequence) are computed with it. Matrix products get that from rowblock.py (one product
 over all rows in fixed 16-row blocks, verified on this machine); attention runs per tile over that

@@ -2,7 +2,7 @@
 
 It knows nothing about sessions, sockets or clocks. Three ways to run the same weights:
 
-* `forward_step(feats, pool, slots, turns)`: one micro-turn for B live sessions against the KV pool;
+* `forward_step(feats, pool, slots, ticks)`: one micro-turn for B live sessions against the KV pool;
 * `forward_sequence(feats)`: micro-turns 0..N-1 of one session, teacher-forced, no pool (the
   baseline a server without persistent sessions pays every micro-turn, and the bit-exact check);
 * `forward_reference(feats)`: the same sequence as one flat pass with a full [NT, NT] mask (an
@@ -89,7 +89,7 @@ class InteractionTransformer(nn.Module):
         # there. NO_BYTE embeds to zero, so a micro-turn with nothing heard is the audio alone.
         self.heard = nn.Embedding(BYTE_VOCAB, cfg.dim, padding_idx=NO_BYTE) if cfg.heard_tokens else None
         # Learned (modality, index-in-micro-turn) embedding: slot i always means the same thing.
-        self.slot = nn.Parameter(torch.zeros(cfg.tokens_per_turn, cfg.dim))
+        self.slot = nn.Parameter(torch.zeros(cfg.tokens_per_tick, cfg.dim))
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.control_head = Lin(cfg.dim, len(ACTIONS) + 1, bias=True)
@@ -125,7 +125,7 @@ class InteractionTransformer(nn.Module):
             vid = torch.where(f.video_present[:, None, None], vid, self.video_absent.to(dtype))
         else:  # no frame in any row: the same values without running the hMLP (most audio-only steps)
             vid = self.video_absent.to(dtype).expand(b, cfg.video_grid**2, cfg.dim)
-        n_out = cfg.tokens_per_turn - cfg.slots["control"][0]
+        n_out = cfg.tokens_per_tick - cfg.slots["control"][0]
         user = self.dmel(f.user_dmel)
         if self.heard is not None:
             if f.heard is None:
@@ -142,7 +142,7 @@ class InteractionTransformer(nn.Module):
             torch.zeros(b, n_out, cfg.dim, dtype=dtype, device=vid.device),  # output slots: position only
         ]
         x = torch.cat(parts, dim=1) + self.slot  # [B, T, D]
-        assert x.shape == (b, cfg.tokens_per_turn, cfg.dim), x.shape
+        assert x.shape == (b, cfg.tokens_per_tick, cfg.dim), x.shape
         return x
 
     def heads(self, h: Tensor, first: int = 0) -> HeadOutputs:
@@ -161,30 +161,30 @@ class InteractionTransformer(nn.Module):
             audio_cond=seg("audio_out"),
         )
 
-    def _positions(self, turns: Tensor) -> tuple[Tensor, Tensor]:
-        t = self.cfg.tokens_per_turn
-        pos = turns[:, None] * t + torch.arange(t, device=turns.device)  # [B, T] absolute positions
+    def _positions(self, ticks: Tensor) -> tuple[Tensor, Tensor]:
+        t = self.cfg.tokens_per_tick
+        pos = ticks[:, None] * t + torch.arange(t, device=ticks.device)  # [B, T] absolute positions
         return rope_tables(pos, self.cfg.head_dim, self.cfg.rope_theta)
 
-    def _run_tiles(self, x: Tensor, turns: Tensor, cache: TileCache) -> Tensor:
-        cs = self._positions(turns)
+    def _run_tiles(self, x: Tensor, ticks: Tensor, cache: TileCache) -> Tensor:
+        cs = self._positions(ticks)
         for blk in self.blocks:
             x = blk.forward_tiles(x, cs, cache)  # type: ignore[operator]
         return self.norm(x)
 
     # -- the three entry points ---------------------------------------------------------------
 
-    def forward_step(self, f: TickFeatures, pool: KVPool, slots: Sequence[int], turns: Tensor) -> HeadOutputs:
-        """One micro-turn of B sessions: their pool slots [B] and micro-turn indices turns [B]."""
+    def forward_step(self, f: TickFeatures, pool: KVPool, slots: Sequence[int], ticks: Tensor) -> HeadOutputs:
+        """One micro-turn of B sessions: their pool slots [B] and micro-turn indices ticks [B]."""
         x = self.embed(f)
-        return self.heads(self._run_tiles(x, turns, StreamCache(pool, slots, turns)))
+        return self.heads(self._run_tiles(x, ticks, StreamCache(pool, slots, ticks)))
 
     def forward_sequence(self, f: TickFeatures) -> HeadOutputs:
         """Micro-turns 0..N-1 of one session (rows of f), teacher-forced, with tiles exactly as streamed."""
         x = self.embed(f)
         n = x.shape[0]
-        turns = torch.arange(n, device=x.device)
-        return self.heads(self._run_tiles(x, turns, SequenceCache(self.cfg, n, x.device)))
+        ticks = torch.arange(n, device=x.device)
+        return self.heads(self._run_tiles(x, ticks, SequenceCache(self.cfg, n, x.device)))
 
     def forward_reference(self, f: TickFeatures) -> HeadOutputs:
         """The same sequence as one row of N*T tokens with explicit full masks (no tiles, no cache)."""
@@ -201,8 +201,8 @@ class InteractionTransformer(nn.Module):
         if bn % n_ticks:
             raise ValueError(f"{bn} rows are not whole sequences of {n_ticks} micro-turns")
         b = bn // n_ticks
-        turns = torch.arange(n_ticks, device=x.device)
-        cos, sin = self._positions(turns)  # [N, T, 1, hd/2]: the same for every sequence
+        ticks = torch.arange(n_ticks, device=x.device)
+        cos, sin = self._positions(ticks)  # [N, T, 1, hd/2]: the same for every sequence
         cs = (cos.reshape(1, n_ticks * t, 1, -1), sin.reshape(1, n_ticks * t, 1, -1))
         attend = FlatAttention(self.cfg, n_ticks, x.device, mode)
         h = x.reshape(b, n_ticks * t, d)

@@ -145,7 +145,7 @@ class NativeModel:
     def steady_age(self) -> int:
         """Micro-turns after which a session's step cost stops growing: every layer's store is full
         (attention reads only written keys). Admission calibrates at this age (`Ageing`, models/base.py)."""
-        return max(g.turns for g in self.pool.geoms)
+        return max(g.ticks for g in self.pool.geoms)
 
     @property
     def session_bytes(self) -> int:
@@ -235,12 +235,12 @@ class NativeModel:
         check_slot_batch(states)
         # 1. inputs -> one batched transformer pass over the sessions' persistent KV
         feats = features(batch, self.cfg, self.device, self.frontend, self.deterministic, self.listener, self.floor)
-        turns = torch.tensor([s.tick for s in states], device=self.device)
+        ticks = torch.tensor([s.tick for s in states], device=self.device)
         slots = [s.slot for s in states]
         if self.graphs is not None:
-            heads = self.graphs(feats, slots, turns)
+            heads = self.graphs(feats, slots, ticks)
         else:
-            heads = self.net.forward_step(feats, self.pool, slots, turns)
+            heads = self.net.forward_step(feats, self.pool, slots, ticks)
         # 2. decisions (the model proposes, its floor disposes: floor.py) and audio for every row
         control = heads.control.float()
         probs = control[:, : len(ACTIONS)].softmax(-1)
@@ -336,7 +336,7 @@ class NativeModel:
         g = torch.Generator().manual_seed(state.seed)
         last = torch.tensor([ticks - 1])
         for layer, geom in enumerate(self.pool.geoms):
-            held = (geom.held_turns(last)[0] >= 0).to(self.device)  # [S] store indices in use
+            held = (geom.held_ticks(last)[0] >= 0).to(self.device)  # [S] store indices in use
             for store in (self.pool.k[layer], self.pool.v[layer]):
                 x = torch.randn(store.shape[1:], generator=g).to(self.device, self.dtype)
                 store[state.slot] = x * held[:, None, None, None]

@@ -13,7 +13,7 @@ from models.interaction import InteractionConfig, InteractionTransformer, KVPool
 from models.interaction.config import BYTE_VOCAB, FRAMES_PER_TICK
 from models.interaction.model import HeadOutputs
 
-N_TURNS = 12
+N_TICKS = 12
 
 
 def small_cfg(**kw: object) -> InteractionConfig:
@@ -22,9 +22,9 @@ def small_cfg(**kw: object) -> InteractionConfig:
         n_layers=6,
         n_heads=4,
         n_kv_heads=2,
-        window_turns=2,
-        sink_turns=1,
-        global_turns=4,
+        window_ticks=2,
+        sink_ticks=1,
+        global_ticks=4,
         video_grid=1,
         hmlp_channels=(8, 8),
         dmel_embed=8,
@@ -78,7 +78,7 @@ def as_tuple(h: HeadOutputs) -> tuple[torch.Tensor, ...]:
 def test_streaming_equals_teacher_forced_sequence_bit_exact() -> None:
     net = small_net()
     net.set_deterministic(True)
-    feats = random_features(net.cfg, N_TURNS)
+    feats = random_features(net.cfg, N_TICKS)
     streamed = stream(net, feats)
     whole = net.forward_sequence(feats)
     for a, b in zip(as_tuple(streamed), as_tuple(whole), strict=True):
@@ -90,7 +90,7 @@ def test_streaming_equals_teacher_forced_sequence_bit_exact() -> None:
 def test_streaming_matches_flat_reference_after_rings_wrap() -> None:
     """An independent statement of the attention pattern (one [NT, NT] mask, no ring, no tiles)."""
     net = small_net()
-    feats = random_features(net.cfg, N_TURNS, seed=1)
+    feats = random_features(net.cfg, N_TICKS, seed=1)
     ref = net.forward_reference(feats)
     for mode in (True, False):
         net.set_deterministic(mode)
@@ -101,9 +101,9 @@ def test_streaming_matches_flat_reference_after_rings_wrap() -> None:
 @torch.inference_mode()
 def test_window_really_forgets() -> None:
     """Guard against a vacuous equality: the window must change late outputs vs. a model that sees all."""
-    feats = random_features(small_cfg(), N_TURNS, seed=2)
+    feats = random_features(small_cfg(), N_TICKS, seed=2)
     short = small_net(small_cfg()).forward_reference(feats)
-    long = small_net(small_cfg(window_turns=N_TURNS, global_turns=N_TURNS + 1)).forward_reference(feats)
+    long = small_net(small_cfg(window_ticks=N_TICKS, global_ticks=N_TICKS + 1)).forward_reference(feats)
     # Early micro-turns (all inside every window) agree; late ones differ.
     torch.testing.assert_close(short.audio_cond[:2], long.audio_cond[:2], rtol=1e-4, atol=1e-5)
     assert (short.audio_cond[-1] - long.audio_cond[-1]).abs().max() > 1e-3
@@ -115,14 +115,14 @@ def test_batched_step_is_batch_invariant_in_deterministic_mode() -> None:
     net = small_net()
     net.set_deterministic(True)
     cfg = net.cfg
-    fx, fy, fz = (random_features(cfg, N_TURNS, seed=s) for s in (3, 4, 5))
+    fx, fy, fz = (random_features(cfg, N_TICKS, seed=s) for s in (3, 4, 5))
     alone_pool = KVPool(cfg, 1, torch.device("cpu"), torch.float32)
     a = alone_pool.alloc()
     pool = KVPool(cfg, 3, torch.device("cpu"), torch.float32)
     y, x, z = pool.alloc(), pool.alloc(), pool.alloc()
     for n in range(5):  # y is 5 micro-turns older than x
         net.forward_step(fy.row(n), pool, [y], torch.tensor([n]))
-    for n in range(N_TURNS - 5):
+    for n in range(N_TICKS - 5):
         alone = net.forward_step(fx.row(n), alone_pool, [a], torch.tensor([n]))
         rows = [(fy, y, n + 5), (fx, x, n)] + ([(fz, z, n - 2)] if n >= 2 else [])
         feats = TickFeatures.cat([f.row(t) for f, _, t in rows])
@@ -142,12 +142,23 @@ def test_preset_sizes() -> None:
         counts[name] = sum(p.numel() for p in net.parameters())
     assert 5e6 <= counts["tiny"] <= 20e6, counts
     assert 250e6 <= counts["base"] <= 350e6, counts
-    assert preset("tiny").tokens_per_turn == 41
+    assert preset("tiny").tokens_per_tick == 41
 
 
 def test_bad_config_is_explained() -> None:
     with pytest.raises(ValueError, match="divide"):
         small_cfg(n_heads=5)
+    with pytest.raises(ValueError, match="old and their new names"):
+        InteractionConfig.from_dict({**small_cfg().to_dict(), "window_turns": 3})
+
+
+def test_a_config_saved_with_the_old_names_of_the_memory_sizes_reads_under_the_new_ones() -> None:
+    """Older checkpoints (the shipped native-tiny among them) saved window_ticks, sink_ticks and global_ticks
+    as `*_turns`."""
+    cfg = small_cfg(window_ticks=3, sink_ticks=1, global_ticks=6)
+    old = {k.replace("_ticks", "_turns"): v for k, v in cfg.to_dict().items()}
+    assert "window_ticks" not in old and InteractionConfig.from_dict(old).same_as(cfg)
+    assert set(InteractionConfig.from_dict(old).to_dict()) == set(cfg.to_dict())
     with pytest.raises(ValueError, match="unknown native preset"):
         from models.interaction import preset
 

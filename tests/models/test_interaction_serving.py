@@ -43,10 +43,10 @@ def test_row_blocked_products_equal_each_tile_multiplied_alone() -> None:
 
 def test_written_keys_are_a_prefix_of_the_store() -> None:
     """Attention reads store indices 0 .. written(n) - 1 only: they must be exactly the held ones."""
-    for cfg in (small_cfg(), small_cfg(sink_turns=2, global_turns=7, window_turns=3)):
+    for cfg in (small_cfg(), small_cfg(sink_ticks=2, global_ticks=7, window_ticks=3)):
         for g in geometries(cfg):
-            for n in range(4 * g.turns):
-                held = g.held_turns(torch.tensor([n]))[0]
+            for n in range(4 * g.ticks):
+                held = g.held_ticks(torch.tensor([n]))[0]
                 w = g.written(n)
                 assert (held[:w] >= 0).all() and (held[w:] < 0).all(), (g, n, held)
                 assert int(g.store_index(torch.tensor([n]))) == g.store_index_of(n) < w
@@ -60,7 +60,7 @@ def test_step_cost_grows_with_age_until_the_store_is_full_then_stays_flat() -> N
     """Counted in FLOPs (not timed): fresh sessions attend to little, old ones to the capped store."""
     model = NativeModel(small_net(), "native:test", 1, CPU, deterministic=True)
     steady = model.steady_age
-    assert steady == max(g.turns for g in geometries(model.cfg))
+    assert steady == max(g.ticks for g in geometries(model.cfg))
     warm = model.open("warm-up")  # the first step probes the row-blocked products (their FLOPs count too)
     model.step([(warm, ticks(0, 1)[0])])
     model.close(warm)

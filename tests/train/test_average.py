@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from models.interaction import save_checkpoint
-from models.interaction.checkpoint import build, read_metadata
+from models.interaction.checkpoint import build, read_config, read_metadata, update_metadata
 from models.interaction.phrases import TRAINED_ANSWER_LEAD, TRAINED_REPLIES, PhraseSet
 from tests.models.test_interaction_core import small_cfg, small_net
 from train.average import average, main
@@ -84,3 +84,17 @@ def test_checkpoints_that_cannot_be_averaged_are_refused_with_the_reason(tmp_pat
     assert main([str(a), str(wide), "--out", str(out)]) == 2
     assert "only checkpoints of one architecture" in capsys.readouterr().err
     assert not out.exists(), "nothing is written when the inputs are refused"
+
+
+def test_checkpoints_with_the_old_names_of_the_memory_sizes_load_and_average_with_new_ones(tmp_path: Path) -> None:
+    """Checkpoints written before the micro-turn was a tick in the model's math (the shipped native-tiny among
+    them) name window_ticks, sink_ticks and global_ticks `*_turns`: they load, and average with new ones."""
+    old, new = _write(tmp_path / "old.safetensors", 1, "1"), _write(tmp_path / "new.safetensors", 2, "1")
+    saved = read_metadata(old)["config"]
+    assert '"window_ticks"' in saved and "_turns" not in saved, "new checkpoints are written with the new names"
+    update_metadata(old, {"config": saved.replace("_ticks", "_turns")})
+    assert '"sink_turns"' in read_metadata(old)["config"]
+    assert read_config(old)[1].same_as(read_config(new)[1])
+    build("tiny", str(old))
+    meta = average([old, new], [1, 1], tmp_path / "mix.safetensors", "python -m train.average old new")
+    assert meta["config"] == saved, "compared, and written, under today's names"

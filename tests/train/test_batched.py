@@ -35,7 +35,7 @@ def test_batched_training_path_equals_streaming(n_ticks: int) -> None:
 @torch.inference_mode()
 def test_causal_shortcut_used_when_ring_covers_episode() -> None:
     """Global layers of episodes shorter than their cap run as plain causal attention; still exact."""
-    net = small_net(small_cfg(global_turns=20, sink_turns=2))
+    net = small_net(small_cfg(global_ticks=20, sink_ticks=2))
     feats = random_features(net.cfg, 10, seed=5)
     from models.interaction.flat import FlatAttention
 

@@ -96,9 +96,9 @@ class Floor:
 
     def close(self, fs: FloorState) -> None:
         if fs.handing_off is not None:
-            fs.handing_off.words.cancel()
+            fs.handing_off.cancel()
         if fs.checking is not None:
-            fs.checking.verdict.cancel()
+            fs.checking.cancel()
         if fs.overlap is not None:
             fs.overlap.cancel()
 
@@ -106,11 +106,11 @@ class Floor:
         """A hand-off's transcription, the turn check due and the overlap's words (`OffThreadWork`, models/base.py)."""
         work: list[Future[Any]] = []
         if fs.handing_off is not None:
-            work.append(fs.handing_off.words)
+            work.append(fs.handing_off.future)
         if fs.checking is not None:
-            work.append(fs.checking.verdict)
+            work.append(fs.checking.future)
         if fs.overlap is not None and fs.overlap.job is not None:
-            work.append(fs.overlap.job)
+            work.append(fs.overlap.job.future)
         return work
 
     def shutdown(self) -> None:
@@ -156,13 +156,13 @@ class Floor:
         until `deadline` at most; a later one holds the onset back, up to `CHECK_LATE_TICKS`), or the one held
         since (turn_check.py)."""
         fs = st.floor
-        if fs.checking is not None and st.tick >= fs.checking.due:
-            late = st.tick - fs.checking.due
-            if late < CHECK_LATE_TICKS and not fs.checking.ready(deadline - time.monotonic()):
+        if fs.checking is not None and fs.checking.is_due(st.tick):
+            late = fs.checking.late_by(st.tick)
+            if late < CHECK_LATE_TICKS and not fs.checking.arrived(deadline - time.monotonic()):
                 if late == 0:
-                    LATE.note("turn check")
+                    LATE.note(fs.checking.name)
                 return WAITING  # not held: the verdict, once in, is the one this turn is decided with
-            verdict = whose(fs.checking.take(deadline - time.monotonic()), fs.user_level)
+            verdict = whose(fs.checking.verdict(deadline - time.monotonic()), fs.user_level)
             fs.verdict, fs.verdict_until, fs.checking = verdict, st.tick + HOLD_TICKS, None
         if fs.verdict is not None and st.tick >= fs.verdict_until:
             # The user silent since (a spoken verdict ends when they speak again, either when the turn is
@@ -237,7 +237,7 @@ class Floor:
         fs, events = st.floor, []
         if voice_changed:
             self._check_turn(st)
-        if fs.handing_off is not None and st.tick >= fs.handing_off.due:
+        if fs.handing_off is not None and fs.handing_off.is_due(st.tick):
             events.append(Event("delegate", {"query": fs.handing_off.query()}))
             fs.handing_off = None
         if action == DELEGATE and st.last_action != DELEGATE and fs.handing_off is None:
@@ -251,8 +251,8 @@ class Floor:
             if checked:
                 events.append(Event("delegate", {"query": checked[-QUERY_CHARS:]}))
             elif self.query is not None and fs.user_audio is not None:
-                fs.handing_off = PendingQuery(self.query.submit(fs.user_audio.question(st.tick)), query,
-                                              st.tick + DUE_TICKS)
+                fs.handing_off = PendingQuery(self.query.submit(fs.user_audio.question(st.tick)), st.tick + DUE_TICKS,
+                                              fallback=query)
             else:
                 events.append(Event("delegate", {"query": query}))
         if action == SPEAK and fs.user_audio is not None:
@@ -268,7 +268,7 @@ class Floor:
         again: whatever was asked or said of the last stretch no longer counts."""
         fs = st.floor
         if fs.checking is not None:
-            fs.checking.verdict.cancel()
+            fs.checking.cancel()
             fs.checking = None
         fs.verdict, fs.proposal = None, None
         # Not under its own speech: a verdict counts only from silence, and one on a listener's "mm-hm" would

@@ -52,7 +52,7 @@ from models.speech.overlap import OverlapProbe, OverlapProbeError
 from models.speech.vad import speech_segments
 from models.turns.level import BYSTANDER_DB, LEVEL_TICKS, SpeechLevel
 from models.turns.words import only_backchannel
-from models.turns.work import settle
+from models.turns.work import Job
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
 
@@ -117,8 +117,7 @@ class Overlap:
     user_db: float | None = None  # the user's own speech level (None: not heard yet)
     level: SpeechLevel = field(default_factory=SpeechLevel)  # the overlap's speech level so far
     words: str = ""  # Whisper's latest non-empty words of it
-    job: Future[str] | None = None  # Whisper on the overlap so far, due at `due`
-    due: int = 0
+    job: Job[str] | None = None  # Whisper on the overlap so far
     ended: int | None = None  # the micro-turn the user fell silent (None: still speaking)
     held_stop: bool = False  # a stop the model decided was held
 
@@ -150,10 +149,10 @@ class Overlap:
     def collect(self, tick: int, wait: float) -> None:
         """Take the words due by `tick` (waiting up to `wait` seconds); late or failed words change nothing."""
         job = self.job
-        if job is None or tick < self.due:
+        if job is None or not job.is_due(tick):
             return
         self.job = None
-        words = (settle(job, wait, "overlap words") or "").strip()
+        words = (job.settle(wait) or "").strip()
         if words:
             self.words = words
 
@@ -241,7 +240,7 @@ class OverlapChecker:
         """Whisper on the overlap so far (`audio`: int16 at `SAMPLE_RATE`, from just before its onset to
         now), due the micro-turn after `tick`."""
         ov.cancel()
-        ov.job, ov.due = self._pool.submit(self._words, audio), tick + DUE_TICKS
+        ov.job = Job(self._pool.submit(self._words, audio), tick + DUE_TICKS, "overlap words")
 
     def _words(self, audio: np.ndarray) -> str:
         speech = speech_clip(audio, MIN_SPEECH_S)

@@ -37,7 +37,7 @@ from models.speech.asr import ASR_RATE, WhisperTranscriber, whisper_available
 from models.speech.shared import Shared
 from models.speech.vad import speech_segments
 from models.turns.level import SpeechLevel
-from models.turns.work import settle
+from models.turns.work import Job
 from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SECONDS, Audio
 
@@ -109,16 +109,17 @@ def wants_whisper(mode: str, option: str, on: str, off: str) -> bool:
 
 
 @dataclass
-class PendingQuery:
-    """A hand-off decided, its words still being transcribed."""
+class PendingQuery(Job[str]):
+    """A hand-off decided, its words still being transcribed: Whisper's words, due at the micro-turn whose
+    output carries the `delegate` event."""
 
-    words: Future[str]
-    fallback: str  # the recogniser's words (or transcript, or typed text): sent if Whisper is late or fails
-    due: int  # the micro-turn whose output carries the `delegate` event
+    name: str = "hand-off transcription"
+    # The recogniser's words (or transcript, or typed text): sent if Whisper is late or fails.
+    fallback: str = field(kw_only=True)
 
     def query(self) -> str:
         """Whisper's words where they are ready (never waited for), else the fallback."""
-        return (settle(self.words, 0.0, "hand-off transcription") or "")[-QUERY_CHARS:] or self.fallback
+        return (self.settle(0.0) or "")[-QUERY_CHARS:] or self.fallback
 
 
 class QueryTranscriber:

@@ -59,7 +59,7 @@ from models.speech.asr import WhisperTranscriber
 from models.speech.ears import Ears
 from models.turns.level import BYSTANDER_DB, UserLevel, speech_db
 from models.turns.words import FINISHED, UNCLEAR, UNFINISHED, only_backchannel, verdict
-from models.turns.work import arrived, settle
+from models.turns.work import Job
 from streaming.types import SAMPLE_RATE
 
 if TYPE_CHECKING:
@@ -143,19 +143,14 @@ def after_the_wait(held: Words, user: UserLevel) -> Words | None:
 
 
 @dataclass
-class PendingCheck:
+class PendingCheck(Job[Words]):
     """A verdict asked, due at micro-turn `due`."""
 
-    verdict: Future[Words]
-    due: int
+    name: str = "turn check"
 
-    def ready(self, wait: float) -> bool:
-        """Whether the verdict is in, waiting up to `wait` seconds for it (it is left running either way)."""
-        return arrived(self.verdict, wait)
-
-    def take(self, wait: float = 0.0) -> Words:
+    def verdict(self, wait: float = 0.0) -> Words:
         """The verdict where it is ready within `wait` seconds; unclear (no words) where it is late or failed."""
-        return settle(self.verdict, wait, "turn check") or Words(UNCLEAR)
+        return self.settle(wait) or Words(UNCLEAR)
 
 
 def _text_turn() -> TextTurn | None:

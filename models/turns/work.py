@@ -1,7 +1,9 @@
 """Off-thread work whose result is used at a fixed micro-turn: the same in media and real-time pace.
 
-Both voices use it: the cascade through `Workers` and `Job` (postponed while late, within a patience), the
-native model's checks through `arrived` and `settle` on a plain future (used or given up at its micro-turn).
+Both voices use it: a `Job` is a worker's answer due at a fixed micro-turn. The cascade submits its jobs
+through `Workers` and takes them with `Job.take` (postponed while late, within a patience); the native
+model's checks (the hand-off's words, the turn check, the overlap's words) with `Job.arrived` and
+`Job.settle` (used or given up at its micro-turn).
 
 The cascade's slow parts (Smart Turn, Whisper) run on worker threads that release the GIL
 (onnxruntime, CTranslate2), so the tick thread only submits and collects. If results were used "as
@@ -154,24 +156,46 @@ class Timing:
 
 @dataclass
 class Job(Generic[T]):
+    """A worker's answer, used at micro-turn `due` of its session. The cascade takes it with `take` (postponed
+    while late, within a patience); the native model's checks with `arrived` and `settle` (used or given up)."""
+
     future: Future[T]
-    due: int  # the session's micro-turn (CascadeState.tick) at which the result is used
-    name: str = ""  # the worker it runs on (for the overrun warning)
+    due: int  # the session's micro-turn (its `tick`) at which the result is used
+    name: str = ""  # the worker it runs on, or what it is (for the late-work count and the warnings)
     timing: Timing = field(default_factory=Timing)
+
+    def is_due(self, tick: int) -> bool:
+        return tick >= self.due
+
+    def late_by(self, tick: int) -> int:
+        """Micro-turns past its due one at micro-turn `tick` (0: due now)."""
+        return tick - self.due
+
+    def arrived(self, wait: float) -> bool:
+        """Whether the answer is in, waited for up to `wait` seconds (it is left running either way)."""
+        return arrived(self.future, wait)
+
+    def settle(self, wait: float) -> T | None:
+        """The answer due now, waited for up to `wait` seconds; None where it is late (then cancelled and counted
+        as late work), was cancelled or failed (`settle`)."""
+        return settle(self.future, wait, self.name)
+
+    def cancel(self) -> None:
+        self.future.cancel()
 
     def take(self, tick: int, grace: float) -> tuple[bool, T | None]:
         """(taken, result or None on failure). Not due yet, or due but late within the patience:
         (False, None), ask again next micro-turn."""
-        if tick < self.due:
+        if not self.is_due(tick):
             return False, None
         try:
             return True, self.future.result(timeout=grace)
         except FutureTimeout:
-            if tick - self.due < PATIENCE_TICKS:
+            if self.late_by(tick) < PATIENCE_TICKS:
                 LATE.note(f"{self.name} job ({self.timing.describe(time.monotonic())})")
                 return False, None  # late: the decision waits a micro-turn, the tick does not
-            log.warning("%s job is %d micro-turns past its budget; using the fallback", self.name, tick - self.due)
-            self.future.cancel()
+            log.warning("%s job is %d micro-turns past its budget; using the fallback", self.name, self.late_by(tick))
+            self.cancel()
             return True, None
         except Exception as e:  # a failed classifier/transcriber must not stop the session
             log.warning("off-thread job failed (%s: %s); using the fallback", type(e).__name__, e)

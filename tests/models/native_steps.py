@@ -31,9 +31,9 @@ class LateChecker:
     def release(self, st: NativeSession) -> Future[Words] | None:
         """Hand over the session's verdict once it is `late` micro-turns past due; the one still held, if any."""
         checking = st.floor.checking
-        if checking is None or checking.verdict not in self.held:
+        if checking is None or checking.future not in self.held:
             return None
-        handed = checking.verdict
+        handed = checking.future
         if st.tick < checking.due + self.late:
             return handed
         if handed.set_running_or_notify_cancel():

@@ -43,13 +43,14 @@ def test_the_question_is_the_users_audio_since_the_model_last_spoke() -> None:
 
 def test_a_late_or_failed_transcription_hands_off_the_recognisers_words() -> None:
     late: Future[str] = Future()
-    assert PendingQuery(late, "heard words", 3).query() == "heard words" and late.cancelled()
+    assert PendingQuery(late, 3, fallback="heard words").query() == "heard words" and late.cancelled()
     failed: Future[str] = Future()
     failed.set_exception(RuntimeError("model gone"))
-    assert PendingQuery(failed, "heard words", 3).query() == "heard words"
+    assert PendingQuery(failed, 3, fallback="heard words").query() == "heard words"
     empty: Future[str] = Future()
     empty.set_result("")
-    assert PendingQuery(empty, "heard words", 3).query() == "heard words", "Whisper heard nothing: no empty query"
+    assert PendingQuery(empty, 3, fallback="heard words").query() == "heard words", \
+        "Whisper heard nothing: no empty query"
 
 
 def test_no_speech_in_the_question_gives_no_words() -> None:
@@ -62,7 +63,7 @@ def test_no_speech_in_the_question_gives_no_words() -> None:
         assert query.submit(noise).result(timeout=30) == ""
         typed: Future[str] = Future()
         typed.set_result("")
-        assert PendingQuery(typed, "when does the pool close?", 3).query() == "when does the pool close?"
+        assert PendingQuery(typed, 3, fallback="when does the pool close?").query() == "when does the pool close?"
     finally:
         query.shutdown()
 

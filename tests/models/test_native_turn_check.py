@@ -179,14 +179,14 @@ def test_while_a_late_verdict_is_awaited_the_model_neither_speaks_nor_hands_off(
 def test_a_late_or_failed_verdict_leaves_the_decision_to_the_model() -> None:
     late: Future[Words] = Future()
     before = LATE.count
-    assert PendingCheck(late, 3).take() == Words(UNCLEAR) and late.cancelled()
+    assert PendingCheck(late, 3).verdict() == Words(UNCLEAR) and late.cancelled()
     assert LATE.count == before + 1, "counted with the other late work"
     failed: Future[Words] = Future()
     failed.set_exception(RuntimeError("model gone"))
-    assert PendingCheck(failed, 3).take() == Words(UNCLEAR)
+    assert PendingCheck(failed, 3).verdict() == Words(UNCLEAR)
     done: Future[Words] = Future()
     done.set_result(Words(FINISHED, False))
-    assert PendingCheck(done, 3).take() == Words(FINISHED, False)
+    assert PendingCheck(done, 3).verdict() == Words(FINISHED, False)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from models.turns.work import Job, StepClock, Workers
+from models.turns.work import LATE, Job, StepClock, Workers
 
 
 def test_on_every_thread_runs_once_on_each_thread_at_the_same_time() -> None:
@@ -114,3 +114,20 @@ def test_idle_counts_every_job_until_it_finishes_or_is_cancelled() -> None:
     finally:
         release.set()
         workers.close()
+
+
+def test_a_job_says_when_it_is_due_and_settles_a_late_or_failed_answer_as_none() -> None:
+    """What the native model's checks use of a `Job` (the cascade's use `take`): due at its micro-turn, late by
+    how many, an answer that has not arrived is given up (cancelled, counted as late work under its name)."""
+    late: Future[str] = Future()
+    job = Job(late, 5, "test words")
+    assert not job.is_due(4) and job.is_due(5) and job.late_by(7) == 2
+    assert not job.arrived(0.0)
+    before = LATE.count
+    assert job.settle(0.0) is None and late.cancelled() and LATE.count == before + 1
+    done: Future[str] = Future()
+    done.set_result("okay")
+    assert Job(done, 5).arrived(0.0) and Job(done, 5).settle(0.0) == "okay"
+    failed: Future[str] = Future()
+    failed.set_exception(RuntimeError("model gone"))
+    assert Job(failed, 5).settle(0.0) is None

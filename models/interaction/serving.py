@@ -292,7 +292,7 @@ class NativeModel:
         """What the talker plays this micro-turn for `st` (after `emit` set its floor state) [4800]."""
         assert self.talker is not None and st.talk is not None
         speak = st.last_action == SPEAK
-        out = self.talker.turn(
+        out = self.talker.step(
             st.talk,
             speak=speak,
             stop=st.last_action == YIELD or tick.cancel,

@@ -98,7 +98,7 @@ class PiperTalker:
         """The synthesis the session's next micro-turn plays, once due (`OffThreadWork`)."""
         return ts.speaker.waiting()
 
-    def turn(self, ts: TalkerSession, speak: bool, stop: bool, backchannel: bool, new: bytes,
+    def step(self, ts: TalkerSession, speak: bool, stop: bool, backchannel: bool, new: bytes,
              committed: str | None) -> Audio:
         """One micro-turn of the model's voice: float32[4800] at 24 kHz.
 

@@ -99,13 +99,13 @@ def test_the_talker_speaks_each_chained_phrase_whole_as_it_is_settled(talker: Pi
     a stop drops the rest within the micro-turn."""
     ts = talker.open()
     first, second = PHRASES.replies[1], PHRASES.replies[0]
-    talker.turn(ts, speak=True, stop=False, backchannel=False, new=first[:4].encode(), committed=first)
-    talker.turn(ts, speak=True, stop=False, backchannel=False, new=b" Su", committed=None)  # not settled yet
+    talker.step(ts, speak=True, stop=False, backchannel=False, new=first[:4].encode(), committed=first)
+    talker.step(ts, speak=True, stop=False, backchannel=False, new=b" Su", committed=None)  # not settled yet
     assert [p.text for p in ts.speaker.queue] == [first]
-    talker.turn(ts, speak=True, stop=False, backchannel=False, new=b"re,", committed=f"{first} {second}")
-    talker.turn(ts, speak=True, stop=False, backchannel=False, new=b" I c", committed=f"{first} {second}")
+    talker.step(ts, speak=True, stop=False, backchannel=False, new=b"re,", committed=f"{first} {second}")
+    talker.step(ts, speak=True, stop=False, backchannel=False, new=b" I c", committed=f"{first} {second}")
     assert [p.text for p in ts.speaker.queue] == [first, second], "the second phrase once, whole"
-    assert not talker.turn(ts, speak=False, stop=True, backchannel=False, new=b"", committed=None).any()
+    assert not talker.step(ts, speak=False, stop=True, backchannel=False, new=b"", committed=None).any()
     assert not ts.speaker.queue
     talker.close(ts)
 

@@ -13,7 +13,7 @@ from models.interaction.checkpoint import add_heard_channel
 from models.interaction.config import BYTE_VOCAB, NO_BYTE
 from models.interaction.heard import LastWord, WordCommitter, words_of
 from models.interaction.model import TickFeatures
-from tests.models.test_interaction_core import N_TURNS, as_tuple, random_features, small_cfg, small_net, stream
+from tests.models.test_interaction_core import N_TICKS, as_tuple, random_features, small_cfg, small_net, stream
 
 
 def test_words_are_what_pocketsphinx_writes() -> None:
@@ -70,13 +70,13 @@ def test_reading_heard_words_streams_exactly_as_taught() -> None:
     net = small_net(small_cfg(heard_tokens=4), seed=3)
     assert net.heard is not None and bool((net.heard.weight[NO_BYTE] == 0).all())
     net.set_deterministic(True)
-    feats = _with_heard(random_features(net.cfg, N_TURNS), 1)
+    feats = _with_heard(random_features(net.cfg, N_TICKS), 1)
     for a, b in zip(as_tuple(stream(net, feats)), as_tuple(net.forward_sequence(feats)), strict=True):
         assert torch.equal(a, b)
-    batched = net.forward_batched(TickFeatures.cat([feats, feats]), N_TURNS)
-    torch.testing.assert_close(batched.control[:N_TURNS], net.forward_sequence(feats).control, rtol=1e-4, atol=1e-5)
+    batched = net.forward_batched(TickFeatures.cat([feats, feats]), N_TICKS)
+    torch.testing.assert_close(batched.control[:N_TICKS], net.forward_sequence(feats).control, rtol=1e-4, atol=1e-5)
     # The words change what it does (the channel is read at all).
-    other = _with_heard(random_features(net.cfg, N_TURNS), 2)
+    other = _with_heard(random_features(net.cfg, N_TICKS), 2)
     assert not torch.allclose(net.forward_sequence(other).control, net.forward_sequence(feats).control)
 
 
@@ -85,7 +85,7 @@ def test_a_checkpoint_given_the_channel_does_what_it_did() -> None:
     old = small_net(seed=4)
     new = add_heard_channel(old, 4).eval()
     assert new.cfg.heard_tokens == 4 and old.cfg.heard_tokens == 0
-    feats = random_features(old.cfg, N_TURNS, seed=5)
+    feats = random_features(old.cfg, N_TICKS, seed=5)
     before = old.forward_sequence(feats)
     after = new.forward_sequence(_with_heard(feats, 6))
     for a, b in zip(as_tuple(before), as_tuple(after), strict=True):

@@ -97,8 +97,8 @@ tools_ok = st.lists(st.fixed_dictionaries({"type": st.just("function"), "name": 
 
 
 def _modalities_ok(v: Any) -> bool:
-    return isinstance(v, list) and sorted(map(str, v)) in (["audio"], ["text"], ["audio", "text"]) and \
-        all(isinstance(x, str) for x in v)
+    return isinstance(v, list) and all(isinstance(x, str) for x in v) and sorted(v) in (["audio"], ["text"],
+                                                                                      ["audio", "text"])
 
 
 def _tools_ok(v: Any) -> bool:

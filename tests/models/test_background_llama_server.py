@@ -15,7 +15,10 @@ import pytest
 from models.background import Done, ReasonerError, TextDelta
 from models.background.llama_server import LlamaServerConfig, LlamaServerReasoner, binary_available
 
-pytestmark = pytest.mark.skipif(not binary_available(), reason="no llama-server binary: `make setup` builds it")
+# The child is niced (it yields to everything else by design): beside a full parallel suite it got
+# ~1/20 of its time alone and missed the 60 s start on CI. Run alone (Makefile, test): ~10 s.
+pytestmark = [pytest.mark.skipif(not binary_available(), reason="no llama-server binary: `make setup` builds it"),
+              pytest.mark.serial]
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant helping in a live voice conversation; another "
           "voice will speak your answer aloud. Answer briefly, in one or two plain spoken sentences."}

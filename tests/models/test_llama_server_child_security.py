@@ -16,6 +16,10 @@ from models.background import Done, TextDelta
 from models.background.llama_server import LlamaServerConfig, LlamaServerReasoner, binary_available
 
 
+# The child is niced: beside a full parallel suite it missed the 60 s start on CI. Run alone (~4 s).
+pytestmark = pytest.mark.serial
+
+
 def _status(url: str, body: bytes | None = None, key: str | None = None) -> int:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))

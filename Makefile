@@ -13,6 +13,9 @@ MODEL  ?= cascade
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 JOBS   ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
+# The set-up's steps run side by side where they can (`make -j`): the llama.cpp compile (CPU) beside pip
+# and apt (network and disk). The prerequisites below say what must wait for what.
+SETUP_JOBS ?= 3
 # Debian packages: espeak-ng is the fallback voice and the benchmark's second voice family;
 # cmake/g++ build llama.cpp; chromium drives the browser tests (test only).
 APT_RUN  := espeak-ng libsndfile1 cmake g++
@@ -27,7 +30,8 @@ help:
 	@echo "make setup-moshi - add the moshi package for --model moshi (make test does it too)"
 	@echo "make clean   - remove the virtual environment and caches"
 
-serve: setup
+serve:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) setup
 	$(BIN)/duplex serve --host $(HOST) --port $(PORT) --model $(MODEL) $(SERVE_ARGS)
 
 # Most tests wait on servers, clients and the clock, so the suite runs on every core (JOBS, one file
@@ -37,7 +41,8 @@ serve: setup
 # always run; the exit status is the first failure's (5, "nothing selected", is no failure). Bytecode
 # is written even where PYTHONDONTWRITEBYTECODE is set: every server a test starts would otherwise
 # compile duplex again, and every worker rewrite the tests' asserts again.
-test: setup-test
+test:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) setup-test
 	@status=0; unset PYTHONDONTWRITEBYTECODE; \
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not serial" --durations=25 $(PYTEST_ARGS) || status=$$?; \
 	$(BIN)/python -m pytest -q -p no:xdist -m serial --durations=10 $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || [ $$status -ne 0 ] || status=$$s; }; \
@@ -64,7 +69,8 @@ $(VENV)/.stamp-apt-run: | $(VENV)/bin/python
 	@bash .ci/apt.sh $(APT_RUN)
 	@touch $@
 
-$(VENV)/.stamp-apt-test: | $(VENV)/bin/python
+# After the run packages: two apt-gets at once would fight over dpkg's lock.
+$(VENV)/.stamp-apt-test: $(VENV)/.stamp-apt-run | $(VENV)/bin/python
 	@echo ">> test set-up: Debian packages: $(APT_TEST)"
 	@bash .ci/apt.sh $(APT_TEST)
 	@touch $@
@@ -90,8 +96,14 @@ $(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
 # reasoner) and the shared libraries that llama-cpp-python's bindings load (the text end-of-turn model),
 # from the sdist of the pinned llama-cpp-python version. ~6 min on 2 cores the first time; the build is
 # kept in ~/.cache/duplex/llama-server, so another clone on this machine copies it; a rerun is instant.
-$(VENV)/.stamp-llama: $(VENV)/.stamp-deps models/background/llama_server_build.py
-	@echo ">> setup 5/5: llama.cpp (llama-server and the bindings' libraries), built once"
+# The compile needs cmake and g++ but no Python package, so it starts as soon as they are in, beside
+# pip; the bindings (a pip install) wait for the dependencies, as two pips at once in one venv could clash.
+$(VENV)/.stamp-llama-build: $(VENV)/.stamp-apt-run models/background/llama_server_build.py | $(VENV)/bin/python
+	@echo ">> setup 5/5: llama.cpp (llama-server and the bindings' libraries), built once, beside step 4"
+	@$(BIN)/python -m models.background.llama_server_build --build-only --jobs $(shell nproc 2>/dev/null || echo 2)
+	@touch $@
+
+$(VENV)/.stamp-llama: $(VENV)/.stamp-deps $(VENV)/.stamp-llama-build
 	@$(BIN)/python -m models.background.llama_server_build --jobs $(shell nproc 2>/dev/null || echo 2)
 	@touch $@
 
@@ -104,7 +116,8 @@ llama-server: $(VENV)/.stamp-llama
 MOSHI ?= moshi==0.2.13
 setup-moshi: $(VENV)/.stamp-moshi
 
-$(VENV)/.stamp-moshi: $(VENV)/.stamp-deps
+# After the llama.cpp bindings: both are pip installs into the one venv.
+$(VENV)/.stamp-moshi: $(VENV)/.stamp-deps $(VENV)/.stamp-llama
 	@echo ">> test set-up: $(MOSHI) (--no-deps) and what it imports: einops, sentencepiece"
 	$(BIN)/python -m pip install --progress-bar on -e ".[moshi]"
 	$(BIN)/python -m pip install --progress-bar on --no-deps "$(MOSHI)"

@@ -27,6 +27,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -42,6 +43,7 @@ PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 BINARY = "llama-server"
 STEPS = 7
+_PERCENT = re.compile(r"\[\s*(\d+)%\]")  # cmake's "[ 42%] Building CXX object ..."
 
 # Portable: AVX2-class x86 without the CPU-specific kernels a native build picks (AMX crashed here).
 X86_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
@@ -90,10 +92,14 @@ def _bindings_version() -> str | None:
 
 def up_to_date(binary: Path, where: Path) -> bool:
     """The build, the link to it and the bindings are all there, of this version and these flags."""
-    stamp = where / "stamp"
     linked = (_bindings_lib() / "libllama.so").resolve().parent == where.resolve()
-    built = binary.is_file() and stamp.is_file() and stamp.read_text() == _stamp()
-    return built and linked and _bindings_version() == VERSION
+    return _built(binary, where) and linked and _bindings_version() == VERSION
+
+
+def _built(binary: Path, where: Path) -> bool:
+    """The server and the libraries of this version and these flags are installed (the bindings may not be)."""
+    stamp = where / "stamp"
+    return binary.is_file() and stamp.is_file() and stamp.read_text() == _stamp()
 
 
 def cache_dir() -> Path:
@@ -172,10 +178,30 @@ def compile_build(sdist: Path, jobs: int, work: Path) -> list[Path]:
     _step(3, "configuring (portable flags: " + " ".join(cmake_flags()) + ")")
     out = work / "build"
     _run(["cmake", "-S", str(src), "-B", str(out), *cmake_flags()], stdout=subprocess.DEVNULL)
-    _step(4, f"compiling with {jobs} jobs (about 5-6 min on 2 cores; a line per object)")
-    _run(["cmake", "--build", str(out), "--target", BINARY, "-j", str(jobs)])
+    _step(4, f"compiling with {jobs} jobs (about 5-6 min on 2 cores; a line per tenth; the log if it fails)")
+    _compile(["cmake", "--build", str(out), "--target", BINARY, "-j", str(jobs)], out / "build.log", t0)
     print(f">> llama.cpp compiled in {time.monotonic() - t0:.0f} s", flush=True)
     return _products(out / "bin")
+
+
+def _compile(cmd: list[str], log_path: Path, t0: float) -> None:
+    """Run the compile with its output in `log_path` and a progress line per tenth of it: the set-up runs
+    it beside pip and apt (Makefile), whose lines a line per object would bury."""
+    shown = -1
+    with open(log_path, "w") as log_file, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                           text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log_file.write(line)
+            m = _PERCENT.match(line)
+            if m and int(m.group(1)) // 10 > shown:
+                shown = int(m.group(1)) // 10
+                print(f">> llama.cpp build 4/{STEPS}: {shown * 10:3d} % after {time.monotonic() - t0:.0f} s",
+                      flush=True)
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-40:]
+        raise SystemExit(f"error: compiling llama.cpp failed (exit {proc.returncode}); the end of "
+                         f"{log_path}:\n" + "\n".join(tail))
 
 
 def keep_in_cache(products: list[Path]) -> None:
@@ -240,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="build even when the stamp says it is up to date")
     ap.add_argument("--no-cache", action="store_true",
                     help=f"neither reuse nor keep a build in {cache_dir()} (per version and flags)")
+    ap.add_argument("--build-only", action="store_true",
+                    help="steps 1-5 only (fetch, compile, install the server): needs no package of the venv, so "
+                         "the set-up runs it beside pip (Makefile); a later run without it adds the bindings")
     ap.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.generate:
@@ -249,12 +278,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.force and up_to_date(args.binary, where):
         print(f">> llama.cpp is up to date ({PACKAGE} {VERSION}, {where})", flush=True)
         return 0
+    if args.build_only and not args.force and _built(args.binary, where):
+        print(f">> llama.cpp is built ({PACKAGE} {VERSION}, {where}); the bindings come later", flush=True)
+        return 0
     with tempfile.TemporaryDirectory(prefix="llama-cpp-build-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         sdist = fetch_sdist(work)
         cached = _cached()
-        if not args.force and not args.no_cache and (cached / BINARY).is_file():
+        if not args.force and _built(args.binary, where):
+            _step(5, f"the server and libraries are installed already ({where}; --build-only made them)")
+        elif not args.force and not args.no_cache and (cached / BINARY).is_file():
             _step(5, f"reusing the build made before for these sources and flags ({cached})")
             _install(_products(cached), args.binary, where)
         else:
@@ -265,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
             _install(products, args.binary, where)
             if not args.no_cache:
                 keep_in_cache(products)
+        if args.build_only:
+            print(f">> llama.cpp built ({where}); steps 6-7 (bindings, check) run without --build-only", flush=True)
+            return 0
         install_bindings(sdist, where)
     check(args.binary)
     return 0

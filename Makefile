@@ -21,7 +21,7 @@ SETUP_JOBS ?= 3
 APT_RUN  := espeak-ng libsndfile1 cmake g++
 APT_TEST := chromium chromium-driver sox haproxy redis-server
 
-.PHONY: serve test setup setup-test setup-moshi lint typecheck check bench-latency bench-reasoner llama-server clean help
+.PHONY: serve test setup setup-test setup-steps setup-test-steps setup-moshi lint typecheck check bench-latency bench-reasoner llama-server clean help
 
 help:
 	@echo "make serve   - set up and run the server with the embedded defaults (http://$(HOST):$(PORT))"
@@ -30,8 +30,7 @@ help:
 	@echo "make setup-moshi - add the moshi package for --model moshi (make test does it too)"
 	@echo "make clean   - remove the virtual environment and caches"
 
-serve:
-	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) setup
+serve: setup
 	$(BIN)/duplex serve --host $(HOST) --port $(PORT) --model $(MODEL) $(SERVE_ARGS)
 
 # Most tests wait on servers, clients and the clock, so the suite runs on every core (JOBS, one file
@@ -41,17 +40,23 @@ serve:
 # always run; the exit status is the first failure's (5, "nothing selected", is no failure). Bytecode
 # is written even where PYTHONDONTWRITEBYTECODE is set: every server a test starts would otherwise
 # compile duplex again, and every worker rewrite the tests' asserts again.
-test:
-	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) setup-test
+test: setup-test
 	@status=0; unset PYTHONDONTWRITEBYTECODE; \
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not serial" --durations=25 $(PYTEST_ARGS) || status=$$?; \
 	$(BIN)/python -m pytest -q -p no:xdist -m serial --durations=10 $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || [ $$status -ne 0 ] || status=$$s; }; \
 	exit $$status
 
-setup: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps $(VENV)/.stamp-llama
+# Each entry point runs the set-up's steps side by side (a make -j of its own, so that `make check`
+# still lints before it tests).
+setup:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) setup-steps
 
 # The tests serve a tiny random Moshi (tests/models/test_moshi*.py), so they need the moshi package too.
-setup-test: setup $(VENV)/.stamp-apt-test $(VENV)/.stamp-moshi
+setup-test:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) setup-test-steps
+
+setup-steps: $(VENV)/.stamp-apt-run $(VENV)/.stamp-deps $(VENV)/.stamp-llama
+setup-test-steps: setup-steps $(VENV)/.stamp-apt-test $(VENV)/.stamp-moshi
 
 lint: setup
 	$(BIN)/ruff check .

@@ -3,8 +3,12 @@
     peer --Opus--> read_audio -> Runtime.push_live_audio (the WebSocket's real-time path)
     engine -> RealtimeConnection.deliver -> PacedAudioTrack (its AudioOutput) --Opus--> peer
     peer --video-> read_video -> Runtime.push_video
-    peer <-JSON--> data channel <-> RealtimeConnection (the same event codec as the WebSocket, given
-                                    this call's PacedAudioTrack as its audio output)
+    peer <-JSON--> data channel <-> the protocol's connection (the same event codec as its WebSocket,
+                                    given this call's PacedAudioTrack as its audio output)
+
+The call does not know the protocol: it talks to a `CallCodec`. `RealtimeCodec` here adapts the
+Realtime connection (`POST /v1/realtime/calls`); the GPT-Live connection (server/live/connection.py,
+`POST /v1/live/sessions`) is one itself.
 
 Lifecycle (CallState): the session is attached (Runtime.attach) before the offer is answered; NEW
 while it is answered, LIVE once the call's tasks run, ENDED after `finish`. aiortc has no
@@ -28,18 +32,18 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
 from server import protocol as p
 from server._rtc_tracks import PacedAudioTrack, read_audio, read_video, use_low_latency_buffer
 from server.limits import RTC_INBOX_BYTES
-from server.outbox import Close
+from server.outbox import Close, Outbox
 from server.protocol import ProtocolError
 from server.realtime import RealtimeConnection
 from server.runtime import Runtime
-from server.sessions import Ended, Session
+from server.sessions import Ended, OutputSink, Session
 from streaming.pcm import Audio
 from streaming.video import Frame
 
@@ -75,8 +79,111 @@ def _offer_faults() -> Iterator[None]:
                             "produced it") from None
 
 
+class CallCodec(Protocol):
+    """What a call needs of a protocol's connection: its events in and out, its session, its audio."""
+
+    protocol: str  # "realtime" or "live", for the metrics
+    outbox: Outbox  # events (JSON text) and the final Close, for the data channel
+
+    @property
+    def sink(self) -> OutputSink:
+        """The session's output sink (what the runtime attaches and detaches)."""
+        ...
+
+    @property
+    def session(self) -> Session: ...
+
+    @property
+    def session_id(self) -> str | None: ...
+
+    @property
+    def pings(self) -> bool:
+        """Whether the call sends `duplex.ping` (a duplex event) on the data channel."""
+        ...
+
+    async def handle_message(self, msg: str | bytes) -> None:
+        """One data-channel message (keepalives are answered by the call before this)."""
+
+    def report(self, code: str, message: str) -> None:
+        """An `error` event in the protocol's shape (the session goes on)."""
+
+    def end(self, code: int, reason: str) -> None:
+        """The server hangs up on the client (say why, then Close)."""
+
+    def push_audio(self, audio: Audio) -> None:
+        """Real-time RTP audio, 24 kHz mono float32."""
+
+    def push_video(self, frame: Frame) -> None:
+        """The newest camera frame of a video track."""
+
+    def ended(self, peer_seen: bool) -> Ended:
+        """How the session's connection ended when the call ends (the runtime detaches it so)."""
+        ...
+
+    def release(self) -> None:
+        """The transport is done: free what the connection holds."""
+
+
+class RealtimeCodec:
+    """The Realtime connection as a call's codec; pace 'media' is not served over WebRTC."""
+
+    protocol = "realtime"
+
+    def __init__(self, runtime: Runtime, track: PacedAudioTrack, extensions: bool) -> None:
+        self.runtime = runtime
+        self.conn = RealtimeConnection(runtime, audio_out=track, media_ok=False)
+        self.conn.extensions = extensions  # duplex's events only for a client that asked (server/extensions.py)
+        self.outbox = self.conn.outbox
+
+    @property
+    def sink(self) -> OutputSink:
+        return self.conn
+
+    @property
+    def session(self) -> Session:
+        return self.conn.session
+
+    @property
+    def session_id(self) -> str | None:
+        return self.conn.session_id
+
+    @property
+    def pings(self) -> bool:
+        return True  # the page's round-trip readout; Realtime clients ignore the event
+
+    async def handle_message(self, msg: str | bytes) -> None:
+        if isinstance(msg, bytes):
+            await self.conn.handle_audio_bytes(msg)  # raw PCM16, as binary WebSocket frames
+        else:
+            await self.conn.handle_text(msg)
+
+    def report(self, code: str, message: str) -> None:
+        self.conn.error(ProtocolError(code, message))
+
+    def end(self, code: int, reason: str) -> None:
+        self.conn.end(code, reason)
+
+    def push_audio(self, audio: Audio) -> None:
+        # RTP arrives in real time; an overrun (a stalled loop catching up) is counted and reported on
+        # the data channel, as a WebSocket client's is.
+        self.runtime.push_live_audio(self.conn.session, audio)
+
+    def push_video(self, frame: Frame) -> None:
+        self.runtime.push_video(self.conn.session, frame)  # the next micro-turn takes the newest one
+
+    def ended(self, peer_seen: bool) -> Ended:
+        # A peer that never connected never got the greeting (nor the rotated token): the runtime gives
+        # a resumed session its old token back, and frees a new one at once.
+        return Ended.DROPPED if peer_seen else Ended.NEVER_CONNECTED
+
+    def release(self) -> None:
+        self.conn.release()
+
+
 class RtcCall:
-    def __init__(self, runtime: Runtime, pc: RTCPeerConnection,
+    """`codec(track)` makes the protocol's connection, given this call's output track."""
+
+    def __init__(self, runtime: Runtime, pc: RTCPeerConnection, codec: Callable[[PacedAudioTrack], CallCodec],
                  on_end: Callable[[RtcCall], None] | None = None) -> None:
         self.runtime = runtime
         self.pc = pc
@@ -84,8 +191,7 @@ class RtcCall:
         self._on_end = on_end  # told once when the call has ended (the endpoint forgets it)
         self.connect_timeout = runtime.config.rtc_connect_timeout
         self.track = PacedAudioTrack()
-        # The Realtime codec, composed with this call's audio path; pace 'media' is not served here.
-        self.conn = RealtimeConnection(runtime, audio_out=self.track, media_ok=False)
+        self.codec = codec(self.track)
         self.channel: RTCDataChannel | None = None
         self.started = time.monotonic()
         self.last_seen: float | None = None  # monotonic time of the last sign of life from the peer
@@ -98,13 +204,18 @@ class RtcCall:
         self._wire()
 
     @property
+    def conn(self) -> OutputSink:
+        """The session's sink: what the runtime attaches, and how a call is found from its session."""
+        return self.codec.sink
+
+    @property
     def session(self) -> Session:
-        return self.conn.session
+        return self.codec.session
 
     @property
     def session_id(self) -> str | None:
         """The session's id once attached; None for a call refused before it got one."""
-        return self.conn.session_id
+        return self.codec.session_id
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -137,12 +248,12 @@ class RtcCall:
     def _on_message(self, msg: str | bytes) -> None:
         """A data-channel message: queue it for the reader, within RTC_INBOX_BYTES (else drop and say so)."""
         if self._inbox_bytes + len(msg) > RTC_INBOX_BYTES:
-            self.runtime.metrics.dropped_events.labels("inbox_full").inc()
+            self.runtime.metrics.dropped_event("inbox_full", self.codec.protocol)
             now = time.monotonic()
             if now - self._last_inbox_error > 1.0:
                 self._last_inbox_error = now
-                self.conn.error(ProtocolError("inbox_full", f"over {RTC_INBOX_BYTES} bytes of data-channel messages "
-                                              "are waiting to be handled; a message was dropped. Send less at once"))
+                self.codec.report("inbox_full", f"over {RTC_INBOX_BYTES} bytes of data-channel messages are "
+                                  "waiting to be handled; a message was dropped. Send less at once")
             return
         self._inbox_bytes += len(msg)
         self._inbox.put_nowait(msg)
@@ -188,13 +299,11 @@ class RtcCall:
         if self.state is not CallState.LIVE or self.session.closed:
             return
         self.session.last_activity = self.last_seen or time.monotonic()
-        # RTP arrives in real time; an overrun (a stalled loop catching up) is counted and reported on
-        # the data channel, as a WebSocket client's is.
-        self.runtime.push_live_audio(self.session, audio)
+        self.codec.push_audio(audio)
 
     def _store_video(self, frame: Frame) -> None:
         if self.state is CallState.LIVE and not self.session.closed:
-            self.runtime.push_video(self.session, frame)  # the next micro-turn takes the newest one
+            self.codec.push_video(frame)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -204,7 +313,7 @@ class RtcCall:
             self._pending.append(text)
             return
         if channel.bufferedAmount > CHANNEL_BUFFER_LIMIT:
-            self.conn.end(1008, "client is not reading its data channel")
+            self.codec.end(1008, "client is not reading its data channel")
             return
         channel.send(text)
 
@@ -214,7 +323,7 @@ class RtcCall:
 
     async def _write_loop(self) -> None:
         while True:
-            item = await self.conn.outbox.get()
+            item = await self.codec.outbox.get()
             if isinstance(item, Close):
                 await self._drain_channel()
                 await self.finish(item.reason or "closed by the server")
@@ -227,17 +336,14 @@ class RtcCall:
             self._inbox_bytes -= len(msg)
             self.alive()
             try:
-                if isinstance(msg, bytes):
-                    await self.conn.handle_audio_bytes(msg)  # raw PCM16, as binary WebSocket frames
+                # Transport keepalive, answered here: it is not part of either protocol's event codec.
+                if isinstance(msg, str) and ('"duplex.ping"' in msg or '"duplex.pong"' in msg) and self._keepalive(msg):
                     continue
-                # Transport keepalive, answered here: it is not part of the Realtime event codec.
-                if ('"duplex.ping"' in msg or '"duplex.pong"' in msg) and self._keepalive(msg):
-                    continue
-                await self.conn.handle_text(msg)
+                await self.codec.handle_message(msg)
             except Exception as exc:  # a bug in handling one message must not leave the call deaf
                 log.exception("call %s: handling a data-channel message failed", self.session.id)
-                self.conn.error(ProtocolError("internal_error", f"the server failed on that message "
-                                              f"({type(exc).__name__}); the session continues"))
+                self.codec.report("internal_error", f"the server failed on that message ({type(exc).__name__}); "
+                                  "the session continues")
 
     def _keepalive(self, msg: str) -> bool:
         """Answer the page's duplex.ping (its round-trip readout); a duplex.pong only proves life."""
@@ -264,7 +370,7 @@ class RtcCall:
             elif now - self.last_seen > LIVENESS_TIMEOUT:
                 await self.finish(f"peer silent for {now - self.last_seen:.1f} s")
                 return
-            if self.channel is not None and self.channel.readyState == "open":
+            if self.codec.pings and self.channel is not None and self.channel.readyState == "open":
                 ping = {"type": "duplex.ping", "event_id": p.new_id("event"), "t": time.time()}
                 self._send(json.dumps(ping))
 
@@ -298,16 +404,13 @@ class RtcCall:
             if was_live:
                 await self._release()
         finally:
-            self.conn.release()
+            self.codec.release()
             self._ended.set()
             if self._on_end is not None:
                 self._on_end(self)
 
     async def _release(self) -> None:
-        # A peer that never connected never got the greeting (nor the rotated token): the runtime gives
-        # a resumed session its old token back, and frees a new one at once.
-        ended = Ended.DROPPED if self.last_seen is not None else Ended.NEVER_CONNECTED
-        await self.runtime.detach(self.session, self.conn, ended)
+        await self.runtime.detach(self.session, self.conn, self.codec.ended(self.last_seen is not None))
 
     async def wait_ended(self) -> None:
         await self._ended.wait()

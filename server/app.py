@@ -22,6 +22,7 @@ from server.client_rate import NewSessionRateLimit
 from server.config import ServerConfig
 from server.cors import CORS
 from server.host_check import HostCheck, allowed_names
+from server.live.census import census
 from server.live.endpoint import PATH as LIVE_PATH
 from server.live.endpoint import live_endpoint
 from server.runtime import Runtime
@@ -114,6 +115,7 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
     async def metrics(request: Request) -> Response:
         m = request.app.state.runtime.metrics
         m.asyncio_tasks.set(len(asyncio.all_tasks()))  # a task leak shows as this growing over a soak
+        m.count_sessions(census(request.app.state.runtime.registry.sessions()))  # duplex_protocol_sessions
         return Response(m.render(), media_type="text/plain; version=0.0.4")
 
     client_secrets.register_routes(app, secrets_store)
@@ -121,6 +123,9 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
     app.add_api_websocket_route(LIVE_PATH, live_endpoint)  # GPT-Live (docs/live.md)
     if webrtc is not None:
         webrtc.register_routes(app)
+        from server.live import rtc as live_rtc  # GPT-Live's WebRTC door (docs/live.md), on the same calls
+
+        live_rtc.register_routes(app)
 
     if (WEB_DIR / "index.html").exists():
         app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")

@@ -9,7 +9,9 @@ A browser app must not hold the server's key. Its own backend asks, with the key
 and hands `value` to the page, which opens ONE session with it as its bearer: `Authorization: Bearer
 ek_...` or the subprotocol `openai-insecure-api-key.ek_...` (`duplex-api-key.ek_...`) on the WebSocket
 `/v1/realtime`, `Authorization` on the WebRTC offer `POST /v1/realtime/calls` (which also lets it read
-`GET /v1/realtime/calls/ice` first without spending it). A key opens one connection (the OpenAI API's
+`GET /v1/realtime/calls/ice` first without spending it); GPT-Live takes them the same way, on its WebSocket
+`/v1/live/sessions` and its WebRTC `POST /v1/live/sessions` (a live session has no use for the
+Realtime `session` a key was minted with: it is dropped). A key opens one connection (the OpenAI API's
 open as many as they like until they expire): used, it is spent; a resume needs a new one. It is good
 for `--ephemeral-key-ttl` seconds (a shorter `expires_after.seconds` is kept; a longer one is cut to
 it); a late one is refused 401 `client_secret_expired`, a spent one `client_secret_used`.
@@ -73,7 +75,8 @@ REFUSALS = {
 }
 # Where an ephemeral key is taken over HTTP, and whether it is spent there: the WebRTC offer opens the
 # session; the ICE servers are read before it.
-HTTP_USES = {("POST", "/v1/realtime/calls"): True, ("GET", "/v1/realtime/calls/ice"): False}
+HTTP_USES = {("POST", "/v1/realtime/calls"): True, ("POST", "/v1/live/sessions"): True,
+             ("GET", "/v1/realtime/calls/ice"): False}
 SCOPE_KEY = "duplex.client_secret"  # the redeemed key, in the offer's scope, for its session config
 
 

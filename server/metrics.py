@@ -1,6 +1,27 @@
-"""Prometheus metrics for the engine and transports, on a registry of their own per server."""
+"""Prometheus metrics for the engine and transports, on a registry of their own per server.
+
+Two protocols share the runtime: OpenAI Realtime (`/v1/realtime`, `/v1/realtime/calls`) and GPT-Live
+(`/v1/live/sessions`). The series that existed before GPT-Live keep their names and labels, and count
+both protocols (dashboards built on them go on working); each session/connection series has a
+per-protocol twin named `duplex_protocol_*` with a `protocol` label (`realtime`, `live`):
+
+- `duplex_protocol_sessions{protocol, transport}`: sessions held, by protocol and transport
+  (`websocket`, `webrtc`, `detached` while awaiting a resume), counted when scraped;
+- `duplex_protocol_client_errors_total{protocol, code}`, `duplex_protocol_dropped_events_total{protocol,
+  reason}`, `duplex_protocol_sessions_refused_total{protocol}`: the twins of the unlabelled counters.
+  GPT-Live counts its own (`client_error`, `dropped_event`, `session_refused` with protocol "live");
+  the realtime series are the total less those, worked out when scraped, so code that predates the
+  protocols (which increments the total alone) is counted as realtime without knowing about them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # Buckets in seconds, dense below one micro-turn where the interesting numbers live.
 _TIME_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
@@ -8,6 +29,43 @@ _TIME_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.01, 0.0125,
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # A background answer is heard in seconds, not milliseconds.
 _ANSWER_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 30.0, 60.0)
+
+
+PROTOCOLS = ("realtime", "live")
+TRANSPORTS = ("websocket", "webrtc", "detached")
+
+
+class _ProtocolTwins(Collector):
+    """The `duplex_protocol_*` series (see the module's docstring), computed when scraped."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        held = GaugeMetricFamily("duplex_protocol_sessions", "Sessions held, by protocol and transport (detached: "
+                                 "awaiting a resume)", labels=["protocol", "transport"])
+        for protocol in PROTOCOLS:
+            for transport in TRANSPORTS:
+                held.add_metric([protocol, transport], m.census.get((protocol, transport), 0))
+        yield held
+        yield self._split("duplex_protocol_client_errors", "Error events sent to clients, by protocol and code",
+                          "code", m.client_errors, m.live_counts["client_errors"])
+        yield self._split("duplex_protocol_dropped_events", "Events not kept for a client, by protocol and reason",
+                          "reason", m.dropped_events, m.live_counts["dropped_events"])
+        yield self._split("duplex_protocol_sessions_refused", "Connections refused because the server was full, by "
+                          "protocol", None, m.sessions_refused, m.live_counts["sessions_refused"])
+
+    @staticmethod
+    def _split(name: str, doc: str, label: str | None, total: Counter, live: Tally[str]) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=["protocol", *([label] if label else [])])
+        totals = {s.labels.get(label, "") if label else "": s.value
+                  for fam in total.collect() for s in fam.samples if s.name.endswith("_total")}
+        for key in sorted(set(totals) | set(live)):
+            extra = [key] if label else []
+            family.add_metric(["live", *extra], float(live.get(key, 0)))
+            family.add_metric(["realtime", *extra], max(0.0, totals.get(key, 0.0) - live.get(key, 0)))
+        return family
 
 
 class Metrics:
@@ -108,6 +166,32 @@ class Metrics:
             ["status"],
             registry=r,
         )
+
+        # The per-protocol twins: GPT-Live's own counts, and the held sessions as last counted.
+        self.live_counts: dict[str, Tally[str]] = {"client_errors": Tally(), "dropped_events": Tally(),
+                                                   "sessions_refused": Tally()}
+        self.census: Mapping[tuple[str, str], int] = {}
+        r.register(_ProtocolTwins(self))
+
+    def client_error(self, code: str, protocol: str = "realtime") -> None:
+        """An error event sent to a client (`duplex_client_errors` and its protocol's twin)."""
+        self.client_errors.labels(code).inc()
+        if protocol == "live":
+            self.live_counts["client_errors"][code] += 1
+
+    def dropped_event(self, reason: str, protocol: str = "realtime", count: int = 1) -> None:
+        self.dropped_events.labels(reason).inc(count)
+        if protocol == "live":
+            self.live_counts["dropped_events"][reason] += count
+
+    def session_refused(self, protocol: str) -> None:
+        """A GPT-Live connection refused for a full server (the runtime counted the total already)."""
+        if protocol == "live":
+            self.live_counts["sessions_refused"][""] += 1
+
+    def count_sessions(self, sessions: Iterable[tuple[str, str]]) -> None:
+        """The held sessions' (protocol, transport), counted before a scrape (server/live/census.py)."""
+        self.census = Tally(sessions)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

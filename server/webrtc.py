@@ -13,7 +13,9 @@ Refusals carry a JSON body `{"error": {"type", "code", "message"}}`: 503 `server
 Retry-After) or `server_shutting_down`, 429 `too_many_sessions`, 400 `invalid_sdp` / `too_many_media`,
 413 `offer_too_large`, 404 `invalid_resume_token`, 409 `pace_unsupported`, 415
 `unsupported_media_type`, 403 `origin_not_allowed`; the API key is checked by the middleware (401).
-The call itself (tracks, data channel, liveness) lives in server/_rtc_call.py.
+The call itself (tracks, data channel, liveness) lives in server/_rtc_call.py. GPT-Live's WebRTC door
+(`POST /v1/live/sessions`, server/live/rtc.py) opens its calls here too (`Calls.open_call`), with its
+own connection as the call's codec, and checks its offer with `checked_offer`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
@@ -28,13 +31,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from server import client_secrets
-from server._rtc_call import RtcCall
+from server._rtc_call import CallCodec, RealtimeCodec, RtcCall
+from server._rtc_tracks import PacedAudioTrack
 from server.auth import client_id, origin_ok, resume_token
 from server.extensions import wants_extensions
 from server.ice_candidates import TooManyCandidates, filter_offer
 from server.limits import MAX_OFFER_BYTES, MAX_OFFER_MLINES
 from server.protocol import ProtocolError
 from server.runtime import Ended, Refused, Runtime
+from server.sessions import Session
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +81,25 @@ class Calls:
 
     async def open(self, offer: str, resume_token: str | None, client: str, extensions: bool = False,
                    session_config: dict[str, Any] | None = None) -> tuple[RtcCall, str]:
-        """Attach (new or resumed) a session to a new call and answer the offer. Raises Refused."""
+        """A Realtime call: attach (new or resumed) a session to a new call and answer the offer. Raises Refused."""
+
+        def codec(track: PacedAudioTrack) -> CallCodec:
+            made = RealtimeCodec(self.runtime, track, extensions)
+            client_secrets.hand_over(made.conn, session_config)  # an ephemeral key's, for the connection to apply
+            return made
+
+        return await self.open_call(offer, codec, lambda call: self.runtime.attach(call.conn, resume_token, client,
+                                                                                   media=False))
+
+    async def open_call(self, offer: str, codec: Callable[[PacedAudioTrack], CallCodec],
+                        attach: Callable[[RtcCall], Awaitable[Session]]) -> tuple[RtcCall, str]:
+        """A call of either protocol: `codec` makes its connection, `attach` gives it its session (raises
+        Refused); then the offer is answered. Raises Refused."""
         runtime = self.runtime
         pc = RTCPeerConnection(RTCConfiguration(iceServers=self.ice_servers))
-        call = RtcCall(runtime, pc, on_end=self.live.discard)
-        call.conn.extensions = extensions  # duplex's events only for a client that asked (server/extensions.py)
-        client_secrets.hand_over(call.conn, session_config)  # an ephemeral key's, for the connection to apply
+        call = RtcCall(runtime, pc, codec, on_end=self.live.discard)
         try:
-            session = await runtime.attach(call.conn, resume_token, client, media=False)
+            session = await attach(call)
         except Refused:
             with contextlib.suppress(Exception):
                 await pc.close()
@@ -128,27 +144,41 @@ class Calls:
             await call.finish("server shutting down")
 
 
-async def _read_offer(request: Request) -> str | JSONResponse:
-    """The offer body, read only up to MAX_OFFER_BYTES (a huge body is refused before it is all in memory)."""
+async def read_body(request: Request, limit: int, code: str, what: str) -> bytes:
+    """The body, read only up to `limit` bytes (a huge body is refused before it is all in memory);
+    Refused(code, 413) past it."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_OFFER_BYTES:
-        return _error(413, "offer_too_large", f"the offer is {declared} bytes, over {MAX_OFFER_BYTES}; "
-                      "send a plain SDP offer")
+    if declared.isdigit() and int(declared) > limit:
+        raise Refused(code, f"{what} is {declared} bytes, over {limit}", 413)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_OFFER_BYTES:
-            return _error(413, "offer_too_large", f"the offer is over {MAX_OFFER_BYTES} bytes; send a plain "
-                          "SDP offer")
-    offer = body.decode("utf-8", errors="replace")
+        if len(body) > limit:
+            raise Refused(code, f"{what} is over {limit} bytes", 413)
+    return bytes(body)
+
+
+def checked_offer(offer: str, runtime: Runtime, where: str = "the body") -> str:
+    """An SDP offer as aiortc may see it: its shape checked, and the candidates the server will not try
+    filtered out (aiortc would send STUN to every address the offer names). Raises Refused (400)."""
     if not offer.lstrip().startswith("v=0"):
-        return _error(400, "invalid_sdp", "the body is not an SDP offer (it must start with 'v=0'); send "
-                      "RTCPeerConnection.createOffer().sdp as the body")
+        raise Refused("invalid_sdp", f"{where} is not an SDP offer (it must start with 'v=0'); send "
+                      "RTCPeerConnection.createOffer().sdp", 400)
     mlines = sum(1 for line in offer.splitlines() if line.startswith("m="))
     if mlines > MAX_OFFER_MLINES:
-        return _error(400, "too_many_media", f"the offer has {mlines} media sections; at most {MAX_OFFER_MLINES} "
-                      "are served (one audio, one video, the data channel)")
-    return offer
+        raise Refused("too_many_media", f"the offer has {mlines} media sections; at most {MAX_OFFER_MLINES} "
+                      "are served (one audio, one video, the data channel)", 400)
+    try:
+        filtered, _ = filter_offer(offer, runtime.config.ice_public_only())
+    except TooManyCandidates as exc:
+        raise Refused("too_many_candidates", str(exc), 400) from None
+    return filtered
+
+
+async def _read_offer(request: Request, runtime: Runtime) -> str:
+    """The offer body (application/sdp), checked. Raises Refused."""
+    body = await read_body(request, MAX_OFFER_BYTES, "offer_too_large", "the offer")
+    return checked_offer(body.decode("utf-8", errors="replace"), runtime)
 
 
 def register_routes(app: FastAPI) -> None:
@@ -166,13 +196,10 @@ def register_routes(app: FastAPI) -> None:
         if ctype not in ("application/sdp", "text/plain"):
             return _error(415, "unsupported_media_type", f"expected the SDP offer as 'application/sdp', got "
                           f"{ctype or 'no content type'!r}")
-        offer = await _read_offer(request)
-        if isinstance(offer, JSONResponse):
-            return offer
-        try:  # before aiortc sees it: it would send STUN to every address the offer names
-            offer, _ = filter_offer(offer, runtime.config.ice_public_only())
-        except TooManyCandidates as exc:
-            return _error(400, "too_many_candidates", str(exc))
+        try:
+            offer = await _read_offer(request, runtime)
+        except Refused as exc:
+            return _error(exc.http_status, exc.code, exc.message)
         try:
             ephemeral = request.scope.get(client_secrets.SCOPE_KEY)  # spent by APIKeyMiddleware (server/auth.py)
             config = request.app.state.client_secrets.take_config(ephemeral) if ephemeral else None

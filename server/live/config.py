@@ -25,6 +25,9 @@ MAX_INPUT_MESSAGES = 128  # startup history, as the protocol bounds it
 DELEGATION_TYPES = ("client", "responses")
 
 _SESSION_KEYS = {"model", "instructions", "audio", "delegation", "input", "store", "triggers", "client", "duplex"}
+# A WebRTC session's (MediaSessionConfig): no audio format (the media track negotiates its codec), and a
+# `safety_identifier` (accepted, not used: duplex reports to no one).
+_WEBRTC_SESSION_KEYS = _SESSION_KEYS | {"safety_identifier"}
 _IMMUTABLE = ("model", "instructions", "audio", "input", "store", "client", "duplex")
 PACES = ("realtime", "media")
 _RESPONSES_KEYS = {"model", "instructions", "max_output_tokens", "parallel_tool_calls", "reasoning",
@@ -89,11 +92,17 @@ def _known(value: dict[str, Any], allowed: set[str], param: str, eid: str | None
             raise LiveError("unknown_parameter", f"unknown parameter '{name}'", name, eid)
 
 
-def resolve(raw: Any, eid: str | None, reasoner: bool) -> LiveConfig:
+def resolve(raw: Any, eid: str | None, reasoner: bool, webrtc: bool = False) -> LiveConfig:
     """`session.start.session` -> LiveConfig; LiveError names the first problem. `reasoner`: the server
-    runs a background reasoner (Responses delegation needs it)."""
+    runs a background reasoner (Responses delegation needs it). `webrtc`: the configuration of a WebRTC
+    session's creation (POST /v1/live/sessions)."""
     s = _obj(raw, "session", eid)
-    _known(s, _SESSION_KEYS, "session", eid)
+    _known(s, _WEBRTC_SESSION_KEYS if webrtc else _SESSION_KEYS, "session", eid)
+    if webrtc and isinstance(s.get("audio"), dict) and s["audio"].get("format") is not None:
+        raise LiveError("unknown_parameter", "session.audio.format is for the WebSocket; over WebRTC the media "
+                        "track negotiates its codec (Opus)", "session.audio.format", eid)
+    if webrtc and s.get("safety_identifier") is not None and not isinstance(s["safety_identifier"], str):
+        raise LiveError("invalid_type", "session.safety_identifier must be a string", "session.safety_identifier", eid)
     model = s.get("model")
     if not isinstance(model, str) or not model.strip():
         raise LiveError("missing_required_parameter", "session.model is required (any name: duplex serves every "

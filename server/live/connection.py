@@ -6,6 +6,11 @@ runtime opens (or resumes) a session and binds it here. Every micro-turn becomes
 deltas stamped with the micro-turn's span (`start_ms`/`end_ms`, milliseconds from the session's
 micro-turn 0), and a `session.delegation.created` where the model hands a request off. A bad command
 is answered by one `error` event and changes nothing else.
+
+Over WebRTC (server/live/rtc.py) the same connection serves the data channel: it is given the call's
+output track (`audio_out`), which then takes the micro-turns' audio instead of `output_audio.delta`
+events, the input audio comes as RTP instead of `session.input_audio.append`, and the session starts
+with the configuration of the HTTP request (`start_with`) instead of a `session.start` event.
 """
 
 from __future__ import annotations
@@ -24,15 +29,19 @@ import numpy as np
 
 from models.base import TickOutput
 from server import protocol as p
+from server.connection import AudioOutput
 from server.live import config as cfg_mod
 from server.live.audio import LiveAudio
+from server.live.camera import LiveCamera
 from server.live.config import LiveConfig
 from server.live.context import TICK_MS, LiveContext
 from server.live.delegation import to_live
 from server.live.events import LiveError, check_fields, dumps, error_event, parse
+from server.metrics import Metrics
 from server.outbox import Close, Outbox
 from server.runtime import Refused, Runtime
 from server.sessions import Pace, Session
+from streaming.types import Audio
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,13 @@ USAGE_EVERY_TICKS = 75  # session.usage.updated every 15 s of the session's time
 LIFETIME_S = 4 * 3600  # a live session's lifetime: `expires_at`, then session.closed{reason: expired}
 CONTEXT_CHARS = 32_768  # the conversation log's characters that count as a full context window (usage_ratio)
 ENDED_REASON = "expired"  # session.closed's reason when the server ends a session (idle, lifetime, shutdown)
+
+
+def count_refusal(metrics: Metrics, exc: Refused) -> None:
+    """A refused live session in the live series (the runtime counted a full server's in the total)."""
+    metrics.client_error(exc.code, "live")
+    if exc.code == "server_full":
+        metrics.session_refused("live")
 
 
 class State(Enum):
@@ -53,8 +69,13 @@ Handler = Callable[[dict[str, Any], str | None], Awaitable[None] | None]
 
 
 class LiveConnection:
-    def __init__(self, runtime: Runtime, client: str, resume_token: str | None) -> None:
+    protocol = "live"  # for the metrics' per-protocol series (server/metrics.py)
+
+    def __init__(self, runtime: Runtime, client: str, resume_token: str | None, extensions: bool = False,
+                 audio_out: AudioOutput | None = None) -> None:
         self.runtime = runtime
+        self.extensions = extensions  # the client asked for duplex's extension events (server/extensions.py)
+        self.audio_out = audio_out  # WebRTC's output track; None: audio goes out as output_audio.delta events
         self.client = client  # for the per-client session cap
         self.resume_token = resume_token
         self.outbox = Outbox(runtime.config.max_outbox_bytes)
@@ -82,6 +103,13 @@ class LiveConnection:
             "response.item.create": self._on_item_create,
             "response.create": self._on_response_create,
         }
+        self._camera = LiveCamera(runtime) if extensions else None
+        if self._camera is not None:
+            self._handlers["duplex.input_video.append"] = self._on_video
+
+    @property
+    def transport(self) -> str:
+        return "webrtc" if self.audio_out is not None else "websocket"
 
     @property
     def session(self) -> Session | None:
@@ -127,8 +155,11 @@ class LiveConnection:
         s, ctx = self._session, self.ctx
         assert s is not None and ctx is not None
         reasoner = self.runtime.reasoner
+        config = ctx.config.describe()
+        if self.audio_out is not None:  # WebRTC negotiates the codec on the media track: no format to echo
+            config["audio"].pop("format", None)
         return {"id": s.id, "object": "live.session", "status": status,
-                "expires_at": int(ctx.started_at + LIFETIME_S), **ctx.config.describe(),
+                "expires_at": int(ctx.started_at + LIFETIME_S), **config,
                 "duplex": {"model": self.runtime.model.name, "tick_ms": TICK_MS, "pace": ctx.config.pace,
                            "background": reasoner.name if reasoner is not None else None}}
 
@@ -152,7 +183,10 @@ class LiveConnection:
         if self.state is not State.OPEN:
             return
         ms = tick * TICK_MS
-        self._send({"type": "session.output_audio.delta", "delta": self._encode(out.audio)})
+        if self.audio_out is not None:
+            self.audio_out.push(out.audio)  # the media track, paced to the peer
+        else:
+            self._send({"type": "session.output_audio.delta", "delta": self._encode(out.audio)})
         if out.user_text:
             self._input_transcript(out.user_text, ms)
         if out.text:
@@ -193,7 +227,7 @@ class LiveConnection:
             self._send({"type": "session.delegation.created", "event_id": p.new_id("event"), "offset_ms": ms,
                         "delegation": {"id": did, "type": "delegation", "target": "client"}})
         elif etype == "error":
-            self.runtime.metrics.client_errors.labels("model_error").inc()
+            self.runtime.metrics.client_error("model_error", "live")
             self._send(error_event("model_error", str(data.get("message", "model error")), kind="server_error"))
         # Other model events (backchannel, yielded, vision...) have no GPT-Live counterpart.
 
@@ -222,7 +256,7 @@ class LiveConnection:
             # The client does not read: cut it (its session stays resumable); what is queued is dropped
             # so that the close frame is the next thing it reads.
             dropped = self.outbox.clear() + 1
-            self.runtime.metrics.dropped_events.labels("outbox_full").inc(dropped)
+            self.runtime.metrics.dropped_event("outbox_full", "live", dropped)
             log.warning("live session %s: client not reading; disconnecting it",
                         self._session.id if self._session is not None else "-")
             self._hang_up(1008, f"not reading: {dropped} events dropped; resume the session")
@@ -236,7 +270,7 @@ class LiveConnection:
             self.outbox.put(Close(code, reason))
 
     def error(self, exc: LiveError) -> None:
-        self.runtime.metrics.client_errors.labels(exc.code).inc()
+        self.runtime.metrics.client_error(exc.code, "live")
         self._send(exc.event())
 
     def release(self) -> None:
@@ -255,7 +289,7 @@ class LiveConnection:
             if len(text) > limit:
                 raise LiveError("message_too_large", f"message of {len(text)} bytes is over the {limit}-byte limit; "
                                 "send audio in smaller chunks")
-            ev = parse(text)
+            ev = parse(text, self.extensions)
             eid = ev.get("event_id") if isinstance(ev.get("event_id"), str) else None
             if self._session is not None:
                 self._session.last_activity = time.monotonic()
@@ -277,14 +311,24 @@ class LiveConnection:
             raise LiveError("session_already_started", "this connection already has a session; open another "
                             "connection for a new one", "type", eid)
         check_fields(ev, {"session"}, eid)
-        self._config = cfg_mod.resolve(ev.get("session"), eid, reasoner=self.runtime.reasoner is not None)
-        self.state = State.STARTING
+        config = cfg_mod.resolve(ev.get("session"), eid, reasoner=self.runtime.reasoner is not None)
         try:
-            await self.runtime.attach(self, self.resume_token, self.client)
+            await self.start_with(config)
         except Refused as exc:
-            self.runtime.metrics.client_errors.labels(exc.code).inc()
+            count_refusal(self.runtime.metrics, exc)
             self._send(error_event(exc.code, exc.message, None, eid, kind="server_error"), bounded=False)
             self._hang_up(exc.ws_close, exc.message)
+
+    async def start_with(self, config: LiveConfig, media: bool = True) -> Session:
+        """Open (or resume) the session with `config`: `session.start`'s, or a WebRTC request's
+        (`media=False`: pace 'media' cannot be served). Raises Refused (the caller reports it: `refused`)."""
+        self._config = config
+        self.state = State.STARTING
+        if config.pace == Pace.MEDIA and not media:
+            raise Refused("pace_unsupported", "pace 'media' needs the WebSocket: WebRTC audio arrives in real "
+                          "time; leave session.duplex.pace out", 409, 1008)
+        return await self.runtime.attach(self, self.resume_token, self.client, media=media)
+
 
     def _on_update(self, ev: dict[str, Any], eid: str | None) -> None:
         check_fields(ev, {"session"}, eid)
@@ -312,6 +356,9 @@ class LiveConnection:
 
     async def _on_append(self, ev: dict[str, Any], eid: str | None) -> None:
         check_fields(ev, {"audio"}, eid)
+        if self.audio_out is not None:
+            raise LiveError("unsupported_event", "over WebRTC the microphone is the media track; "
+                            "session.input_audio.append is for the WebSocket", "type", eid)
         raw = ev.get("audio")
         if not isinstance(raw, str):
             raise LiveError("invalid_type", "'audio' must be a base64 string", "audio", eid)
@@ -325,6 +372,19 @@ class LiveConnection:
         if self.muted:
             audio = np.zeros_like(audio)  # the model hears silence; the timeline goes on
         await self.runtime.push_audio(self.session_or_fail(), audio)
+
+    def push_rtc_audio(self, audio: Audio) -> None:
+        """Real-time audio of a WebRTC call's media track; muted, the model hears silence."""
+        if self.state is State.OPEN:
+            self.runtime.push_live_audio(self.session_or_fail(), np.zeros_like(audio) if self.muted else audio)
+
+    async def _on_video(self, ev: dict[str, Any], eid: str | None) -> None:
+        """duplex.input_video.append: a camera frame, for a client that asked for extensions."""
+        check_fields(ev, {"image"}, eid)
+        assert self._camera is not None
+        frame = await self._camera.decode(ev.get("image"), eid)
+        if self.state is State.OPEN:
+            self.runtime.push_video(self.session_or_fail(), frame)
 
     def _on_mute(self, ev: dict[str, Any], eid: str | None) -> None:
         check_fields(ev, set(), eid)

@@ -1,7 +1,9 @@
 """WebSocket endpoint `/v1/live/sessions`: the checks `/v1/realtime` makes, then a reader and a writer.
 
 Origins and the API key are checked before the upgrade, with the same helpers as `/v1/realtime`
-(server/auth.py); admission, per-client caps and resume happen at `session.start`, in `Runtime.attach`.
+(server/auth.py); an ephemeral key (server/client_secrets.py) is taken there too, and spent: one key,
+one connection. Admission, per-client caps and resume happen at `session.start`, in `Runtime.attach`.
+A client that asks for duplex's extensions (server/extensions.py) may send camera frames.
 A resume token (header `X-Duplex-Resume-Token` or subprotocol `duplex-resume-token.TOKEN`) makes that
 `session.start` resume the session instead of opening one.
 """
@@ -15,7 +17,9 @@ import logging
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from server.auth import KEY_SUBPROTOCOL_PREFIXES, RESUME_SUBPROTOCOL_PREFIX, client_id, key_ok, origin_ok, resume_token
+from server import client_secrets
+from server.auth import KEY_SUBPROTOCOL_PREFIXES, RESUME_SUBPROTOCOL_PREFIX, client_id, origin_ok, resume_token
+from server.extensions import wants_extensions
 from server.live.connection import LiveConnection
 from server.live.events import error_event
 from server.outbox import Close
@@ -48,16 +52,23 @@ async def live_endpoint(ws: WebSocket) -> None:
     runtime: Runtime = ws.app.state.runtime
     offered = list(ws.scope.get("subprotocols", []))
     if not origin_ok(ws.headers.get("origin"), runtime.allowed_origins):
-        runtime.metrics.client_errors.labels("origin_not_allowed").inc()
+        runtime.metrics.client_error("origin_not_allowed", "live")
         await _deny(ws, 403, "origin_not_allowed", f"origin {ws.headers.get('origin')!r} is not allowed; "
                     "start the server with --allow-origin ORIGIN")
         return
-    if not key_ok(runtime.config.api_key, ws.headers, offered):
-        runtime.metrics.client_errors.labels("invalid_api_key").inc()
-        await _deny(ws, 401, "invalid_api_key", "missing or wrong API key: send 'Authorization: Bearer <key>'")
+    store: client_secrets.ClientSecrets = ws.app.state.client_secrets
+    verdict, ephemeral = store.authorize(runtime.config.api_key, ws.headers, offered)
+    if verdict is not client_secrets.Verdict.OK:
+        code, message = client_secrets.REFUSALS[verdict]
+        runtime.metrics.client_error(code, "live")
+        await _deny(ws, 401, code, message)
         return
+    if ephemeral is not None:
+        # Minted with a Realtime session's configuration, which a live session has no use for: dropped
+        # (a GPT-Live client configures its session in session.start).
+        store.take_config(ephemeral)
     await ws.accept(subprotocol=_subprotocol(offered))
-    conn = LiveConnection(runtime, client_id(ws.scope), resume_token(ws))
+    conn = LiveConnection(runtime, client_id(ws.scope), resume_token(ws), wants_extensions(ws.headers, offered))
     await _serve(ws, conn, runtime)
 
 

@@ -21,6 +21,8 @@ CLIENT_EVENTS = frozenset({
     "response.item.create",
     "response.create",
 })
+# duplex's own client events, served only to a connection that asked for extensions (server/extensions.py).
+EXTENSION_EVENTS = frozenset({"duplex.input_video.append"})
 UNSUPPORTED_EVENTS = {
     "session.output_audio.fixture.play": "output fixtures are not supported by duplex",
     "decision.create": "Decisions are not supported by duplex",
@@ -50,8 +52,9 @@ def error_event(code: str, message: str, param: str | None = None, client_event_
                       "client_event_id": client_event_id}}
 
 
-def parse(text: str) -> dict[str, Any]:
-    """A JSON text frame -> an event with a served `type`, or LiveError naming what is wrong."""
+def parse(text: str, extensions: bool = False) -> dict[str, Any]:
+    """A JSON text frame -> an event with a served `type`, or LiveError naming what is wrong.
+    `extensions`: the connection asked for duplex's extensions (EXTENSION_EVENTS are served)."""
     try:
         event = p.loads_strict(text)
     except (ValueError, RecursionError):
@@ -64,6 +67,11 @@ def parse(text: str) -> dict[str, Any]:
         raise LiveError("missing_required_parameter", "the event has no string 'type'", "type", eid)
     if etype in UNSUPPORTED_EVENTS:
         raise LiveError("unsupported_event", f"{etype}: {UNSUPPORTED_EVENTS[etype]}", "type", eid)
+    if etype in EXTENSION_EVENTS:
+        if extensions:
+            return event
+        raise LiveError("unknown_event", f"{etype} is a duplex extension: connect with the header "
+                        "'X-Duplex-Extensions: 1' (or the subprotocol 'duplex-extensions') to use it", "type", eid)
     if etype not in CLIENT_EVENTS:
         raise LiveError("unknown_event", f"unknown event type {etype[:64]!r}; supported client events: "
                         + ", ".join(sorted(CLIENT_EVENTS)), "type", eid)

@@ -60,7 +60,7 @@ class LiveRtcClient(RtcClient):
         sdk = openai.AsyncOpenAI(api_key=self.api_key, base_url=f"{self.base_url}/v1", max_retries=0)
         try:
             created = await sdk.live.create(
-                session=session,  # type: ignore[arg-type]
+                session=session,
                 transport={"type": "webrtc", "sdp": pc.localDescription.sdp},
                 extra_headers={"X-Duplex-Extensions": "1"} if extensions else None, timeout=timeout)
         except Exception:
@@ -210,5 +210,5 @@ async def test_an_ephemeral_key_opens_one_live_call(server: ServerProc) -> None:
     again = LiveRtcClient(server.url, api_key=key)
     with pytest.raises(openai.AuthenticationError) as refused:
         await again.create({"model": "gpt-live-1"})
-    assert refused.value.status_code == 401 and refused.value.body["code"] == "client_secret_used"  # type: ignore[index]
+    assert refused.value.status_code == 401 and refused.value.body["code"] == "client_secret_used"
     await _until_no_sessions(server)

@@ -12,6 +12,9 @@ At the door, what `/v1/realtime/calls` checks: the Origin, the key (APIKeyMiddle
 is spent here), admission and the per-client cap (`Runtime.attach`), a resume token in
 `X-Duplex-Resume-Token`; refusals carry the protocol's error body `{"error": {type, code, message,
 param, client_event_id}}`.
+
+`POST /v1/live/sessions/{id}/hangup` (GPT-Live's SIP verb) ends a call and its session at once, as
+`/v1/realtime/calls/{id}/hangup` does; a client normally sends `session.close` on the data channel.
 """
 
 from __future__ import annotations
@@ -182,6 +185,20 @@ async def _create(request: Request) -> Response:
                         headers={"Location": f"{PATH}/{sid}"})
 
 
+async def _hangup(session_id: str, request: Request) -> JSONResponse:
+    calls: Calls = request.app.state.webrtc_calls
+    origin = request.headers.get("origin")  # state-changing: another site's page may not end a call
+    if not origin_ok(origin, calls.runtime.allowed_origins):
+        return _error(403, "origin_not_allowed", f"origin {origin!r} is not allowed; start the server with "
+                      "--allow-origin ORIGIN")
+    if not await calls.hangup(session_id):
+        return _error(404, "session_not_found", f"no live WebRTC session {session_id[:80]!r}; it has ended or "
+                      "never existed", "session_id")
+    return JSONResponse({"id": session_id, "status": "closed"})
+
+
 def register_routes(app: FastAPI) -> None:
-    """`POST /v1/live/sessions`; it uses the WebRTC `Calls` of `app.state.webrtc_calls` (server/webrtc.py)."""
+    """`POST /v1/live/sessions` and its hangup; they use the WebRTC `Calls` of `app.state.webrtc_calls`
+    (server/webrtc.py)."""
     app.add_api_route(PATH, _create, methods=["POST"], status_code=201, response_model=None)
+    app.add_api_route(PATH + "/{session_id}/hangup", _hangup, methods=["POST"], response_model=None)

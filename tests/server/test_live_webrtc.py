@@ -212,3 +212,23 @@ async def test_an_ephemeral_key_opens_one_live_call(server: ServerProc) -> None:
         await again.create({"model": "gpt-live-1"})
     assert refused.value.status_code == 401 and refused.value.body["code"] == "client_secret_used"
     await _until_no_sessions(server)
+
+
+async def test_an_extension_client_gets_pings_and_a_hangup_ends_the_call(server: ServerProc) -> None:
+    await _until_no_sessions(server)
+    client = LiveRtcClient(server.url, api_key=KEY)
+    created = await client.create({"model": "gpt-live-1"}, extensions=True)
+    try:
+        await client.wait_for("session.started")
+        resume = await client.wait_for("duplex.session.resume")
+        assert resume["session_id"] == created.session.id and resume["resume_token"]
+        await client.send({"type": "duplex.ping", "id": "p1"})
+        assert (await client.wait_for("duplex.pong"))["id"] == "p1"
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=10) as http:
+            r = await http.post(f"/v1/live/sessions/{created.session.id}/hangup")
+            assert r.status_code == 200 and r.json() == {"id": created.session.id, "status": "closed"}
+            r = await http.post("/v1/live/sessions/sess_nope/hangup")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+    finally:
+        await client.close()
+    await _until_no_sessions(server)

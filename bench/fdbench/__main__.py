@@ -2,6 +2,7 @@
 
 generate --out DIR                 synthetic set in the official layout (offline TTS, seeded)
 run --data DIR --url ws://...      stream every input through the server, write output.wav
+                                   (--protocol live: through /v1/live/sessions)
 score --data DIR [--data DIR2]     offline ASR + official metrics; a table, or --json
 report DIR [DIR2 ...] --html OUT   the same, as one self-contained page with a timeline per sample
 """
@@ -40,7 +41,9 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="stream the set through a running duplex server")
     r.add_argument("--data", type=Path, required=True)
-    r.add_argument("--url", required=True, help="ws://HOST:PORT/v1/realtime")
+    r.add_argument("--url", required=True, help="ws://HOST:PORT/v1/realtime (--protocol live: ws://HOST:PORT/v1/live/sessions)")
+    r.add_argument("--protocol", choices=["realtime", "live"], default="realtime",
+                   help="the wire: OpenAI Realtime (default) or GPT-Live; same output layout either way")
     r.add_argument("--pace", choices=["media", "realtime"], default="media")
     r.add_argument("--concurrency", type=int, default=1, help="samples streamed at once (default 1)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds one clip may take (default 300)")
@@ -91,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         from bench.fdbench.runner import run
 
-        summary = run(args.data, args.url, args.pace, args.concurrency, args.timeout, args.label, args.skip_existing)
+        try:
+            summary = run(args.data, args.url, args.pace, args.concurrency, args.timeout, args.label,
+                          args.skip_existing, args.protocol)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(f"ran {len(summary.done)} samples; summary in {args.data / 'run.json'}")
         if summary.underruns:
             print(f"{summary.underruns} micro-turns were stepped before their input arrived (a busy machine or "

@@ -22,7 +22,8 @@ import base64
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,10 +223,16 @@ async def stream(
     holds a finished sample's session for its resume grace period (`duplex serve --resume-grace`),
     and a one-session model (native:tiny on CPU) is full until that session is reaped.
     """
+    return await retry_while_full(lambda: _stream_once(url, audio, pace, timeout, grace, lockstep), full_wait)
+
+
+async def retry_while_full(once: Callable[[], Awaitable[StreamResult]], full_wait: float) -> StreamResult:
+    """`once()`, tried again every half second for up to `full_wait` seconds while the server is full
+    (either protocol: bench/fdbench/live_client.py streams through this too)."""
     deadline = time.monotonic() + full_wait
     while True:
         try:
-            return await _stream_once(url, audio, pace, timeout, grace, lockstep)
+            return await once()
         except ServerFull:
             if time.monotonic() > deadline:
                 raise ServerFull(
@@ -246,20 +253,28 @@ def media_grace_ticks(grace: float) -> int:
     return max(0, math.ceil(grace / TICK_SECONDS - 1e-9) - 1)
 
 
-async def _stream_once(
-    url: str, audio: Audio, pace: str, timeout: float, grace: float, lockstep: tuple[Lockstep, int] | None
-) -> StreamResult:
+def pad_clip(audio: Audio, pace: str, grace: float) -> tuple[int, Audio]:
+    """The clip's micro-turns, and what to send: the clip in whole micro-turns (the last one
+    silence-padded) and, in media pace, `media_grace_ticks` of silence after it."""
     if pace not in ("media", "realtime"):
         raise ValueError(f"pace must be 'media' or 'realtime', got {pace!r}")
-    if lockstep is not None and pace != "media":
-        raise ValueError("lockstep is for pace 'media' (real time has the wall clock in common)")
     n_ticks = max(1, -(-len(audio) // TICK_SAMPLES))
     n_send = n_ticks + (media_grace_ticks(grace) if pace == "media" else 0)
     padded = np.zeros(n_send * TICK_SAMPLES, dtype=np.float32)
     padded[: len(audio)] = audio
+    return n_ticks, padded
+
+
+async def _stream_once(
+    url: str, audio: Audio, pace: str, timeout: float, grace: float, lockstep: tuple[Lockstep, int] | None
+) -> StreamResult:
+    if lockstep is not None and pace != "media":
+        raise ValueError("lockstep is for pace 'media' (real time has the wall clock in common)")
+    n_ticks, padded = pad_clip(audio, pace, grace)
+    n_send = len(padded) // TICK_SAMPLES
     result = StreamResult(ticks=n_ticks)
     seat = Slot(*lockstep) if lockstep is not None else None
-    try:
+    with client_errors(url, result, timeout):
         async with _connect(url, open_timeout=min(timeout, 20.0)) as ws:
             await _expect(ws, "session.created", 20.0)
             # tick_stats: a duplex.tick event after every stepped micro-turn, silent ones included,
@@ -292,16 +307,23 @@ async def _stream_once(
             finally:
                 receiver.cancel()
                 await asyncio.gather(receiver, return_exceptions=True)
+    return result
+
+
+@contextmanager
+def client_errors(url: str, result: StreamResult, timeout: float) -> Iterator[None]:
+    """A session's transport failures as `ClientError`s that say what to do (either protocol)."""
+    try:
+        yield
     except TimeoutError:
         got = len(result.ours())
         raise ClientError(
-            f"server stopped answering: {got} of {n_ticks} micro-turns came back within {timeout:.0f}s"
+            f"server stopped answering: {got} of {result.ticks} micro-turns came back within {timeout:.0f}s"
         ) from None
     except OSError as e:
         raise ClientError(f"cannot connect to {url} ({e}); start it with `duplex serve`") from None
     except WebSocketException as e:
         raise ClientError(f"the WebSocket session failed ({type(e).__name__}: {e}); see the server log") from None
-    return result
 
 
 async def _settle(result: StreamResult, receiver: "asyncio.Task[None]") -> None:
@@ -331,8 +353,11 @@ def input_window_ticks(event: dict[str, Any] | None) -> int:
 
 async def _send_media(
     ws: Any, padded: Audio, result: StreamResult, receiver: "asyncio.Task[None]", timeout: float,
-    seat: Slot | None = None, window: int = MEDIA_WINDOW,
+    seat: Slot | None = None, window: int = MEDIA_WINDOW, encode: "Callable[[Audio], str] | None" = None,
 ) -> None:
+    """Media pace: every micro-turn as soon as the flow-control window allows. `encode` makes one
+    micro-turn's message (default: the Realtime `input_audio_buffer.append`)."""
+    encode = encode or _append
     n_ticks = len(padded) // TICK_SAMPLES
     deadline = time.monotonic() + timeout
     for i in range(n_ticks):
@@ -350,17 +375,18 @@ async def _send_media(
             if time.monotonic() > deadline:
                 raise TimeoutError
             await asyncio.sleep(0.002)
-        await ws.send(_append(padded[i * TICK_SAMPLES : (i + 1) * TICK_SAMPLES]))
+        await ws.send(encode(padded[i * TICK_SAMPLES : (i + 1) * TICK_SAMPLES]))
 
 
-async def _send_realtime(ws: Any, padded: Audio, t0: float) -> None:
+async def _send_realtime(ws: Any, padded: Audio, t0: float, encode: "Callable[[Audio], str] | None" = None) -> None:
+    encode = encode or _append
     for i in range(len(padded) // TICK_SAMPLES):
         # Absolute deadlines: chunk i leaves when it has been heard, at t0 + (i + 1) * 0.2 s, like
         # a microphone's; sending never drifts.
         delay = t0 + (i + 1) * TICK_SECONDS - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        await ws.send(_append(padded[i * TICK_SAMPLES : (i + 1) * TICK_SAMPLES]))
+        await ws.send(encode(padded[i * TICK_SAMPLES : (i + 1) * TICK_SAMPLES]))
 
 
 def _append(chunk: Audio) -> str:

@@ -7,6 +7,9 @@ the wall-clock placement `output_wallclock.wav`. `output.events.json` (and `clea
 logs what the model heard, decided and said (`client.LOGGED`), each event at the input time its
 micro-turn's output is heard from. A summary (model, pace, failures, delta lateness)
 goes to `run.json` at the data root.
+
+`protocol="live"` streams through GPT-Live (`/v1/live/sessions`, bench/fdbench/live_client.py)
+instead of Realtime, into the same layout, so every figure can be measured through either.
 """
 
 import asyncio
@@ -21,7 +24,8 @@ from urllib.parse import urlsplit
 import numpy as np
 from tqdm import tqdm
 
-from bench.fdbench.client import ClientError, stream
+from bench.fdbench import live_client
+from bench.fdbench.client import ClientError, StreamResult, stream
 from bench.fdbench.layout import RUN_INFO, Sample, find_samples
 from bench.fdbench.lockstep import Lockstep
 from bench.wsclient import auth_headers
@@ -30,6 +34,8 @@ from streaming.types import SAMPLE_RATE
 from streaming.wav import read_wav, write_wav
 
 OUT_RATE = 16_000
+PROTOCOLS = ("realtime", "live")
+PATHS = {"realtime": "/v1/realtime", "live": live_client.PATH}
 
 
 @dataclass
@@ -47,6 +53,20 @@ def http_base(ws_url: str) -> str:
     return f"{scheme}://{parts.netloc}"
 
 
+def check_url(url: str, protocol: str) -> None:
+    """A WebSocket URL whose path is `protocol`'s (a Realtime URL given for a live run is a mistake to
+    say, not to stream into)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    if not url.startswith(("ws://", "wss://")):
+        raise ValueError(f"--url must be a WebSocket URL like ws://127.0.0.1:8000{PATHS[protocol]}, got {url!r}")
+    path = urlsplit(url).path.rstrip("/")
+    for other, other_path in PATHS.items():
+        if other != protocol and path.endswith(other_path):
+            raise ValueError(f"--url {url} is the {other} endpoint but --protocol is {protocol}; use "
+                             f"ws://{urlsplit(url).netloc}{PATHS[protocol]}")
+
+
 def server_info(ws_url: str) -> dict[str, Any]:
     """What /healthz says about the server (model name...), or {} when it says nothing useful."""
     import httpx
@@ -59,8 +79,15 @@ def server_info(ws_url: str) -> dict[str, Any]:
         return {}
 
 
+async def _stream(url: str, audio: np.ndarray, pace: str, timeout: float, protocol: str,
+                  lockstep: tuple[Lockstep, int] | None) -> StreamResult:
+    if protocol == "live":
+        return await live_client.stream(url, audio, pace=pace, timeout=timeout)
+    return await stream(url, audio, pace=pace, timeout=timeout, lockstep=lockstep)
+
+
 async def _one(sample: Sample, url: str, pace: str, timeout: float, summary: RunSummary,
-               lockstep: tuple[Lockstep, int] | None = None) -> None:
+               lockstep: tuple[Lockstep, int] | None = None, protocol: str = "realtime") -> None:
     pairs = [("input.wav", "output")]
     if sample.kind == "overlap":
         pairs.append(("clean_input.wav", "clean_output"))
@@ -75,8 +102,7 @@ async def _one(sample: Sample, url: str, pace: str, timeout: float, summary: Run
             summary.failed[sample.name] = f"{input_name} is not a readable wav ({e})"
             return
         try:
-            result = await stream(url, resample(audio, rate, SAMPLE_RATE), pace=pace, timeout=timeout,
-                                  lockstep=lockstep)
+            result = await _stream(url, resample(audio, rate, SAMPLE_RATE), pace, timeout, protocol, lockstep)
         except ClientError as e:
             summary.failed[sample.name] = str(e)
             return
@@ -101,17 +127,20 @@ def _write(path: Path, audio_24k: np.ndarray, n_out: int) -> None:
 
 
 async def _run_all(
-    samples: list[Sample], url: str, pace: str, concurrency: int, timeout: float, summary: RunSummary
+    samples: list[Sample], url: str, pace: str, concurrency: int, timeout: float, summary: RunSummary,
+    protocol: str = "realtime",
 ) -> None:
     todo = deque(samples)
-    bar = tqdm(total=len(samples), desc=f"run ({pace})", unit="sample")
+    bar = tqdm(total=len(samples), desc=f"run ({protocol}, {pace})", unit="sample")
     # Media pace: the slots' sessions step on one shared clock, as real time's do (lockstep.py).
-    lock = Lockstep(concurrency) if pace == "media" else None
+    # GPT-Live has no media clock to share: run() allows it one slot only in media pace.
+    lock = Lockstep(concurrency) if pace == "media" and protocol == "realtime" else None
 
     async def slot(i: int) -> None:
         try:
             while todo:
-                await _one(todo.popleft(), url, pace, timeout, summary, (lock, i) if lock is not None else None)
+                await _one(todo.popleft(), url, pace, timeout, summary, (lock, i) if lock is not None else None,
+                           protocol)
                 bar.update(1)
                 if summary.failed:
                     bar.set_postfix(failed=len(summary.failed))
@@ -133,24 +162,29 @@ def run(
     timeout: float = 300.0,
     label: str | None = None,
     skip_existing: bool = False,
+    protocol: str = "realtime",
 ) -> RunSummary:
-    if not url.startswith(("ws://", "wss://")):
-        raise ValueError(f"--url must be a WebSocket URL like ws://127.0.0.1:8000/v1/realtime, got {url!r}")
+    check_url(url, protocol)
     if concurrency < 1:
         raise ValueError("--concurrency must be >= 1")
+    if protocol == "live" and pace == "media" and concurrency > 1:
+        raise ValueError("--protocol live runs media pace one sample at a time: GPT-Live has no "
+                         "session.duplex.media_clock to keep sessions in lockstep; use --concurrency 1, "
+                         "or --pace realtime for several sessions at once")
     samples = [s for s in find_samples(data) if s.kind != "unknown"]
     if skip_existing:
         samples = [s for s in samples if not s.file("output.wav").exists()]
     info = server_info(url)
     summary = RunSummary()
     started = time.time()
-    asyncio.run(_run_all(samples, url, pace, concurrency, timeout, summary))
+    asyncio.run(_run_all(samples, url, pace, concurrency, timeout, summary, protocol))
     lat = np.asarray(summary.lateness)
     record = {
         "label": label or str(info.get("model", "duplex")),
         "model": info.get("model"),
         "url": url,
         "pace": pace,
+        "protocol": protocol,
         "started": started,
         "seconds": round(time.time() - started, 1),
         "samples": len(summary.done),

@@ -3,7 +3,9 @@
 What differs from the Realtime client (bench/fdbench/client.py) is only the wire:
 
 - the session opens with `session.start` (pace in the `session.duplex` extension) and is ready at
-  `session.started`; input goes out as `session.input_audio.append` (base64 PCM16 at 24 kHz);
+  `session.started`; hand-offs go to the server's reasoner (Responses delegation) when it has one,
+  as they do on `/v1/realtime` (`start_like_realtime`); input goes out as `session.input_audio.append`
+  (base64 PCM16 at 24 kHz);
 - the output is one continuous track, one `session.output_audio.delta` per micro-turn, silence
   included, from the session's first input audio (its micro-turn 0), and the deltas carry no tick:
   the n-th delta is micro-turn n. So our chunk 0 is micro-turn 0 in both paces, and a media-pace
@@ -67,6 +69,33 @@ def start_message(pace: str, **session: Any) -> str:
     return json.dumps({"type": "session.start", "session": {"model": MODEL, "duplex": {"pace": pace}, **session}})
 
 
+# Hand-offs answered by the server's own reasoner, as on /v1/realtime (the model name is echoed only).
+RESPONSES = {"type": "responses", "responses": {"model": "duplex-background"}}
+
+
+class Unavailable(ClientError):
+    """The server refused the configuration: it cannot serve what was asked (`code`)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"the server refused session.start ({code}): {message}")
+        self.code = code
+
+
+async def start_like_realtime(ws: Any, pace: str) -> dict[str, Any]:
+    """Start a session whose hand-offs the server's reasoner answers, as /v1/realtime's are (Responses
+    delegation), or, on a server without one, under client delegation, where nobody answers them (as
+    nobody does on /v1/realtime without a reasoner): so an FD-bench run measures the same conversation
+    through either protocol. The refused start opens nothing; the second goes on the same socket."""
+    await ws.send(start_message(pace, delegation=RESPONSES))
+    try:
+        return await wait_started(ws)
+    except Unavailable as e:
+        if e.code != "responses_unavailable":
+            raise
+    await ws.send(start_message(pace))
+    return await wait_started(ws)
+
+
 async def wait_started(ws: Any, timeout: float = 20.0) -> dict[str, Any]:
     """Read up to `session.started`; a refusal (an `error` first) raises `ServerFull` or `ClientError`."""
     deadline = time.monotonic() + timeout
@@ -84,6 +113,8 @@ async def wait_started(ws: Any, timeout: float = 20.0) -> dict[str, Any]:
             err = msg.get("error") or {}
             if isinstance(err, dict) and err.get("code") == "server_full":
                 raise ServerFull(f"server full: {err.get('message')}")
+            if isinstance(err, dict):
+                raise Unavailable(str(err.get("code")), str(err.get("message")))
             raise ClientError(f"the server refused session.start: {err}")
 
 
@@ -100,8 +131,7 @@ async def _stream_once(url: str, audio: Audio, pace: str, timeout: float, grace:
     result = StreamResult(ticks=n_ticks, base=0)  # the session's micro-turn 0 is our first chunk
     with client_errors(url, result, timeout):
         async with open_session(url, open_timeout=min(timeout, 20.0)) as ws:
-            await ws.send(start_message(pace))
-            await wait_started(ws)
+            await start_like_realtime(ws, pace)
             answered = asyncio.Event()
             t0 = time.monotonic()
             receiver = asyncio.create_task(_receive(ws, result, answered, n_send, lambda: t0))

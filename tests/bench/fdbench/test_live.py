@@ -22,6 +22,7 @@ from bench.fdbench.client import StreamResult
 from bench.fdbench.generate import generate
 from bench.fdbench.layout import find_samples
 from bench.fdbench.runner import run
+from bench.wsclient import open_session
 from streaming.types import TICK_SAMPLES
 from streaming.wav import read_wav
 from tests.conftest import ServerProc, start_server
@@ -39,7 +40,8 @@ def tiny_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def echo0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    srv = start_server("--model", "echo:0", "--max-sessions", "4", tmp_path=tmp_path_factory.mktemp("echo0-live"))
+    srv = start_server("--model", "echo:0", "--max-sessions", "4", "--background", "none",
+                       tmp_path=tmp_path_factory.mktemp("echo0-live"))
     yield srv
     srv.stop()
 
@@ -145,3 +147,21 @@ def test_live_events_are_logged_in_the_realtime_logs_vocabulary() -> None:
     ]
     assert log[2]["t"] == pytest.approx(3.4)  # heard from the end of its micro-turn
     assert sample_lags(log) == [pytest.approx(0.6)]
+
+
+async def _delegation(url: str) -> object:
+    async with open_session(url) as ws:
+        started = await live_client.start_like_realtime(ws, "media")
+        return started["session"]["delegation"]["type"]
+
+
+def test_hand_offs_go_to_the_servers_reasoner_when_it_has_one(echo0: ServerProc, tmp_path: Path) -> None:
+    """As on /v1/realtime: Responses delegation on a server with a reasoner (one configured is enough to
+    start; nothing here hands off), client delegation on one without (the refused start opens nothing)."""
+    assert asyncio.run(_delegation(live_url(echo0))) == "client"
+    with_reasoner = start_server("--model", "echo:0", "--background", "openai", "--background-url",
+                                 "http://127.0.0.1:9", tmp_path=tmp_path)
+    try:
+        assert asyncio.run(_delegation(live_url(with_reasoner))) == "responses"
+    finally:
+        with_reasoner.stop()

@@ -296,6 +296,10 @@ class BackgroundWorker:
         messages, req.context = self.context.build(s.log, s.settings.instructions, req.query)
         policy = ToolPolicy(s.settings.tool_choice)  # as it stood when the request began
         client, builtin = self._tools() if self.reasoner.supports_tools else ([], [])
+        if getattr(self.reasoner, "routes_tools", False):
+            # A reasoner that routes (the embedded one: models/background/tool_routing.py) pays for the
+            # step on every question it is offered tools with: only the client's declared tools, then.
+            builtin = []
         for round_no in range(cfg.max_tool_rounds + 1):
             calls: list[ToolCall] = []
             said: list[str] = []

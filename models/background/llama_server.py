@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import shutil
 import sys
 import time
@@ -46,7 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolChoice, ToolSpec
+from models.background import tool_routing
+from models.background.base import Delta, Done, Message, ReasonerError, TextDelta, ToolCall, ToolChoice, ToolSpec
 from models.background.llama_server_process import ChildServer
 from models.background.llamacpp_backend import SentenceEnds, _plain, bundled_gguf
 from models.background.openai_backend import OpenAIConfig, OpenAIReasoner
@@ -113,7 +115,11 @@ def binary_available() -> bool:
 
 
 class LlamaServerReasoner:
-    supports_tools = False  # a 135M model cannot call functions reliably (see LlamaCppReasoner)
+    supports_tools = True
+    # A 135M model does not write function calls reliably: a routing step picks the tool and its
+    # arguments before the answer (tool_routing.py). It costs time on every question, so the worker
+    # offers this reasoner the client's declared tools only (no built-ins), and only when there are any.
+    routes_tools = True
 
     def __init__(self, config: LlamaServerConfig | None = None) -> None:
         self.config = cfg = config or LlamaServerConfig()
@@ -227,6 +233,62 @@ class LlamaServerReasoner:
 
     async def stream(self, messages: list[Message], tools: list[ToolSpec],
                      tool_choice: ToolChoice = "auto") -> AsyncGenerator[Delta, None]:
+        if tools and messages:
+            async for delta in self._with_tools(messages, tools, tool_choice):
+                yield delta
+            return
+        async for delta in self._answer(messages):
+            yield delta
+
+    async def route(self, request: str, tools: list[ToolSpec], tool_choice: ToolChoice = "auto") -> tool_routing.Route:
+        """The routing step alone: which declared tool `request` asks for, and its arguments."""
+        return await tool_routing.route(request, tools, tool_choice, self._complete_json)
+
+    async def _with_tools(self, messages: list[Message], tools: list[ToolSpec],
+                          tool_choice: ToolChoice) -> AsyncGenerator[Delta, None]:
+        """A question: route it (a call, a refusal, or a plain answer). A tool's output: say it."""
+        last = messages[-1]
+        if last.get("role") == "tool":
+            said = " ".join(tool_routing.spoken_result(_called_name(messages, m), str(m.get("content") or ""))
+                            for m in _last_outputs(messages))
+            yield TextDelta(said)
+            yield Done("stop", 0, 0)
+            return
+        if last.get("role") != "user" or not isinstance(last.get("content"), str):
+            async for delta in self._answer(messages):
+                yield delta
+            return
+        found = await self.route(last["content"], tools, tool_choice)
+        log.debug("tool routing: %s %s (%d model calls, %.0f ms)", found.name, found.arguments, found.asked_model,
+                  found.seconds * 1e3)
+        if found.name is None:
+            async for delta in self._answer(messages):
+                yield delta
+        elif tool_choice == "none":  # the request needs a tool that may not run: no made-up result
+            yield TextDelta(tool_routing.refusal(found.name))
+            yield Done("stop", 0, 0)
+        elif found.missing is not None:
+            yield TextDelta(tool_routing.missing_argument(found.name, found.missing))
+            yield Done("stop", 0, 0)
+        else:
+            yield ToolCall("call_" + secrets.token_hex(6), found.name, json.dumps(found.arguments))
+            yield Done("tool_calls", 0, 0)
+
+    async def _complete_json(self, messages: list[Message], schema: dict[str, Any]) -> str:
+        """A constrained completion for the routing step, on the slot that holds the same prompt
+        (the tool listing is the same for every question of a session: only the question is evaluated)."""
+        url = await self._ready_url()
+        slot = await self.slots.acquire(conversation_key(messages))
+        text = ""
+        seen = _Seen(self._tokens)
+        try:
+            body = {"id_slot": slot, "cache_prompt": True, "seed": self.config.seed}
+            text = await self._client(url).complete_json(messages, schema, body, observe=seen.observe)
+        finally:
+            self.slots.release(slot, conversation_key(messages, text).text if text else "")
+        return text
+
+    async def _answer(self, messages: list[Message]) -> AsyncGenerator[Delta, None]:
         cfg = self.config
         plain = _plain(messages)
         url = await self._ready_url()
@@ -264,6 +326,25 @@ class LlamaServerReasoner:
         finally:
             if slot >= 0:
                 self.slots.release(slot, conversation_key(plain, "".join(said)).text)
+
+
+def _last_outputs(messages: list[Message]) -> list[Message]:
+    """The tool results after the last assistant turn."""
+    out: list[Message] = []
+    for m in reversed(messages):
+        if m.get("role") != "tool":
+            break
+        out.append(m)
+    return out[::-1]
+
+
+def _called_name(messages: list[Message], output: Message) -> str:
+    """The function whose call `output` answers (from the assistant turn that made it)."""
+    for m in reversed(messages):
+        for call in m.get("tool_calls") or ():
+            if call.get("id") == output.get("tool_call_id"):
+                return str(call.get("function", {}).get("name", "tool"))
+    return "tool"
 
 
 class _Seen:

@@ -195,6 +195,41 @@ class OpenAIReasoner:
             raise ReasonerError("dropped" if opened else "unreachable", f"background reasoner at {where} failed "
                                 f"{stage} ({type(exc).__name__}: {_short(str(exc))})") from None
 
+    async def complete_json(self, messages: list[Message], schema: dict[str, Any],
+                            extra_body: dict[str, Any] | None = None, max_tokens: int = 96,
+                            observe: Callable[[Any], None] | None = None) -> str:
+        """One non-streamed, greedy completion constrained to the JSON `schema` (`response_format`
+        json_schema: llama-server compiles it to a grammar); its text. No retry. `observe`: called with
+        the raw response (e.g. to read its `timings`)."""
+        cfg, oa = self.config, self._openai
+        kwargs: dict[str, Any] = {
+            "model": cfg.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "choice", "schema": schema}},
+        }
+        if cfg.extra_body or extra_body:
+            kwargs["extra_body"] = {**cfg.extra_body, **(extra_body or {})}
+        where = f"{cfg.base_url} (model {cfg.model})"
+        try:
+            resp = await self._client.chat.completions.create(**kwargs)
+        except oa.APITimeoutError:
+            raise ReasonerError("timeout", f"background reasoner at {where} sent nothing for "
+                                f"{cfg.read_timeout:g} s") from None
+        except oa.APIConnectionError as exc:
+            raise ReasonerError("unreachable", f"cannot reach the background reasoner at {where}: "
+                                f"{_short(str(exc.__cause__ or exc))}") from None
+        except oa.APIStatusError as exc:
+            code = "server_error" if exc.status_code >= 500 else "bad_request"
+            raise ReasonerError(code, f"background reasoner at {where} answered HTTP {exc.status_code}: "
+                                f"{_short(exc.message)}") from None
+        except oa.APIError as exc:
+            raise ReasonerError("server_error", f"background reasoner at {where} failed: {_short(str(exc))}") from None
+        if observe is not None:
+            observe(resp)
+        if not resp.choices:
+            raise ReasonerError("malformed", f"background reasoner at {where} answered without a choice")
+        return resp.choices[0].message.content or ""
+
+
 async def _deltas(stream: Any, observe: Callable[[Any], None] | None = None) -> AsyncGenerator[Delta, None]:
     """Map chat-completion chunks onto deltas; tool-call fragments are joined by their index."""
     calls: dict[int, dict[str, str]] = {}  # index -> {"id", "name", "arguments"}

@@ -15,7 +15,6 @@ import pytest
 from models.background import Done, TextDelta
 from models.background.llama_server import LlamaServerConfig, LlamaServerReasoner, binary_available
 
-
 # The child is niced: beside a full parallel suite it missed the 60 s start on CI. Run alone (~4 s).
 pytestmark = pytest.mark.serial
 

@@ -98,9 +98,16 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[A-Za-z0-9]+(?:['\-.][A-Za-z0-9]+)*", text)
 
 
+def _function_word(word: str) -> bool:
+    """A function word, contractions too ("what's", "i'd")."""
+    return word.lower().split("'")[0] in STOPWORDS
+
+
 def _content_stems(text: str) -> set[str]:
     out: set[str] = set()
     for w in _words(text):
+        if _function_word(w):
+            continue
         for part in _split_identifier(w) or [w]:
             if part.lower() not in STOPWORDS and not part.isdigit():
                 out.add(stem(part))
@@ -152,7 +159,7 @@ def phrases(request: str, exclude: set[str]) -> list[str]:
     for i in range(len(words)):
         for j in range(i + 1, min(len(words), i + MAX_SPAN_WORDS) + 1):
             span = words[i:j]
-            if any(w.lower() in STOPWORDS or stem(w) in exclude for w in (span[0], span[-1])):
+            if any(_function_word(w) or stem(w) in exclude for w in (span[0], span[-1])):
                 continue
             text = " ".join(span)
             if text not in out:
@@ -250,7 +257,8 @@ def forced_name(tool_choice: ToolChoice) -> str | None:
 async def route(request: str, tools: list[ToolSpec], tool_choice: ToolChoice,
                 complete_json: CompleteJson) -> Route:
     """Which of `tools` the request asks for, with its arguments. `tool_choice` "required" always
-    picks one (the best scored, or the model's pick when none scores); a named function is that one."""
+    picks one (the best scored, or the model's pick when none scores); a named function is that one;
+    "none" picks the tool without its arguments (no call will be made)."""
     start = time.perf_counter()
     asked = 0
     named = forced_name(tool_choice)
@@ -270,6 +278,8 @@ async def route(request: str, tools: list[ToolSpec], tool_choice: ToolChoice,
         picked = _json_field(text, "tool")
         top = [t for t in top if tool_name(t) == picked] or top[:1]
     tool = top[0]
+    if tool_choice == "none":  # it will not be called: which tool is all the caller needs
+        return Route(tool_name(tool), asked_model=asked, seconds=time.perf_counter() - start)
     schema, missing = argument_schema(tool, request)
     if missing is not None:
         return Route(tool_name(tool), missing=missing, asked_model=asked, seconds=time.perf_counter() - start)
@@ -333,7 +343,7 @@ def _spoken_value(value: Any) -> str:
 
 def refusal(name: str) -> str:
     """The answer when the request needs a declared tool that may not be called (tool_choice none)."""
-    return f"I can't {spoken_name(name)} here: that tool is not available right now."
+    return f"I can't do that here: the {spoken_name(name)} tool is turned off right now."
 
 
 def missing_argument(name: str, parameter: str) -> str:

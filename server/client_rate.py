@@ -1,7 +1,7 @@
 """New sessions per client address, rate-limited before anything is opened for them.
 
 Every WebSocket (each one opens or resumes a session) and every WebRTC offer (`POST
-/v1/realtime/calls`) takes a token from its client's bucket (server/rate_limit.py); without one it is
+/v1/realtime/calls`, `POST /v1/live/sessions`) takes a token from its client's bucket (server/rate_limit.py); without one it is
 refused at once: a WebSocket with an `error` event `rate_limited` and close 1013, an offer with 429 and
 Retry-After. The client is the address uvicorn puts in the scope, which is a forwarding header's only
 when it came from a proxy the operator named (`--forwarded-allow-ips`).
@@ -17,7 +17,7 @@ from server.auth import client_id
 from server.protocol import error_event
 from server.rate_limit import KeyedBuckets, retry_after
 
-OFFER_PATH = "/v1/realtime/calls"
+OFFER_PATHS = frozenset({"/v1/realtime/calls", "/v1/live/sessions"})  # the POSTs that open a session
 BURST = 10  # sessions a client may open back to back (reconnects after a network change come in bursts)
 
 
@@ -35,7 +35,7 @@ class NewSessionRateLimit:
     def _counts(self, scope: Scope) -> bool:
         if scope["type"] == "websocket":
             return True
-        return scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") == OFFER_PATH
+        return scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in OFFER_PATHS
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.buckets is None or not self._counts(scope):

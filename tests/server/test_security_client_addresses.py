@@ -55,6 +55,10 @@ async def test_a_forged_forwarding_header_and_a_pending_offer_do_not_make_anothe
         r = await http.post(srv.url + "/v1/realtime/calls", content=await _offer(), headers=OFFER_HEADERS)
         assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited", r.text
         assert int(r.headers["Retry-After"]) >= 1
+        # GPT-Live's WebRTC door opens sessions too: the same bucket (it went past it).
+        live = {"session": {"model": "gpt-live"}, "transport": {"type": "webrtc", "sdp": await _offer()}}
+        r = await http.post(srv.url + "/v1/live/sessions", json=live)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited", r.text
 
 
 async def test_behind_a_named_proxy_each_forwarded_address_is_a_client_with_a_default_cap(duplex_server) -> None:

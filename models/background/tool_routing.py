@@ -239,8 +239,9 @@ def choice_messages(request: str, tools: list[ToolSpec]) -> list[Message]:
             {"role": "user", "content": request}]
 
 
-def argument_messages(request: str, tool: ToolSpec) -> list[Message]:
-    return [{"role": "system", "content": "Fill in the arguments of this tool from the user's words.\nTool:\n"
+def argument_messages(request: str, tool: ToolSpec, parameter: str | None = None) -> list[Message]:
+    what = f"the {parameter} argument" if parameter else "the arguments"
+    return [{"role": "system", "content": f"Fill in {what} of this tool from the user's words.\nTool:\n"
              + _listing([tool])},
             {"role": "user", "content": request}]
 
@@ -272,10 +273,9 @@ async def route(request: str, tools: list[ToolSpec], tool_choice: ToolChoice,
     top = [t for t in candidates if scores[tool_name(t)] == best]
     if len(top) > 1:
         names = [tool_name(t) for t in top]
-        text = await complete_json(choice_messages(request, top), {"type": "object", "properties": {
-            "tool": {"enum": names}}, "required": ["tool"], "additionalProperties": False})
+        text = await complete_json(choice_messages(request, top), {"enum": names})
         asked += 1
-        picked = _json_field(text, "tool")
+        picked = _json_value(text)
         top = [t for t in top if tool_name(t) == picked] or top[:1]
     tool = top[0]
     if tool_choice == "none":  # it will not be called: which tool is all the caller needs
@@ -284,14 +284,21 @@ async def route(request: str, tools: list[ToolSpec], tool_choice: ToolChoice,
     if missing is not None:
         return Route(tool_name(tool), missing=missing, asked_model=asked, seconds=time.perf_counter() - start)
     arguments = _single_choices(schema)
-    if arguments is None:
+    props = schema["properties"]
+    if arguments is None and len(props) == 1:
+        # One parameter (the usual case): decode its value alone, not an object around it (fewer tokens).
+        (pname, prop), = props.items()
+        text = await complete_json(argument_messages(request, tool, pname), prop)
+        asked += 1
+        arguments = {pname: _json_value(text)}
+    elif arguments is None:
         text = await complete_json(argument_messages(request, tool), schema)
         asked += 1
         arguments = _json_object(text)
-        props = schema["properties"]
-        if arguments is None or any(arguments.get(k) not in p["enum"] for k, p in props.items()):
-            # The server enforces the schema; a reply outside it means it did not (an old build).
-            arguments = {k: p["enum"][0] for k, p in props.items()}
+    if arguments is not None and any(arguments.get(k) not in p["enum"] for k, p in props.items()):
+        arguments = None
+    if arguments is None:  # the server enforces the schema; a reply outside it means it did not
+        arguments = {k: p["enum"][0] for k, p in props.items()}
     return Route(tool_name(tool), arguments, asked_model=asked, seconds=time.perf_counter() - start)
 
 
@@ -303,9 +310,11 @@ def _json_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _json_field(text: str, key: str) -> Any:
-    obj = _json_object(text)
-    return obj.get(key) if obj is not None else None
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 # -- what is said instead of a made-up result ---------------------------------------------------------

@@ -8,9 +8,13 @@ described (the prompt's prefix stays the same) with the chat API's `tool_choice:
 the reasoner makes anyway is not run; `required`, the request's first round offers only the client's
 declared tools with `tool_choice: "required"`; `{"type": "function", "name": X}`, the first round asks
 for X (`{"type": "function", "function": {"name": X}}`). Once a forced call's output is back, later
-rounds are `auto`, so the reasoner answers in words instead of calling again and again. A reasoner
-without tools (`supports_tools` False: the embedded llama.cpp ones) is offered none and told nothing:
-there `none` holds trivially, and `required` or a named function cannot be forced (it answers in words).
+rounds are `auto`, so the reasoner answers in words instead of calling again and again. The embedded
+llama-server reasoner routes instead of writing calls (models/background/tool_routing.py): it is
+offered the client's declared tools only, honours all four choices (under `none` a request a tool
+covers is answered with "I can't do that here", never a guessed result), and answers a call's output
+with the output itself. A reasoner without tools (`supports_tools` False: the in-process llama.cpp and
+SGLang ones) is offered none and told nothing: there `none` holds trivially, and `required` or a named
+function cannot be forced (it answers in words).
 """
 
 from __future__ import annotations

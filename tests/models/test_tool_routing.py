@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,8 +22,11 @@ from models.background.tool_routing import (
     spoken_result,
     tool_terms,
 )
+from server.background import BackgroundSettings, BackgroundWorker
 from server.background_context import SYSTEM_PROMPT
+from server.sessions import Session
 from server.tools import client_tools_to_chat
+from tests.server._event_sink import EventSink
 
 # The child is niced: beside the parallel suite it starves (see test_background_llama_server.py).
 pytestmark = pytest.mark.serial
@@ -134,3 +138,29 @@ async def test_the_answer_after_a_call_is_its_output(reasoner: LlamaServerReason
                 {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 11, "sky": "drizzle"}'}]
     text = "".join([d.text async for d in reasoner.stream(messages, TOOLS) if isinstance(d, TextDelta)])
     assert text == "temperature 11, sky drizzle."
+
+
+async def test_through_the_worker_the_call_goes_to_the_client_and_its_output_is_the_answer(
+        reasoner: LlamaServerReasoner) -> None:
+    session = Session(id="sess_route", resume_token="tok", state=None)
+    session.sink = sink = EventSink()
+    worker = BackgroundWorker(session, reasoner, BackgroundSettings(tool_timeout=10))
+    session.settings.tools = [{"type": "function", "name": "book_table", "description": "Reserve a table at a "
+                               "restaurant.", "parameters": {"type": "object", "properties": {
+                                   "people": {"type": "integer"}}, "required": ["people"]}}]
+    worker.request("book a table for 6", source="client")
+    call = await _event(sink, "response.function_call_arguments.done")
+    assert (call["name"], json.loads(call["arguments"])) == ("book_table", {"people": 6})
+    worker.on_client_event({"type": "conversation.item.create", "item": {
+        "type": "function_call_output", "call_id": call["call_id"], "output": '{"booked": true, "time": "19:30"}'}})
+    done = await _event(sink, "duplex.background.done")
+    assert done["status"] == "completed" and done["text"] == "booked yes, time 19:30."
+    await worker.stop()
+
+
+async def _event(sink: EventSink, etype: str, timeout: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while not sink.of(etype):
+        assert time.monotonic() < deadline, f"no {etype} within {timeout} s: {[e['type'] for e in sink.events]}"
+        await asyncio.sleep(0.02)
+    return sink.of(etype)[0]

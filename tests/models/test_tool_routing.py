@@ -52,6 +52,10 @@ def test_the_tool_is_the_one_whose_declared_words_the_request_uses() -> None:
     scores = lexical_scores("could you book us a table for four", TOOLS)
     assert max(scores, key=lambda k: scores[k]) == "book_table"
     assert all(v == 0 for v in lexical_scores("who wrote hamlet", TOOLS).values())
+    # A parameter's name alone is no match: it says what the tool takes, not what it does.
+    assert lexical_scores("how many hours are in a day", TOOLS)["set_alarm"] == 0
+    alarm = lexical_scores("an alarm in two hours", TOOLS)["set_alarm"]
+    assert alarm > lexical_scores("an alarm", TOOLS)["set_alarm"] > 0
     assert {"weath", "city"} <= tool_terms(WEATHER)  # name, description and parameter names, stemmed
 
 

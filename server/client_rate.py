@@ -2,9 +2,10 @@
 
 Every WebSocket (each one opens or resumes a session) and every WebRTC offer (`POST
 /v1/realtime/calls`, `POST /v1/live/sessions`) takes a token from its client's bucket
-(server/rate_limit.py); without one it is refused at once: a WebSocket with an `error` event `rate_limited` and close 1013, an offer with 429 and
-Retry-After. The client is the address uvicorn puts in the scope, which is a forwarding header's only
-when it came from a proxy the operator named (`--forwarded-allow-ips`).
+(server/rate_limit.py); without one it is refused at once: a WebSocket with an `error` event
+`rate_limited` and close 1013, an offer with 429 and Retry-After. The client is the address uvicorn
+puts in the scope, which is a forwarding header's only when it came from a proxy the operator named
+(`--forwarded-allow-ips`).
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ What it does, and why:
 - `POST /v1/realtime/calls` (WebRTC) is an ordinary request; its media flows peer to peer with the
   replica that answered, not through the proxy. A later request about the call
   (`/v1/realtime/calls/{id}/hangup`) is routed on the session id, which starts with the replica id.
+- GPT-Live (`/v1/live/sessions`, server/live/) is routed the same way: its WebSocket and its WebRTC
+  `POST` like a new session or, carrying a resume token, like a resume; `/v1/live/sessions/{id}/hangup`
+  on the session id.
 """
 
 from __future__ import annotations
@@ -143,6 +146,7 @@ def _backend(name: str, replicas: list[Replica], o: ProxyOptions, resume: bool) 
             f"    use-server {r.id} if {acl}",
             # A request that names a session (a WebRTC call's hangup): its id starts with the replica's.
             f"    acl call_{acl} path_beg /v1/realtime/calls/{session_id_prefix(r.id)}",
+            f"    acl call_{acl} path_beg /v1/live/sessions/{session_id_prefix(r.id)}",  # GPT-Live's hangup
             f"    use-server {r.id} if call_{acl}",
         ]
     for r in replicas:

@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server.auth import token_replica
 from tests.deploy._cluster import AGENT_SETTLE, Cluster, run_cluster
-from tests.wsclient import TICK, collect_audio, open_ws, pcm16, random_pcm, recv_event, start_session
+from tests.wsclient import TICK, collect_audio, open_ws, pcm16, random_pcm, recv_event, send, start_session
 
 CAPACITY = 2  # per replica
 
@@ -163,6 +163,43 @@ async def test_a_webrtc_call_through_the_proxy(cluster: Cluster) -> None:
         for ws, _ in held:
             await ws.close()
     cluster.wait_idle()
+
+
+async def test_a_gpt_live_session_through_the_proxy_resumes_on_its_replica(cluster: Cluster) -> None:
+    """/v1/live/sessions through the proxy: started on a replica, dropped, and resumed there with the
+    token in the header (the proxy routes it by the token's replica, whatever the path)."""
+    live_url = cluster.url.removesuffix("/v1/realtime") + "/v1/live/sessions"
+    other = [await start_session(cluster.url) for _ in range(2)]  # least-connections has a choice to make
+    ws = await open_ws(live_url)
+    await send(ws, {"type": "session.start", "session": {"model": "gpt-live-1"}})
+    started, greeting = await recv_event(ws), await recv_event(ws)
+    assert started["type"] == "session.started" and greeting["type"] == "duplex.session.resume", (started, greeting)
+    owner = token_replica(greeting["resume_token"])
+    await ws.close(code=4000)  # a drop, not a goodbye: the session waits for its resume
+    for held_ws, held in other:  # the owner's side is now the busier: a balanced request would go elsewhere
+        if token_replica(held["resume_token"]) != owner:
+            await held_ws.close()
+    again = await open_ws(live_url, additional_headers={"X-Duplex-Resume-Token": greeting["resume_token"]})
+    await send(again, {"type": "session.start", "session": {"model": "gpt-live-1"}})
+    restarted, resumed = await recv_event(again), await recv_event(again)
+    assert restarted["type"] == "session.started", restarted
+    assert restarted["session"]["id"] == started["session"]["id"] == greeting["session_id"], restarted
+    assert resumed["resumed"] is True and token_replica(resumed["resume_token"]) == owner, resumed
+    await send(again, {"type": "session.close"})
+    assert (await _until(again, "session.closed"))["reason"] == "close_requested"
+    await again.close()
+    for held_ws, _ in other:
+        await held_ws.close()
+    cluster.wait_idle()
+
+
+async def _until(ws: ClientConnection, etype: str, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        event = await recv_event(ws, deadline - time.monotonic())
+        if event["type"] == etype:
+            return event
+    raise AssertionError(f"no {etype} within {timeout} s")
 
 
 async def test_sigterm_drains_a_replica_while_its_sessions_go_on(cluster: Cluster) -> None:

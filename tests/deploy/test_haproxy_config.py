@@ -21,7 +21,9 @@ def test_haproxy_accepts_the_generated_config(tmp_path: Path) -> None:
     for line in ("balance leastconn", "option redispatch 1", "retry-on all-retryable-errors",
                  "use-server gpu-a if token_gpu_a", "acl token_gpu_a req.hdr(x-duplex-resume-token) -m beg gpu-a.",
                  "server r1 127.0.0.1:9001 maxconn 4", "agent-port 8001", "use_backend duplex_resume if resume",
-                 "server r1 127.0.0.1:9001 maxconn 5", 'agent-send "resume\\n"'):
+                 "server r1 127.0.0.1:9001 maxconn 5", 'agent-send "resume\\n"',
+                 "acl call_token_r1 path_beg /v1/realtime/calls/sess_r1_",
+                 "acl call_token_r1 path_beg /v1/live/sessions/sess_r1_"):
         assert line in text, line
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(text)

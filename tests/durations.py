@@ -55,6 +55,8 @@ def order(items: list[pytest.Item], seconds: dict[str, float]) -> None:
 def _file_of(classname: str) -> str | None:
     """junit's `classname` is the dotted module, then any class: the longest prefix that is a file."""
     parts = classname.split(".")
+    if not all(parts):
+        return None  # "" (a report about no test) or a name no module has
     for n in range(len(parts), 0, -1):
         path = Path(*parts[:n]).with_suffix(".py")
         if (ROOT / path).is_file():

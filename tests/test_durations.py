@@ -31,6 +31,7 @@ def test_a_junit_report_gives_each_files_seconds(tmp_path: Path) -> None:
         '<testcase classname="tests.test_layers" name="b" time="0.5"/>'
         '<testcase classname="tests.test_durations.Nested" name="c" time="2.0"/>'
         '<testcase classname="tests.gone_module" name="d" time="9.0"/>'
+        '<testcase classname="" name="tests.broken" time="1.0"/>'
         "</testsuite></testsuites>")
     assert durations.from_junit(report) == {"tests/test_durations.py": 2.0, "tests/test_layers.py": 1.8}
     out = tmp_path / "figures.json"

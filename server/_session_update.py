@@ -111,7 +111,9 @@ def _output_modalities(value: Any) -> str | None:
     """["audio"] or ["text"] (beta clients: ["text", "audio"], which is audio with its transcript)."""
     if value == ["text"]:
         return "text"
-    if isinstance(value, list) and sorted(value) in (["audio"], ["audio", "text"]):
+    # Strings only, before sorting: a client's [null, null] must be refused, not raise in sorted().
+    if isinstance(value, list) and len(value) <= 2 and all(isinstance(v, str) for v in value) \
+            and sorted(value) in (["audio"], ["audio", "text"]):
         return "audio"
     return None
 

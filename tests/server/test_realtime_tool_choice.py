@@ -159,6 +159,8 @@ async def test_required_offers_only_the_declared_tools(echo0: ServerProc, stub: 
     ({"tool_choice": ["auto"]}, "session.tool_choice"),
     ({"output_modalities": ["text", "video"]}, "session.output_modalities"),
     ({"output_modalities": "text"}, "session.output_modalities"),
+    ({"output_modalities": [None, None]}, "session.output_modalities"),  # found by bench.reliability.fuzz
+    ({"modalities": ["audio", 1]}, "session.modalities"),
 ])
 async def test_bad_values_are_refused_and_change_nothing(echo0: ServerProc, session: dict[str, Any],
                                                          param: str) -> None:

@@ -153,7 +153,13 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
     # A client cut for not reading: its writer may be stuck in a send that never completes, so the
     # cut itself ends the connection.
     cut = asyncio.create_task(conn.cut.wait(), name=f"ws-cut-{session.id}")
-    done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server stops: the connection's tasks end with it, retrieved
+        for task in (reader, writer, cut):
+            task.cancel()
+        await asyncio.gather(reader, writer, cut, return_exceptions=True)
+        raise
     if cut in done and not writer.done():
         # The session is resumable at once (the client may be reconnecting already), while the writer,
         # whose outbox now holds only the Close, gets a bounded time to hand the client its close frame

@@ -58,7 +58,7 @@ LOOKUPS: tuple[tuple[str, str], ...] = (
 )
 LEAD_S = 0.5  # silence before the question
 AFTER_S = 12.0  # silence after it, at most: the hand-off and the commentary's start come within it
-FLOOR_P50_S = 0.6  # issue 62: p50 at most this
+FLOOR_P50_S = 0.6  # the floor docs/live.md sets for delegation: p50 at most this
 TICK_MS = round(TICK_SECONDS * 1000)
 
 

@@ -47,47 +47,64 @@ def updated_settings(cfg: Any, current: SessionSettings, audio_started: bool, me
     if in_fmt.rate != current.in_format.rate and audio_started:
         raise ProtocolError("format_locked", "the input format can only change before the first audio",
                             "session.audio.input.format", eid)
-    instructions = cfg.get("instructions", current.instructions)
-    if not isinstance(instructions, str):
-        raise ProtocolError("invalid_instructions", "session.instructions must be a string",
-                            "session.instructions", eid)
-    if len(instructions) > MAX_INSTRUCTIONS_CHARS:
-        raise ProtocolError("instructions_too_long", f"session.instructions has {len(instructions)} characters; "
-                            f"the limit is {MAX_INSTRUCTIONS_CHARS}", "session.instructions", eid)
-    tools = cfg.get("tools", current.tools)
-    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                              for t in tools):
-        raise ProtocolError("invalid_tools", "session.tools must be a list of {type: 'function', name, "
-                            "description, parameters}", "session.tools", eid)
-    if len(tools) > MAX_TOOLS:
-        raise ProtocolError("too_many_tools", f"session.tools has {len(tools)} tools; the limit is {MAX_TOOLS}",
-                            "session.tools", eid)
-    try:
-        size = len(json.dumps(tools, separators=(",", ":")))
-    except (RecursionError, ValueError):
-        size = MAX_TOOLS_JSON_BYTES + 1  # nested too deeply to even measure
-    if size > MAX_TOOLS_JSON_BYTES:
-        raise ProtocolError("tools_too_large", f"session.tools is {size} bytes as JSON; the limit is "
-                            f"{MAX_TOOLS_JSON_BYTES}", "session.tools", eid)
+    instructions = checked_instructions(cfg.get("instructions", current.instructions), "session", eid)
+    tools = checked_tools(cfg.get("tools", current.tools), "session", eid)
     ext = cfg.get("duplex", {})
     if not isinstance(ext, dict):
         raise ProtocolError("invalid_session", "session.duplex must be an object", "session.duplex", eid)
     tick_stats = bool(ext["tick_stats"]) if "tick_stats" in ext else current.tick_stats
     media_clock = _media_clock(ext, current, pace, audio_started, eid)
     return dataclasses.replace(current, pace=pace, in_format=in_fmt, out_format=out_fmt, instructions=instructions,
-                               tools=tools, tool_choice=_tool_choice(cfg, current, tools, eid),
-                               output_modality=_output_modality(cfg, current, eid), tick_stats=tick_stats,
+                               tools=tools,
+                               tool_choice=checked_tool_choice(cfg.get("tool_choice", current.tool_choice), tools,
+                                                               "session", eid),
+                               output_modality=checked_output_modality(cfg, "session", eid) or current.output_modality,
+                               tick_stats=tick_stats,
                                media_clock=media_clock)
+
+
+# The checks below are shared by `session.update` and `response.create`'s `response` object (server/
+# response_config.py): `prefix` ("session" or "response") names the object in the error's param and message.
+
+
+def checked_instructions(value: Any, prefix: str, eid: str | None) -> str:
+    """`instructions`: a string within MAX_INSTRUCTIONS_CHARS."""
+    param = f"{prefix}.instructions"
+    if not isinstance(value, str):
+        raise ProtocolError("invalid_instructions", f"{param} must be a string", param, eid)
+    if len(value) > MAX_INSTRUCTIONS_CHARS:
+        raise ProtocolError("instructions_too_long", f"{param} has {len(value)} characters; the limit is "
+                            f"{MAX_INSTRUCTIONS_CHARS}", param, eid)
+    return value
+
+
+def checked_tools(value: Any, prefix: str, eid: str | None) -> list[dict[str, Any]]:
+    """`tools`: a list of named function tools, bounded in count and in JSON size."""
+    param = f"{prefix}.tools"
+    if not isinstance(value, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                              for t in value):
+        raise ProtocolError("invalid_tools", f"{param} must be a list of {{type: 'function', name, "
+                            "description, parameters}", param, eid)
+    if len(value) > MAX_TOOLS:
+        raise ProtocolError("too_many_tools", f"{param} has {len(value)} tools; the limit is {MAX_TOOLS}",
+                            param, eid)
+    try:
+        size = len(json.dumps(value, separators=(",", ":")))
+    except (RecursionError, ValueError):
+        size = MAX_TOOLS_JSON_BYTES + 1  # nested too deeply to even measure
+    if size > MAX_TOOLS_JSON_BYTES:
+        raise ProtocolError("tools_too_large", f"{param} is {size} bytes as JSON; the limit is "
+                            f"{MAX_TOOLS_JSON_BYTES}", param, eid)
+    return value
 
 
 TOOL_CHOICES = ("auto", "none", "required")
 
 
-def _tool_choice(cfg: dict[str, Any], current: SessionSettings, tools: list[dict[str, Any]],
-                 eid: str | None) -> str | dict[str, Any]:
-    """`session.tool_choice`: "auto", "none", "required" or {"type": "function", "name"} of a declared tool."""
-    param = "session.tool_choice"
-    value = cfg.get("tool_choice", current.tool_choice)
+def checked_tool_choice(value: Any, tools: list[dict[str, Any]], prefix: str,
+                        eid: str | None) -> str | dict[str, Any]:
+    """`tool_choice`: "auto", "none", "required" or {"type": "function", "name"} of a tool in `tools`."""
+    param = f"{prefix}.tool_choice"
     choice: str | dict[str, Any]
     if isinstance(value, str) and value in TOOL_CHOICES:
         choice = value
@@ -100,10 +117,10 @@ def _tool_choice(cfg: dict[str, Any], current: SessionSettings, tools: list[dict
     declared = {t["name"] for t in tools if t.get("type", "function") == "function"}
     if choice == "required" and not declared:
         raise ProtocolError("invalid_tool_choice", f"{param} 'required' needs at least one function in "
-                            "session.tools", param, eid)
+                            f"{prefix}.tools", param, eid)
     if isinstance(choice, dict) and choice["name"] not in declared:
         raise ProtocolError("invalid_tool_choice", f"{param} names the function {choice['name'][:64]!r}, which "
-                            "session.tools does not declare", param, eid)
+                            f"{prefix}.tools does not declare", param, eid)
     return choice
 
 
@@ -118,16 +135,16 @@ def _output_modalities(value: Any) -> str | None:
     return None
 
 
-def _output_modality(cfg: dict[str, Any], current: SessionSettings, eid: str | None) -> str:
-    """`session.output_modalities` (the beta protocol's `modalities`): what responses carry."""
-    for param in ("output_modalities", "modalities"):
-        if param in cfg:
-            modality = _output_modalities(cfg[param])
+def checked_output_modality(cfg: dict[str, Any], prefix: str, eid: str | None) -> str | None:
+    """`output_modalities` (the beta protocol's `modalities`): what responses carry; None when not given."""
+    for name in ("output_modalities", "modalities"):
+        if name in cfg:
+            modality = _output_modalities(cfg[name])
             if modality is None:
-                raise ProtocolError("invalid_output_modalities", f"session.{param} must be [\"audio\"] or "
-                                    f"[\"text\"], got {str(cfg[param])[:80]!r}", f"session.{param}", eid)
+                raise ProtocolError("invalid_output_modalities", f"{prefix}.{name} must be [\"audio\"] or "
+                                    f"[\"text\"], got {str(cfg[name])[:80]!r}", f"{prefix}.{name}", eid)
             return modality
-    return current.output_modality
+    return None
 
 
 MAX_MEDIA_CLOCK = 10**9  # micro-turns (over six years): a bound, so the value stays a small int

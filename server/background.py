@@ -34,6 +34,7 @@ from server.background_context import Pending, ReasonerContext
 from server.client_tools import ClientTools, ToolPolicy
 from server.metrics import Metrics
 from server.rate_limit import background_requests, retry_after
+from server.response_config import RequestConfig, take_request
 from server.sessions import Pace, Session
 from server.tools import BUILTIN_NAMES, BUILTIN_TOOLS, ToolResult, client_tools_to_chat, error_result, run_builtin_async
 from streaming.types import TICK_SECONDS
@@ -70,6 +71,8 @@ class _Request:
     text: list[str] = field(default_factory=list)  # answer so far
     context: Pending | None = None  # its turn in the reasoner's context, committed when it completes
     asked: float = field(default_factory=time.monotonic)  # wall time it was asked (metrics)
+    # What a response.create asked of this request (instructions, tools, tool_choice); the rest is the session's.
+    config: RequestConfig = field(default_factory=RequestConfig)
 
     @property
     def said(self) -> str:
@@ -168,7 +171,8 @@ class BackgroundWorker:
             return None
         self.epoch += 1
         req = _Request(id=p.new_id("bg"), epoch=self.epoch, query=query, source=source, ask=ask,
-                       start_tick=max(0, self.session.tick - 1) if tick is None else tick)
+                       start_tick=max(0, self.session.tick - 1) if tick is None else tick,
+                       config=take_request(self.session))  # taken now: the next request is the session's
         if policy is Policy.SUPERSEDE:
             self._supersede(req.epoch)
         queued = self._current is not None
@@ -293,9 +297,9 @@ class BackgroundWorker:
     async def _answer(self, req: _Request) -> None:
         """Stream the reasoner, running tool calls between rounds, until it answers without tools."""
         s, cfg = self.session, self.settings
-        messages, req.context = self.context.build(s.log, s.settings.instructions, req.query)
-        policy = ToolPolicy(s.settings.tool_choice)  # as it stood when the request began
-        client, builtin = self._tools() if self.reasoner.supports_tools else ([], [])
+        messages, req.context = self.context.build(s.log, req.config.instructions_for(s.settings), req.query)
+        policy = ToolPolicy(req.config.tool_choice_for(s.settings))  # as it stood when the request began
+        client, builtin = self._tools(req) if self.reasoner.supports_tools else ([], [])
         if getattr(self.reasoner, "routes_tools", False):
             # A reasoner that routes (the embedded one: models/background/tool_routing.py) pays for the
             # step on every question it is offered tools with: only the client's declared tools, then.
@@ -331,15 +335,15 @@ class BackgroundWorker:
 
     # -- tools ----------------------------------------------------------------------------------
 
-    def _tools(self) -> tuple[list[ToolSpec], list[ToolSpec]]:
-        """The client's declared tools and the built-ins, in chat format."""
-        client = client_tools_to_chat(self.session.settings.tools)
+    def _tools(self, req: _Request) -> tuple[list[ToolSpec], list[ToolSpec]]:
+        """The client's declared tools (the request's own, else the session's) and the built-ins, in chat format."""
+        client = client_tools_to_chat(req.config.tools_for(self.session.settings))
         names = {t["function"]["name"] for t in client}
         # A client tool with a built-in's name wins: the client declared it on purpose.
         return client, [t for t in BUILTIN_TOOLS if t["function"]["name"] not in names]
 
     async def _run_tool(self, req: _Request, call: ToolCall) -> ToolResult:
-        client_names = {t.get("name") for t in self.session.settings.tools}
+        client_names = {t.get("name") for t in req.config.tools_for(self.session.settings)}
         if call.name in client_names:
             result = await self._client_tools.call(req.id, call, self.settings.tool_timeout)
         elif call.name in BUILTIN_NAMES:

@@ -20,10 +20,13 @@ def _ev(etype: str, **fields: Any) -> Event:
 
 
 def response(rid: str, status: str, output: list[dict[str, Any]], modality: str = "audio",
-             reason: str | None = None) -> dict[str, Any]:
-    """A `realtime.response` object; `reason` for a cancelled or incomplete one (turn_detected, client_cancelled)."""
+             reason: str | None = None, metadata: dict[str, str] | None = None) -> dict[str, Any]:
+    """A `realtime.response` object; `reason` for a cancelled or incomplete one (turn_detected, client_cancelled);
+    `metadata` what `response.create` attached to it, echoed."""
     resp: dict[str, Any] = {"id": rid, "object": "realtime.response", "status": status, "output": output,
                             "output_modalities": [modality], "conversation_id": None, "usage": _usage(output)}
+    if metadata is not None:
+        resp["metadata"] = metadata
     if status != "in_progress":
         details: dict[str, Any] = {"type": status}
         if reason is not None:
@@ -41,8 +44,8 @@ def _usage(output: list[dict[str, Any]]) -> dict[str, Any]:
             "output_token_details": {"text_tokens": words, "audio_tokens": 0}}
 
 
-def created(rid: str, modality: str = "audio") -> list[Event]:
-    return [_ev("response.created", response=response(rid, "in_progress", [], modality))]
+def created(rid: str, modality: str = "audio", metadata: dict[str, str] | None = None) -> list[Event]:
+    return [_ev("response.created", response=response(rid, "in_progress", [], modality, metadata=metadata))]
 
 
 def assistant_item(item_id: str, status: str, modality: str = "audio", text: str | None = None) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def message_opened(rid: str, item_id: str, previous: str | None, modality: str =
 
 
 def message_closed(rid: str, item_id: str, text: str, status: str, modality: str = "audio",
-                   reason: str | None = None) -> list[Event]:
+                   reason: str | None = None, metadata: dict[str, str] | None = None) -> list[Event]:
     """The part, the item and the response closed; `status` is the response's (completed, cancelled)."""
     at = {"response_id": rid, "item_id": item_id, "output_index": 0, "content_index": 0}
     item_status = "completed" if status == "completed" else "incomplete"
@@ -80,24 +83,25 @@ def message_closed(rid: str, item_id: str, text: str, status: str, modality: str
                   _ev("response.content_part.done", **at, part={"type": "text", "text": text})]
     return [*events, _ev("response.output_item.done", response_id=rid, output_index=0, item=item),
                      _ev("conversation.item.done", previous_item_id=None, item=item),
-                     _ev("response.done", response=response(rid, status, [item], modality, reason))]
+                     _ev("response.done", response=response(rid, status, [item], modality, reason, metadata))]
 
 
 def function_call(rid: str, item_id: str, call_id: str, name: str, arguments: str,
-                  previous: str | None, modality: str = "audio") -> list[Event]:
+                  previous: str | None, modality: str = "audio",
+                  metadata: dict[str, str] | None = None) -> list[Event]:
     """A whole response whose output is one `function_call` item, as the API streams it."""
     opened = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "in_progress",
               "call_id": call_id, "name": name, "arguments": ""}
     done = {**opened, "status": "completed", "arguments": arguments}
     at = {"response_id": rid, "item_id": item_id, "output_index": 0, "call_id": call_id}
-    return [_ev("response.created", response=response(rid, "in_progress", [], modality)),
+    return [_ev("response.created", response=response(rid, "in_progress", [], modality, metadata=metadata)),
             _ev("response.output_item.added", response_id=rid, output_index=0, item=opened),
             _ev("conversation.item.added", previous_item_id=previous, item=opened),
             _ev("response.function_call_arguments.delta", **at, delta=arguments),
             _ev("response.function_call_arguments.done", **at, name=name, arguments=arguments),
             _ev("response.output_item.done", response_id=rid, output_index=0, item=done),
             _ev("conversation.item.done", previous_item_id=previous, item=done),
-            _ev("response.done", response=response(rid, "completed", [done], modality))]
+            _ev("response.done", response=response(rid, "completed", [done], modality, metadata=metadata))]
 
 
 def user_audio_item(item_id: str, transcript: str | None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from models.base import TickOutput
-from server import client_secrets
+from server import client_secrets, response_config
 from server import lifecycle as lc
 from server import protocol as p
 from server._session_update import updated_settings
@@ -133,10 +133,11 @@ class RealtimeConnection(Connection):
         """Every event for the client: a tool call from the background worker becomes a whole response."""
         if event.get("type") == "response.function_call_arguments.done":
             previous = self.session.items.last_id() if self.session_id is not None else None
+            asked = response_config.take_output(self.session)  # a response.create's, if one asked
             self.output.after_response(lc.function_call(
                 p.new_id("resp"), str(event.get("item_id") or p.new_id("item")), str(event.get("call_id")),
                 str(event.get("name")), str(event.get("arguments") or ""), previous,
-                self.session.settings.output_modality))
+                asked.modality_for(self.session.settings), asked.metadata))
             return
         if event.get("type") == "conversation.item.added" and event.get("item", {}).get("type") == \
                 "function_call_output":  # the client's tool output, acknowledged as the API does
@@ -340,8 +341,12 @@ class RealtimeConnection(Connection):
             self.runtime.push_video(self.session, frame)
 
     def _on_response_create(self, ev: dict[str, Any], eid: str | None) -> None:
-        # The model decides when to speak every micro-turn; a client request is only a hint.
-        self.runtime.respond(self.session)
+        # The model decides when to speak every micro-turn; a client request is only a hint. Its `response`
+        # object, checked whole first (a bad field changes nothing), configures the next background request
+        # and the next response, replacing what an earlier response.create left untaken.
+        s = self.session
+        s.next_request, s.next_output = response_config.parse(ev.get("response"), s.settings, eid)
+        self.runtime.respond(s)
 
     def _on_response_cancel(self, ev: dict[str, Any], eid: str | None) -> None:
         s = self.session

@@ -23,6 +23,7 @@ import numpy as np
 from models.base import TickOutput
 from server import lifecycle as lc
 from server import protocol as p
+from server import response_config
 from server.connection import Connection
 from server.sessions import Pace
 from streaming.types import SAMPLE_RATE, TICK_SECONDS
@@ -49,6 +50,7 @@ class RealtimeOutput:
         self.last_response_id: str | None = None
         self._item_id: str | None = None
         self._modality = "audio"  # the open response's: fixed when it opens, whatever session.update says later
+        self._metadata: dict[str, str] | None = None  # the open response's, from response.create
         self._said: list[tuple[int, str]] = []  # (ms of the item's audio before the words, words)
         self._audio_ms = 0  # audio of the open item so far
         self.timings: OrderedDict[str, list[tuple[int, str]]] = OrderedDict()  # item id -> its words' times
@@ -146,9 +148,12 @@ class RealtimeOutput:
             self._commit_user(tick, early=True)
         self.response_id, self._item_id = p.new_id("resp"), p.new_id("item")
         self._said, self._audio_ms, self._held, self._overlap = [], 0, 0, False
-        self._modality = modality = self.conn.session.settings.output_modality
-        previous = self.conn.session.items.last_id()
-        for event in (lc.created(self.response_id, modality)
+        s = self.conn.session
+        asked = response_config.take_output(s)  # what a response.create asked of this response, if anything
+        self._modality = modality = asked.modality_for(s.settings)
+        self._metadata = asked.metadata
+        previous = s.items.last_id()
+        for event in (lc.created(self.response_id, modality, asked.metadata)
                       + lc.message_opened(self.response_id, self._item_id, previous, modality)):
             self.emit(event)
 
@@ -163,7 +168,7 @@ class RealtimeOutput:
         while len(self.timings) > KEPT_TIMINGS:
             self.timings.popitem(last=False)
         text = "".join(words for _, words in self._said)
-        for event in lc.message_closed(rid, iid, text, status, self._modality, reason=reason):
+        for event in lc.message_closed(rid, iid, text, status, self._modality, reason=reason, metadata=self._metadata):
             self.emit(event)
         deferred, self._deferred = self._deferred, []
         for event in deferred:

@@ -142,6 +142,36 @@ class SessionSettings:
     media_clock: int | None = None
 
 
+@dataclass(frozen=True)
+class RequestConfig:
+    """The reasoner's side of one response (`response.create`'s, checked in server/response_config.py):
+    each None keeps the session's."""
+
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def instructions_for(self, settings: SessionSettings) -> str:
+        return settings.instructions if self.instructions is None else self.instructions
+
+    def tools_for(self, settings: SessionSettings) -> list[dict[str, Any]]:
+        return settings.tools if self.tools is None else self.tools
+
+    def tool_choice_for(self, settings: SessionSettings) -> str | dict[str, Any]:
+        return settings.tool_choice if self.tool_choice is None else self.tool_choice
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """The output's side of one response: its modality (None: the session's) and metadata to echo."""
+
+    modality: str | None = None
+    metadata: dict[str, str] | None = None
+
+    def modality_for(self, settings: SessionSettings) -> str:
+        return settings.output_modality if self.modality is None else self.modality
+
+
 class Backlog:
     """What a detached session produced (outputs of steps in flight, background answers, tool calls),
     kept in order for its resume. Bounded in items and bytes; what falls off is counted and reported."""
@@ -234,6 +264,10 @@ class Session:
     opened_at: float = field(default_factory=time.monotonic)  # when it opened here (--max-session-minutes)
     expiry_told: bool = False  # duplex.session.expiring was sent
     usage_at: float = field(default_factory=time.monotonic)  # when duplex.session.usage was last sent
+    # What the last response.create asked of the next background request and of the next response
+    # announced (server/response_config.py): each taken once, by the first that starts.
+    next_request: RequestConfig | None = None
+    next_output: OutputConfig | None = None
 
     @property
     def attached(self) -> bool:

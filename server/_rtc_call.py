@@ -42,6 +42,7 @@ from server.limits import RTC_INBOX_BYTES
 from server.outbox import Close, Outbox
 from server.protocol import ProtocolError
 from server.realtime import RealtimeConnection
+from server.rtc_bounds import bound_sctp
 from server.runtime import Runtime
 from server.sessions import Ended, OutputSink, Session
 from streaming.pcm import Audio
@@ -262,6 +263,7 @@ class RtcCall:
         """Apply the offer, attach the output track, and return the answer SDP (ICE candidates included)."""
         with _offer_faults():
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        bound_sctp(self.pc, self._flooded)
         if not any(t.kind == "audio" for t in self.pc.getTransceivers()):
             raise ProtocolError("offer_without_audio", "the offer has no audio m-line: add a microphone "
                                 "track (or addTransceiver('audio')) before creating the offer")
@@ -272,6 +274,17 @@ class RtcCall:
         with _offer_faults():  # what the offer set up is used here: a broken one fails only now
             await self.pc.setLocalDescription(await self.pc.createAnswer())
         return str(self.pc.localDescription.sdp)
+
+    def _flooded(self, why: str) -> None:
+        """The peer sent past what aiortc may hold for it (server/rtc_bounds.py): no legal peer does, so
+        the session ends with the call (no resume grace to hold its place)."""
+        self.runtime.metrics.dropped_event("rtc_flood", self.codec.protocol)
+        self._spawn(self._end_flooded(why), "rtc-flood")
+
+    async def _end_flooded(self, why: str) -> None:
+        if self.state is CallState.LIVE:
+            await self.runtime.close(self.session, why, 1008)
+        await self.finish(why)
 
     def start(self) -> None:
         """The session is attached to this call: start moving events and watching the peer."""

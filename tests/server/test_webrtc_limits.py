@@ -172,3 +172,25 @@ async def test_sessions_per_client_are_capped(duplex_server) -> None:
     await until_sessions(srv, 0, 5)
     third, _ = await start_session(srv.ws_url, pace="realtime")
     await third.close()
+
+
+async def test_a_message_past_the_advertised_window_ends_the_call_and_the_server_lets_go(server: ServerProc) -> None:
+    """aiortc reassembled any message whole, whatever size it had advertised: a peer that ignores the
+    advertised max-message-size (here: aiortc told to forget it) made the server hold all of it. Now the
+    call ends once what is held passes the advertised window, and its place is free again."""
+    await until_sessions(server, 0, 5)
+    client = RtcClient(server.url)
+    await client.connect()
+    try:
+        await client.wait_for("duplex.session.resume")
+        sctp, channel = client.pc.sctp, client._channel
+        assert sctp is not None and channel is not None
+        sctp._remote_max_message_size = 0  # a hostile peer: no size check before sending
+        channel.send(b"\0" * (4 << 20))  # 4 MiB as one message; the server advertised 256 kB and a 1 MiB window
+        await until_sessions(server, 0, 10)  # well before the 20 s resume grace: closed, not kept
+        log = server.log()
+        assert "data channel flood" in log, log[-2000:]
+    finally:
+        await client.close()
+    metrics = httpx.get(server.url + "/metrics", timeout=5).text
+    assert 'duplex_dropped_events_total{reason="rtc_flood"} 1.0' in metrics

@@ -42,7 +42,7 @@ from server.limits import RTC_INBOX_BYTES
 from server.outbox import Close, Outbox
 from server.protocol import ProtocolError
 from server.realtime import RealtimeConnection
-from server.rtc_bounds import bound_sctp
+from server.rtc_bounds import bound_sctp, bound_video_decoding
 from server.runtime import Runtime
 from server.sessions import Ended, OutputSink, Session
 from streaming.pcm import Audio
@@ -264,6 +264,7 @@ class RtcCall:
         with _offer_faults():
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         bound_sctp(self.pc, self._flooded)
+        bound_video_decoding()
         if not any(t.kind == "audio" for t in self.pc.getTransceivers()):
             raise ProtocolError("offer_without_audio", "the offer has no audio m-line: add a microphone "
                                 "track (or addTransceiver('audio')) before creating the offer")

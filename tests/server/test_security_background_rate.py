@@ -43,3 +43,32 @@ async def test_background_requests_beyond_the_burst_are_rate_limited(duplex_serv
         pass
     await ws.close()
     assert len(stub.requests) <= BACKGROUND_BURST  # the refused ones never reached the reasoner
+
+
+async def test_a_session_queueing_requests_does_not_keep_another_from_the_shared_reasoner(
+        duplex_server, stub: ScriptedOpenAI) -> None:
+    """Fair use of the one reasoner every session shares: a session has one request at the reasoner at a
+    time (the rest wait in its own queue), so another session's question goes ahead of the queue."""
+    server = duplex_server("--model", "echo", "--background", "openai", "--background-url", stub.base_url,
+                           "--background-model", "scripted")
+    greedy, _ = await start_session(server.ws_url, pace="media")
+    other, _ = await start_session(server.ws_url, pace="media")
+    for i in range(BACKGROUND_BURST):
+        await send(greedy, {"type": "duplex.background.request", "event_id": f"g{i}", "policy": "queue",
+                            "query": f"[slow] greedy {i}"})
+    while (await recv_event(greedy))["type"] != "duplex.background.started":
+        pass
+    await send(other, {"type": "duplex.background.request", "event_id": "o", "query": "[slow] other"})
+    done = 0
+    while done < BACKGROUND_BURST:  # every queued request is answered in turn
+        done += (await recv_event(greedy, timeout=20))["type"] == "duplex.background.done"
+    while (await recv_event(other, timeout=20))["type"] != "duplex.background.done":
+        pass
+    asked = [m["content"] for body in stub.requests for m in body["messages"][-1:]]
+    order = [next(q for q in ("greedy 0", "greedy 1", "greedy 2", "other") if q in text) for text in asked]
+    # Had the session's requests all gone to the reasoner at once, "other" would come last. (It comes
+    # second; the 1 s of greedy 0 and 1 is the margin for a loaded machine.)
+    assert order[0] == "greedy 0" and order.index("other") < order.index("greedy 2"), asked
+    assert sorted(order) == ["greedy 0", "greedy 1", "greedy 2", "other"], asked
+    await greedy.close()
+    await other.close()

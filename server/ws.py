@@ -12,48 +12,35 @@ import contextlib
 import json
 import logging
 
-from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from server import client_secrets
 from server import protocol as p
-from server.auth import (
-    KEY_SUBPROTOCOL_PREFIXES,
-    RESUME_SUBPROTOCOL_PREFIX,
-    client_id,
-    origin_ok,
-    resume_token,
-)
+from server.auth import client_id, resume_token
 from server.extensions import wants_extensions
 from server.outbox import Close
 from server.realtime import RealtimeConnection
 from server.runtime import Refused, Runtime
 from server.sessions import Ended, Pace, Session
+from server.ws_door import CLOSE_POLICY, admit, plain_subprotocols
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 
 log = logging.getLogger(__name__)
 
-CLOSE_POLICY = 1008
 CUT_CLOSE_SECONDS = 10.0  # a client cut for not reading has this long to read its close frame (uvicorn's close timeout)
 NORMAL_CLOSURE = 1000  # a client closing with this ends its session; any other close keeps it resumable
 TICK_MS = round(TICK_SECONDS * 1000)
 OUTPUT_STALL_S = 5.0  # a media-pace client that reads nothing this long is no longer waited for (OutputRoom)
 
 
-async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
-    """Refuse the handshake with an HTTP status and a JSON body naming the problem."""
-    body = JSONResponse({"error": {"type": "invalid_request_error", "code": code, "message": message}},
-                        status_code=status)
-    try:
-        await ws.send_denial_response(body)
-    except RuntimeError:  # server without the denial-response extension: a plain close (HTTP 403)
-        await ws.close(CLOSE_POLICY, message[:120])
-
-
 def _pick_subprotocol(offered: list[str]) -> str | None:
     """Answer with a non-secret protocol the client offered ('realtime' first), never the key one."""
-    plain = [proto for proto in offered if not proto.startswith((*KEY_SUBPROTOCOL_PREFIXES, RESUME_SUBPROTOCOL_PREFIX))]
+    plain = plain_subprotocols(offered)
     return "realtime" if "realtime" in plain else (plain[0] if plain else None)
+
+
+def _error_body(code: str, message: str) -> dict[str, object]:
+    return {"error": {"type": "invalid_request_error", "code": code, "message": message}}
 
 
 def _wants_beta(ws: WebSocket, offered: list[str]) -> bool:
@@ -63,22 +50,11 @@ def _wants_beta(ws: WebSocket, offered: list[str]) -> bool:
 
 async def realtime_endpoint(ws: WebSocket) -> None:
     runtime: Runtime = ws.app.state.runtime
-    offered = list(ws.scope.get("subprotocols", []))
-    if not origin_ok(ws.headers.get("origin"), runtime.allowed_origins):
-        runtime.metrics.client_errors.labels("origin_not_allowed").inc()
-        await _deny(ws, 403, "origin_not_allowed", f"origin {ws.headers.get('origin')!r} is not allowed; "
-                    "start the server with --allow-origin ORIGIN")
+    admitted = await admit(ws, "realtime", _error_body, " or the subprotocol 'duplex-api-key.<key>'")
+    if admitted is None:
         return
-    # The server's key, or an ephemeral one (server/client_secrets.py), spent here: one key, one connection.
+    offered, ephemeral = admitted.offered, admitted.ephemeral
     store: client_secrets.ClientSecrets = ws.app.state.client_secrets
-    verdict, ephemeral = store.authorize(runtime.config.api_key, ws.headers, offered)
-    if verdict is not client_secrets.Verdict.OK:
-        code, message = client_secrets.REFUSALS[verdict]
-        runtime.metrics.client_errors.labels(code).inc()
-        if verdict is client_secrets.Verdict.WRONG:
-            message += " or the subprotocol 'duplex-api-key.<key>'"
-        await _deny(ws, 401, code, message)
-        return
     await ws.accept(subprotocol=_pick_subprotocol(offered))
     conn = RealtimeConnection(runtime, beta=_wants_beta(ws, offered), extensions=wants_extensions(ws.headers, offered))
     if ephemeral is not None:  # the session config it was minted with, for the connection to apply

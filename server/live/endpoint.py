@@ -1,11 +1,11 @@
 """WebSocket endpoint `/v1/live/sessions`: the checks `/v1/realtime` makes, then a reader and a writer.
 
-Origins and the API key are checked before the upgrade, with the same helpers as `/v1/realtime`
-(server/auth.py); an ephemeral key (server/client_secrets.py) is taken there too, and spent: one key,
-one connection. Admission, per-client caps and resume happen at `session.start`, in `Runtime.attach`.
-A client that asks for duplex's extensions (server/extensions.py) may send camera frames.
-A resume token (header `X-Duplex-Resume-Token` or subprotocol `duplex-resume-token.TOKEN`) makes that
-`session.start` resume the session instead of opening one.
+Origins and the API key are checked before the upgrade by the door `/v1/realtime` uses
+(server/ws_door.py); an ephemeral key is spent there too: one key, one connection. Admission,
+per-client caps and resume happen at `session.start`, in `Runtime.attach`. A client that asks for
+duplex's extensions (server/extensions.py) may send camera frames. A resume token (header
+`X-Duplex-Resume-Token` or subprotocol `duplex-resume-token.TOKEN`) makes that `session.start` resume
+the session instead of opening one.
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ import asyncio
 import contextlib
 import logging
 
-from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from server import client_secrets
-from server.auth import KEY_SUBPROTOCOL_PREFIXES, RESUME_SUBPROTOCOL_PREFIX, client_id, origin_ok, resume_token
+from server.auth import client_id, resume_token
 from server.extensions import wants_extensions
 from server.live.connection import LiveConnection
 from server.live.events import error_event
 from server.outbox import Close
 from server.runtime import Runtime
 from server.sessions import Ended
+from server.ws_door import admit, plain_subprotocols
 
 log = logging.getLogger(__name__)
 
@@ -33,40 +33,27 @@ NORMAL_CLOSURE = 1000
 CUT_CLOSE_SECONDS = 10.0  # a client cut for not reading has this long to take its close frame
 
 
-async def _deny(ws: WebSocket, status: int, code: str, message: str) -> None:
-    """Refuse the upgrade with an HTTP status and the protocol's error body."""
-    body = JSONResponse({"error": error_event(code, message)["error"]}, status_code=status)
-    try:
-        await ws.send_denial_response(body)
-    except RuntimeError:  # a server without the denial-response extension: a plain close
-        await ws.close(1008, message[:120])
-
-
 def _subprotocol(offered: list[str]) -> str | None:
     """GPT-Live clients offer none; a browser's key or resume subprotocol is never echoed."""
-    plain = [x for x in offered if not x.startswith((*KEY_SUBPROTOCOL_PREFIXES, RESUME_SUBPROTOCOL_PREFIX))]
+    plain = plain_subprotocols(offered)
     return plain[0] if plain else None
+
+
+def _error_body(code: str, message: str) -> dict[str, object]:
+    return {"error": error_event(code, message)["error"]}
 
 
 async def live_endpoint(ws: WebSocket) -> None:
     runtime: Runtime = ws.app.state.runtime
-    offered = list(ws.scope.get("subprotocols", []))
-    if not origin_ok(ws.headers.get("origin"), runtime.allowed_origins):
-        runtime.metrics.client_error("origin_not_allowed", "live")
-        await _deny(ws, 403, "origin_not_allowed", f"origin {ws.headers.get('origin')!r} is not allowed; "
-                    "start the server with --allow-origin ORIGIN")
+    admitted = await admit(ws, "live", _error_body)
+    if admitted is None:
         return
-    store: client_secrets.ClientSecrets = ws.app.state.client_secrets
-    verdict, ephemeral = store.authorize(runtime.config.api_key, ws.headers, offered)
-    if verdict is not client_secrets.Verdict.OK:
-        code, message = client_secrets.REFUSALS[verdict]
-        runtime.metrics.client_error(code, "live")
-        await _deny(ws, 401, code, message)
-        return
-    if ephemeral is not None:
+    if admitted.ephemeral is not None:
         # Minted with a Realtime session's configuration, which a live session has no use for: dropped
         # (a GPT-Live client configures its session in session.start).
-        store.take_config(ephemeral)
+        store: client_secrets.ClientSecrets = ws.app.state.client_secrets
+        store.take_config(admitted.ephemeral)
+    offered = admitted.offered
     await ws.accept(subprotocol=_subprotocol(offered))
     conn = LiveConnection(runtime, client_id(ws.scope), resume_token(ws), wants_extensions(ws.headers, offered))
     await _serve(ws, conn, runtime)
@@ -77,7 +64,13 @@ async def _serve(ws: WebSocket, conn: LiveConnection, runtime: Runtime) -> None:
     writer = asyncio.create_task(_write(ws, conn), name="live-writer")
     reader = asyncio.create_task(_read(ws, conn, heard), name="live-reader")
     cut = asyncio.create_task(conn.cut.wait(), name="live-cut")
-    done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server stops: the connection's tasks end with it, retrieved
+        for task in (reader, writer, cut):
+            task.cancel()
+        await asyncio.gather(reader, writer, cut, return_exceptions=True)
+        raise
     if cut in done and not writer.done():
         # Resumable at once, while the writer gets a bounded time to deliver the close frame and reason.
         reader.cancel()

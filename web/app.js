@@ -1,9 +1,11 @@
 // duplex web client: one WebRTC call (mic + optional camera in, voice out) and the Realtime events on a
-// data channel. Plain ES module, no build step. State lives in `call`; the DOM is only written here.
+// data channel, or GPT-Live's (Settings: Protocol). Plain ES module, no build step. State lives in
+// `call`; the DOM is only written here.
 
 const $ = (id) => document.getElementById(id);
 const ui = {
   status: $("status"), connect: $("connect"), camera: $("camera"), apiKey: $("api-key"), settings: $("settings"),
+  protocol: $("protocol"),
   message: $("message"), transcript: $("transcript"), form: $("text-form"), text: $("text"), send: $("send"),
   ask: $("ask"), previewBox: $("preview-box"), preview: $("preview"), seen: $("seen"), seenBox: $("seen-box"), background: $("background"),
   rtt: $("rtt"), late: $("late"), buffered: $("buffered"), jitter: $("jitter"), remote: $("remote"),
@@ -30,7 +32,9 @@ function setStatus(state, text) {
   const busy = state === "connecting" || state === "live";
   ui.connect.textContent = busy ? "Hang up" : "Connect";
   ui.connect.classList.toggle("hangup", busy);
-  for (const el of [ui.text, ui.send, ui.ask]) el.disabled = state !== "live";
+  // GPT-Live takes no typed user turns and has no background requests of the client's own.
+  const typing = state === "live" && !(call && call.live);
+  for (const el of [ui.text, ui.send, ui.ask]) el.disabled = !typing;
 }
 
 function showMessage(text, kind = "error", code = "") {
@@ -115,7 +119,8 @@ async function connect(resumeToken = null) {
   clearMessage();
   setStatus("connecting", resumeToken ? "resuming" : "connecting");
   const c = { pc: null, dc: null, stream: null, camera: null, timers: [], token: resumeToken, sessionId: null,
-              callId: null, pings: new Map(), rtts: [], closing: false, resumed: resumeToken !== null };
+              callId: null, pings: new Map(), rtts: [], closing: false, resumed: resumeToken !== null,
+              live: ui.protocol.value === "live" };
   call = c;
   try {
     c.stream = await getMedia(ui.camera.checked);
@@ -137,11 +142,9 @@ async function connect(resumeToken = null) {
     await c.pc.setLocalDescription(await c.pc.createOffer());
     await waitForGathering(c.pc);
     // The resume token rides in a header, never the URL, so access logs don't record it.
-    const headers = { "Content-Type": "application/sdp", "X-Duplex-Extensions": "1" };  // resume, duplex.* events
+    const headers = { "X-Duplex-Extensions": "1" };  // resume, duplex.* events
     if (resumeToken) headers["X-Duplex-Resume-Token"] = resumeToken;
-    const res = await api("/v1/realtime/calls", { method: "POST", body: c.pc.localDescription.sdp, headers });
-    c.callId = (res.headers.get("Location") || "").split("/").pop();
-    const answer = await res.text();
+    const answer = await (c.live ? offerLive(c, headers) : offerRealtime(c, headers));
     if (call !== c) return;
     await c.pc.setRemoteDescription({ type: "answer", sdp: answer });
     c.timers.push(setInterval(() => sendPing(c), PING_MS), setInterval(() => readStats(c), STATS_MS));
@@ -154,10 +157,28 @@ async function connect(resumeToken = null) {
   }
 }
 
+// Realtime: the offer is the body; the call's id is in Location.
+async function offerRealtime(c, headers) {
+  const res = await api("/v1/realtime/calls", { method: "POST", body: c.pc.localDescription.sdp,
+    headers: { ...headers, "Content-Type": "application/sdp" } });
+  c.callId = (res.headers.get("Location") || "").split("/").pop();
+  return res.text();
+}
+
+// GPT-Live: the session's configuration and the offer in one JSON body; the session starts with the call.
+async function offerLive(c, headers) {
+  const body = { session: { model: "gpt-live-1" }, transport: { type: "webrtc", sdp: c.pc.localDescription.sdp } };
+  const res = await api("/v1/live/sessions", { method: "POST", body: JSON.stringify(body),
+    headers: { ...headers, "Content-Type": "application/json" } });
+  const answer = await res.json();
+  c.callId = answer.session.id;
+  return answer.transport.sdp;
+}
+
 function onChannelOpen(c) {
   setStatus("live", "live");
-  // Ask for per-micro-turn stats (tick lateness) for the latency readout.
-  send(c, { type: "session.update", session: { duplex: { tick_stats: true } } });
+  // Ask for per-micro-turn stats (tick lateness) for the latency readout (a Realtime extension).
+  if (!c.live) send(c, { type: "session.update", session: { duplex: { tick_stats: true } } });
 }
 
 function onConnectionState(c) {
@@ -185,7 +206,8 @@ async function hangup() {
   c.closing = true;
   if (c.callId) {
     // Frees the session at once instead of after the resume grace period. keepalive: survives page unload.
-    fetch(`/v1/realtime/calls/${c.callId}/hangup`, { method: "POST", headers: authHeaders(), keepalive: true }).catch(() => {});
+    const path = c.live ? `/v1/live/sessions/${c.callId}/hangup` : `/v1/realtime/calls/${c.callId}/hangup`;
+    fetch(path, { method: "POST", headers: authHeaders(), keepalive: true }).catch(() => {});
   }
   teardown(c);
   setStatus("idle", "idle");
@@ -351,6 +373,18 @@ function onEvent(c, ev) {
       note(`server: ${err.message || err.code || "error"}`);
       break;
     }
+    // GPT-Live: transcripts of both voices on the session's timeline, hand-offs, the session's end.
+    case "session.started": note(`GPT-Live session (model ${(ev.session.duplex || {}).model || "?"})`); break;
+    case "session.input_transcript.delta":
+      if (!convo.user) { convo.user = line("user", ""); convo.assistant = null; }
+      append(convo.user, ev.delta);
+      break;
+    case "session.output_transcript.delta":
+      if (!convo.assistant) { convo.assistant = line("assistant", ""); convo.user = null; }
+      append(convo.assistant, ev.delta);
+      break;
+    case "session.delegation.created": note("handed off to the reasoner"); break;
+    case "session.closed": note(`session closed: ${ev.reason || "closed"}`); break;
     default: break;
   }
 }

@@ -156,6 +156,27 @@ def test_call_audio_transcript_latency_and_layout(new_context: Callable[..., obj
     assert not errors, f"page errors: {errors}"
 
 
+def test_a_gpt_live_call_from_the_page(new_context: Callable[..., object], server: ServerProc) -> None:
+    """Settings -> Protocol: GPT-Live. The page offers through POST /v1/live/sessions (JSON body, the
+    session started with the call), hears the echo on the media track, and its hang-up ends the session."""
+    page = new_context(permissions=MEDIA).new_page()  # type: ignore[attr-defined]
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server.url + "/")
+    page.click("#settings summary")
+    page.select_option("#protocol", "live")
+    page.click("#connect")
+    page.wait_for_selector("#status[data-state=live]", timeout=15_000)
+    page.wait_for_selector(".line.note:has-text('GPT-Live session (model echo)')", timeout=10_000)
+    page.wait_for_function("window.duplex.audioEnergy > 0 && window.duplex.packetsReceived > 50", timeout=15_000)
+    assert page.is_disabled("#text") and page.is_disabled("#ask")  # GPT-Live takes no typed turns
+    page.wait_for_function("window.duplex.rttMs !== null", timeout=10_000)  # duplex.ping answered on it too
+    page.click("#connect")
+    page.wait_for_selector("#status[data-state=idle]", timeout=5_000)
+    _wait(lambda: _sessions(server) == 0, 5, "the live session to be closed by the hang-up")
+    assert not errors, f"page errors: {errors}"
+
+
 def test_refused_microphone_shows_its_message(new_context: Callable[..., object], server: ServerProc) -> None:
     page = new_context(permissions=[]).new_page()  # type: ignore[attr-defined]  # the prompt is denied
     page.goto(server.url + "/")

@@ -26,6 +26,7 @@ from server.live.census import census
 from server.live.endpoint import PATH as LIVE_PATH
 from server.live.endpoint import live_endpoint
 from server.runtime import Runtime
+from server.unread_body import ReadBodyBeforeAnswer
 from server.ws import realtime_endpoint
 
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
@@ -93,6 +94,9 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
     # Outermost: a preflight carries no key, and every answer (a 401, a 429 too) must be readable by an
     # admitted page; the origins are the runtime's, those the WebSocket's Origin check admits.
     app.add_middleware(CORS, origins=lambda: app.state.runtime.allowed_origins)
+    # Around everything that may refuse: an answer goes out once the request's body is in (a bounded
+    # read), so a refusal is not lost to the reset a close on unread bytes makes (server/unread_body.py).
+    app.add_middleware(ReadBodyBeforeAnswer)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:

@@ -18,6 +18,7 @@ BACKLOG_BYTES = 4 << 20  # outputs and events kept for a detached session, repla
 BACKLOG_ITEMS = 2000  # and at most this many of them
 RTC_INBOX_BYTES = 2 << 20  # data-channel messages waiting to be handled
 MAX_OFFER_BYTES = 64 * 1024  # an SDP offer; real ones are a few kB
+DRAIN_BYTES = 1 << 20  # a request body up to this is read before its answer (server/unread_body.py)
 MAX_OFFER_MLINES = 4  # m= sections in an offer: audio, video, data channel (+1 spare)
 MAX_VIDEO_PIXELS = 3840 * 2160  # larger decoded frames are dropped (counted) before conversion
 # Pictures sent as JSON (an `input_image` part, a `duplex.input_video.append` frame) must also fit in the

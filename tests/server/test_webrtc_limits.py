@@ -4,6 +4,7 @@ and media sections, calls that never connect, the per-client session cap, deep J
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -194,3 +195,31 @@ async def test_a_message_past_the_advertised_window_ends_the_call_and_the_server
         await client.close()
     metrics = httpx.get(server.url + "/metrics", timeout=5).text
     assert 'duplex_dropped_events_total{reason="rtc_flood"} 1.0' in metrics
+
+
+def _post_then_read_late(url: str, path: str, body: bytes, ctype: str, wait: float = 0.3) -> bytes:
+    """A whole POST sent, then its answer read only after `wait`: by then a server that answered without
+    reading the body has closed on unread bytes, and the kernel's reset has taken its answer away."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        sock.sendall(head + body)
+        time.sleep(wait)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+@pytest.mark.parametrize(("path", "ctype", "status"), [
+    ("/v1/realtime/calls", "application/sdp", b"413"),  # declared over the offer's bound
+    ("/v1/live/sessions", "application/json", b"413"),
+    ("/v1/realtime/calls", "text/html", b"415"),  # refused by its type, before any of the body is read
+])
+async def test_a_refused_offer_gets_its_answer_even_when_read_late(server: ServerProc, path: str, ctype: str,
+                                                                   status: bytes) -> None:
+    # Past what uvicorn buffers before it stops reading: without the drain, unread bytes at the close.
+    body = b"v=0\r\n" + b"x" * 600_000
+    answer = await asyncio.to_thread(_post_then_read_late, server.url, path, body, ctype)  # was a reset
+    assert answer.startswith(b"HTTP/1.1 " + status), answer[:200]

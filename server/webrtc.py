@@ -31,9 +31,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from server import client_secrets
-from server._rtc_call import CallCodec, RealtimeCodec, RtcCall
+from server._rtc_call import RtcCall
 from server._rtc_tracks import PacedAudioTrack
 from server.auth import client_id, origin_ok, resume_token
+from server.call_codec import CallCodec, RealtimeCodec
 from server.extensions import wants_extensions
 from server.ice_candidates import TooManyCandidates, filter_offer
 from server.limits import MAX_OFFER_BYTES, MAX_OFFER_MLINES

@@ -26,9 +26,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from server import client_secrets
-from server._rtc_call import CallCodec
 from server._rtc_tracks import PacedAudioTrack
 from server.auth import client_id, origin_ok, resume_token
+from server.call_codec import CallCodec
 from server.extensions import wants_extensions
 from server.limits import MAX_OFFER_BYTES
 from server.live import config as cfg_mod

@@ -28,6 +28,7 @@ from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 log = logging.getLogger(__name__)
 
 CUT_CLOSE_SECONDS = 10.0  # a client cut for not reading has this long to read its close frame (uvicorn's close timeout)
+CLOSE_CODE_WAIT_S = 0.5  # how long a connection whose writer failed waits for the client's close code
 NORMAL_CLOSURE = 1000  # a client closing with this ends its session; any other close keeps it resumable
 TICK_MS = round(TICK_SECONDS * 1000)
 OUTPUT_STALL_S = 5.0  # a media-pace client that reads nothing this long is no longer waited for (OutputRoom)
@@ -147,8 +148,12 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
         draining = asyncio.create_task(runtime.drained.wait(), name=f"ws-drain-{session.id}")
         await asyncio.wait({writer, draining}, timeout=CUT_CLOSE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
         draining.cancel()  # a shutdown does not wait for a client that does not read
+    if writer in done and reader not in done:
+        # The writer saw the socket go first: a client's close frame may be right behind, and its code
+        # (1000: a goodbye, which ends the session now) would be lost by cancelling the reader at once.
+        await asyncio.wait({reader}, timeout=CLOSE_CODE_WAIT_S)
     for task in (reader, writer, cut):
-        if task not in done:
+        if task not in done and not task.done():
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
             await task

@@ -22,13 +22,12 @@ from server.outbox import Close
 from server.realtime import RealtimeConnection
 from server.runtime import Refused, Runtime
 from server.sessions import Ended, Pace, Session
-from server.ws_door import CLOSE_POLICY, admit, plain_subprotocols
+from server.ws_door import CLOSE_POLICY, admit, first_to_end, plain_subprotocols
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES, TICK_SECONDS
 
 log = logging.getLogger(__name__)
 
 CUT_CLOSE_SECONDS = 10.0  # a client cut for not reading has this long to read its close frame (uvicorn's close timeout)
-CLOSE_CODE_WAIT_S = 0.5  # how long a connection whose writer failed waits for the client's close code
 NORMAL_CLOSURE = 1000  # a client closing with this ends its session; any other close keeps it resumable
 TICK_MS = round(TICK_SECONDS * 1000)
 OUTPUT_STALL_S = 5.0  # a media-pace client that reads nothing this long is no longer waited for (OutputRoom)
@@ -130,13 +129,7 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
     # A client cut for not reading: its writer may be stuck in a send that never completes, so the
     # cut itself ends the connection.
     cut = asyncio.create_task(conn.cut.wait(), name=f"ws-cut-{session.id}")
-    try:
-        done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the server stops: the connection's tasks end with it, retrieved
-        for task in (reader, writer, cut):
-            task.cancel()
-        await asyncio.gather(reader, writer, cut, return_exceptions=True)
-        raise
+    done = await first_to_end(reader, writer, cut)
     if cut in done and not writer.done():
         # The session is resumable at once (the client may be reconnecting already), while the writer,
         # whose outbox now holds only the Close, gets a bounded time to hand the client its close frame
@@ -148,10 +141,6 @@ async def _serve(ws: WebSocket, conn: RealtimeConnection, session: Session, runt
         draining = asyncio.create_task(runtime.drained.wait(), name=f"ws-drain-{session.id}")
         await asyncio.wait({writer, draining}, timeout=CUT_CLOSE_SECONDS, return_when=asyncio.FIRST_COMPLETED)
         draining.cancel()  # a shutdown does not wait for a client that does not read
-    if writer in done and reader not in done:
-        # The writer saw the socket go first: a client's close frame may be right behind, and its code
-        # (1000: a goodbye, which ends the session now) would be lost by cancelling the reader at once.
-        await asyncio.wait({reader}, timeout=CLOSE_CODE_WAIT_S)
     for task in (reader, writer, cut):
         if task not in done and not task.done():
             task.cancel()

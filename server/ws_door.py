@@ -1,5 +1,5 @@
 """The door of a WebSocket API endpoint: what `/v1/realtime` and `/v1/live/sessions` check before the
-upgrade, in one place so that the two protocols cannot drift apart.
+upgrade, and how a connection's tasks end, in one place so that the two protocols cannot drift apart.
 
 The page's origin must be one `--allow-origin` admits (or the server's own); the key is the server's,
 or an ephemeral one (server/client_secrets.py), spent here: one key, one connection. A refusal is an
@@ -9,6 +9,7 @@ send one; it is counted per protocol (server/metrics.py).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,3 +64,27 @@ async def deny(ws: WebSocket, status: int, body: dict[str, Any]) -> None:
         await ws.send_denial_response(JSONResponse(body, status_code=status))
     except RuntimeError:  # a server without the denial-response extension: a plain close (HTTP 403)
         await ws.close(CLOSE_POLICY, str(body.get("error", {}).get("message", ""))[:120])
+
+
+CLOSE_CODE_WAIT_S = 0.5  # how long a connection whose writer failed waits for the client's close code
+
+
+async def first_to_end(reader: asyncio.Task[int], writer: asyncio.Task[None],
+                       cut: asyncio.Task[bool]) -> set[asyncio.Task[Any]]:
+    """Wait for the first of a connection's reader, writer and cut to end (both WebSocket protocols).
+
+    When the server stops meanwhile, all three are cancelled and retrieved with it. When the writer saw
+    the socket go first, the client's close frame may be right behind: the reader gets a moment to read
+    its code (1000, a goodbye, ends the session now; lost, the session would wait out its resume grace).
+    """
+    tasks: set[asyncio.Task[Any]] = {reader, writer, cut}
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    if writer in done and reader not in done:
+        await asyncio.wait({reader}, timeout=CLOSE_CODE_WAIT_S)
+    return done

@@ -24,7 +24,7 @@ from server.live.events import error_event
 from server.outbox import Close
 from server.runtime import Runtime
 from server.sessions import Ended
-from server.ws_door import admit, plain_subprotocols
+from server.ws_door import admit, first_to_end, plain_subprotocols
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +64,7 @@ async def _serve(ws: WebSocket, conn: LiveConnection, runtime: Runtime) -> None:
     writer = asyncio.create_task(_write(ws, conn), name="live-writer")
     reader = asyncio.create_task(_read(ws, conn, heard), name="live-reader")
     cut = asyncio.create_task(conn.cut.wait(), name="live-cut")
-    try:
-        done, _ = await asyncio.wait({writer, reader, cut}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the server stops: the connection's tasks end with it, retrieved
-        for task in (reader, writer, cut):
-            task.cancel()
-        await asyncio.gather(reader, writer, cut, return_exceptions=True)
-        raise
+    done = await first_to_end(reader, writer, cut)
     if cut in done and not writer.done():
         # Resumable at once, while the writer gets a bounded time to deliver the close frame and reason.
         reader.cancel()
@@ -79,7 +73,7 @@ async def _serve(ws: WebSocket, conn: LiveConnection, runtime: Runtime) -> None:
         await _detach(conn, runtime, None, heard)
         await asyncio.wait({writer}, timeout=CUT_CLOSE_SECONDS)
     for task in (reader, writer, cut):
-        if task not in done:
+        if task not in done and not task.done():
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
             await task

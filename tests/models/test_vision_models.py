@@ -86,6 +86,9 @@ def test_a_crashed_worker_leaves_sessions_blind_not_broken(caplog) -> None:
         assert w.dead
         assert not w.submit("s3", astronaut(), 0.0)
         assert w.take("s3") == ([], [])
+        # The watcher thread marks the worker dead, then logs: the line may come a moment after `dead`.
+        while "sessions go on without seeing" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "sessions go on without seeing" in caplog.text
     finally:
         w.shutdown()

@@ -113,6 +113,9 @@ class Metrics:
         self.sessions_restored = Counter(
             "duplex_sessions_restored", "Sessions another replica held, restored here from the session store",
             registry=r)
+        self.sessions_taken_over = Counter(
+            "duplex_sessions_taken_over",
+            "Resumes that took a session from a connection not yet seen to end (it was hung up on)", registry=r)
         self.restore_seconds = Histogram(
             "duplex_restore_seconds", "Time to restore a session from the store (look-up, claim, open)",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)

@@ -43,6 +43,10 @@ from server.verbs import Verbs
 
 log = logging.getLogger(__name__)
 
+# The close code for a connection whose session a resume took over (4000-4999: the application's own;
+# 4409 after HTTP's 409 Conflict). Not 1000 or 1001: a client must not read it as a goodbye or a drain.
+TAKEN_OVER_CODE = 4409
+
 __all__ = ["Ended", "Refused", "Runtime"]
 
 
@@ -116,7 +120,24 @@ class Runtime(Verbs):
         check_pace(session.settings.pace, media)
         # No await from resumable() to here: nobody else can take the session in between.
         self.registry.retoken(session)
+        if session.sink is not None:
+            self._take_over(session)
         return await self._seat(session, sink, resume_token)
+
+    def _take_over(self, session: Session) -> None:
+        """A resume with the session's current token while its old connection is still attached: the
+        client came back before the server saw that connection end (a network that drops without a FIN or
+        RST is seen only at the next keepalive, seconds later; a fast reconnect races the close). The token
+        proves the client got that connection's greeting, so the new connection takes the session and the
+        old one is hung up on; waiting for it to time out would refuse a client that did everything right."""
+        old = session.sink
+        assert old is not None
+        self.registry.detach(session)  # the old connection's own detach is a no-op from here
+        self.metrics.sessions_taken_over.inc()
+        try:
+            old.end(TAKEN_OVER_CODE, "session resumed on another connection")
+        except Exception:  # a broken transport must not keep the client from its session
+            log.exception("session %s: hanging up on the connection it left failed", session.id)
 
     async def _restore(self, sink: OutputSink, token: str, client: str, media: bool) -> Session:
         """A resume whose token another replica issued: the session store's story (server/claims.py)."""

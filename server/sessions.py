@@ -364,9 +364,10 @@ class SessionRegistry:
         session.detached_at = time.monotonic() if now is None else now
 
     def resumable(self, token: str) -> Session | None:
-        """The detached session a token names; None if unknown, expired or still attached."""
+        """The session a token names, detached or still attached (a client back before its old connection
+        was seen to end takes the session over); None if unknown or expired."""
         session = self._by_token.get(token)
-        if session is None or session.closed or session.attached:
+        if session is None or session.closed:
             return None
         return session
 

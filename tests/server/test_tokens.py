@@ -8,10 +8,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from server.auth import ResumeTokens, TokenCheck, token_replica
 from tests.conftest import ServerProc, start_server
-from tests.wsclient import open_ws, recv_event, start_session
+from tests.wsclient import TICK, collect_audio, open_ws, pcm16, random_pcm, recv_event, start_session
 
 SECRET = "test-cluster-secret"
 
@@ -62,6 +63,31 @@ async def test_resume_rotates_a_signed_token_of_this_replica(server: ServerProc)
     assert again["resumed"] is True and again["resume_token"] != token
     assert token_replica(again["resume_token"]) == "alpha"
     await ws2.close()
+
+
+async def test_a_resume_takes_over_a_session_whose_old_connection_is_still_open(server: ServerProc) -> None:
+    """The client comes back before the server saw its old connection end (a network that drops without
+    a FIN): the token proves it got that connection's greeting, so the new connection gets the session
+    and the old one is hung up on with 4409, not a goodbye."""
+    old, resume = await start_session(server.ws_url)
+    await old.send(pcm16(random_pcm(TICK, seed=3)))
+    before = await collect_audio(old, 1)  # the old connection is live and stepping
+    new = await open_ws(server.ws_url, additional_headers={"X-Duplex-Resume-Token": resume["resume_token"]})
+    created, again = await recv_event(new), await recv_event(new)
+    assert created["session"]["id"] == resume["session_id"] and again["resumed"] is True, (created, again)
+    with pytest.raises(ConnectionClosed):
+        while True:
+            await recv_event(old, timeout=5)
+    assert old.close_code == 4409 and "another connection" in (old.close_reason or ""), old.close_reason
+    # The old token is spent, the new connection is the session's: it streams on.
+    code, close = await _refused(server.ws_url, additional_headers={"X-Duplex-Resume-Token": resume["resume_token"]})
+    assert (code, close) == ("invalid_resume_token", 1008)
+    await new.send(pcm16(random_pcm(TICK, seed=4)))
+    after = await collect_audio(new, 1)
+    assert min(after) > max(before), (before.keys(), after.keys())  # the same session's clock, on
+    metrics = httpx.get(server.url + "/metrics").text
+    assert "duplex_sessions_taken_over_total 1.0" in metrics
+    await new.close()
 
 
 async def test_forged_and_foreign_tokens_get_a_4xx_not_a_session(server: ServerProc) -> None:

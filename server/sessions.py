@@ -13,20 +13,18 @@ A `Session` is three parts with different owners:
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, Protocol
 
 from models.base import BackgroundChunk, SessionState, TickOutput
+from server.backlog import Backlog
 from server.conversation import ConversationLog
 from server.inbox import Inbox
 from server.items import ConversationItems
-from server.limits import BACKLOG_BYTES, BACKLOG_ITEMS
 from server.protocol import AudioFormat
 from server.schedule import Schedule
 
@@ -170,50 +168,6 @@ class OutputConfig:
 
     def modality_for(self, settings: SessionSettings) -> str:
         return settings.output_modality if self.modality is None else self.modality
-
-
-class Backlog:
-    """What a detached session produced (outputs of steps in flight, background answers, tool calls),
-    kept in order for its resume. Bounded in items and bytes; what falls off is counted and reported."""
-
-    def __init__(self, max_items: int = BACKLOG_ITEMS, max_bytes: int = BACKLOG_BYTES) -> None:
-        self.max_items, self.max_bytes = max_items, max_bytes
-        self._items: deque[tuple[int, TickOutput | dict[str, Any], int]] = deque()  # (bytes, item, tick)
-        self.bytes = 0
-        self.dropped = 0  # items dropped since the last replay
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def add_output(self, out: TickOutput, tick: int) -> None:
-        self._add(int(out.audio.nbytes) + 2 * len(out.text) + 2 * len(out.user_text) + 64, out, tick)
-
-    def add_event(self, event: dict[str, Any]) -> None:
-        self._add(len(json.dumps(event, separators=(",", ":"))), event, -1)
-
-    def _add(self, size: int, item: TickOutput | dict[str, Any], tick: int) -> None:
-        self._items.append((size, item, tick))
-        self.bytes += size
-        while len(self._items) > self.max_items or self.bytes > self.max_bytes:
-            old, _, _ = self._items.popleft()
-            self.bytes -= old
-            self.dropped += 1
-
-    def entries(self) -> list[tuple[TickOutput | dict[str, Any], int]]:
-        """What is held, oldest first, as (output or event, tick; -1 for an event): a session's snapshot."""
-        return [(item, tick) for _, item, tick in self._items]
-
-    def replay(self, sink: OutputSink) -> int:
-        """Hand everything to `sink` in order; returns how many items had been dropped (then resets it)."""
-        while self._items:
-            _, item, tick = self._items.popleft()
-            if isinstance(item, TickOutput):
-                sink.deliver(item, tick)
-            else:
-                sink.emit(item)
-        self.bytes = 0
-        dropped, self.dropped = self.dropped, 0
-        return dropped
 
 
 @dataclass(frozen=True)

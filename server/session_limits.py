@@ -55,10 +55,25 @@ class SessionLimits:
                 s.emit(usage_event(s, now, self.max_s))
 
 
+def reasoner_usage(s: Session) -> dict[str, Any] | None:
+    """The reasoner's report on its context (server/background_context.py); None: the session has no
+    reasoner. A protocol may wrap the session's worker (the GPT-Live socket's LiveContext holds it as
+    `inner`): the report is the worker's, however deep."""
+    hook: object = s.background
+    for _ in range(4):  # wrappers are one deep today; the bound keeps a cycle from looping
+        usage = getattr(getattr(hook, "context", None), "usage", None)
+        if callable(usage):
+            report: dict[str, Any] = usage()
+            return report
+        hook = getattr(hook, "inner", None)
+        if hook is None:
+            break
+    return None
+
+
 def usage_event(s: Session, now: float, max_s: float | None) -> dict[str, Any]:
     """How long the session has run and how full the reasoner's context is (None: it has no reasoner)."""
-    context = getattr(s.background, "context", None)
-    usage = context.usage() if context is not None and hasattr(context, "usage") else None
+    usage = reasoner_usage(s)
     return {"type": "duplex.session.usage", "event_id": p.new_id("event"), "seconds": round(now - s.opened_at, 1),
             "audio_seconds": round(s.tick * TICK_SECONDS, 1),
             "seconds_left": round(max_s - (now - s.opened_at), 1) if max_s is not None else None,

@@ -37,6 +37,7 @@ from server.live.config import LiveConfig
 from server.live.context import TICK_MS, LiveContext
 from server.live.delegation import to_live
 from server.live.events import LiveError, check_fields, dumps, error_event, parse
+from server.live.usage import USAGE_EVERY_TICKS, seconds, usage_event
 from server.metrics import Metrics
 from server.outbox import Close, Outbox
 from server.runtime import Refused, Runtime
@@ -45,9 +46,7 @@ from streaming.types import Audio
 
 log = logging.getLogger(__name__)
 
-USAGE_EVERY_TICKS = 75  # session.usage.updated every 15 s of the session's timeline
 LIFETIME_S = 4 * 3600  # a live session's lifetime: `expires_at`, then session.closed{reason: expired}
-CONTEXT_CHARS = 32_768  # the conversation log's characters that count as a full context window (usage_ratio)
 ENDED_REASON = "expired"  # session.closed's reason when the server ends a session (idle, lifetime, shutdown)
 
 
@@ -197,7 +196,7 @@ class LiveConnection:
         for ev in out.events:
             self._model_event(ev.type, ev.data, ms)
         if (tick + 1) % USAGE_EVERY_TICKS == 0:
-            self._send(self._usage(tick + 1))
+            self._send(usage_event(self._session, tick + 1))
         if (tick + 1) * TICK_MS >= LIFETIME_S * 1000:
             asyncio.get_running_loop().create_task(self.runtime.close(self.session_or_fail(), "session lifetime over"))
 
@@ -231,17 +230,10 @@ class LiveConnection:
             self._send(error_event("model_error", str(data.get("message", "model error")), kind="server_error"))
         # Other model events (backchannel, yielded, vision...) have no GPT-Live counterpart.
 
-    def _usage(self, ticks: int) -> dict[str, Any]:
-        s = self._session
-        held = sum(len(e.text) for e in s.log.entries) if s is not None else 0
-        return {"type": "session.usage.updated", "event_id": p.new_id("event"),
-                "usage": {"seconds": round(ticks * TICK_MS / 1000, 1)},
-                "context_window": {"usage_ratio": round(min(1.0, held / CONTEXT_CHARS), 4)}}
-
     def _closed(self, reason: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
         s = self.session_or_fail()
         event = {"type": "session.closed", "event_id": p.new_id("event"), "reason": reason,
-                 "session": self.describe(), "usage": {"seconds": round(s.tick * TICK_MS / 1000, 1)}}
+                 "session": self.describe(), "usage": {"seconds": seconds(s.tick)}}
         if detail is not None:
             event["duplex"] = detail
         return event
@@ -346,7 +338,7 @@ class LiveConnection:
         if ctx is not None and ctx.pending:
             self._send(error_event("context_injection_incomplete", f"{ctx.pending} appends had not reached the "
                                    "timeline when the session closed", None, eid), bounded=False)
-        self._send(self._usage(s.tick), bounded=False)
+        self._send(usage_event(s, s.tick), bounded=False)
         self._send(self._closed("close_requested"), bounded=False)
         self.said_goodbye = True
         self._hang_up(1000, "session closed")

@@ -285,5 +285,16 @@ async def test_responses_delegation_is_configured_updated_and_checked(duplex_ser
             await conn.session.close()
             _, before = await until(conn, "session.closed", timeout=5)
             assert not [e for e in before if e.type == "error"]
+        # The context window a client watches is the reasoner's: its own fill, and its whole report under
+        # `duplex` (the SDK's model drops fields it does not know: read the wire).
+        ws = await open_ws(f"ws://{srv.host}:{srv.port}/v1/live/sessions")
+        await send(ws, {"type": "session.start", "session": {"model": "gpt-live-1"}})
+        await send(ws, {"type": "session.close"})
+        while (usage := await recv_event(ws))["type"] != "session.usage.updated":
+            pass
+        reasoner = usage["duplex"]["reasoner_context"]
+        assert usage["context_window"]["usage_ratio"] == reasoner["usage_ratio"], usage
+        assert reasoner["budget_chars"] > 0 and reasoner["summarised_turns"] == 0, reasoner
+        await ws.close()
     finally:
         stub.stop()

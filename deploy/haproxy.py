@@ -31,6 +31,10 @@ What it does, and why:
 - `POST /v1/realtime/calls` (WebRTC) is an ordinary request; its media flows peer to peer with the
   replica that answered, not through the proxy. A later request about the call
   (`/v1/realtime/calls/{id}/hangup`) is routed on the session id, which starts with the replica id.
+- A connection that carries an ephemeral key (`ek_<replica id>.`, minted by `POST
+  /v1/realtime/client_secrets` on whichever replica the proxy chose) goes to the replica that minted it
+  and holds it, by the same rule as a resume token: in `Authorization: Bearer` or a
+  `...api-key.` subprotocol.
 - GPT-Live (`/v1/live/sessions`, server/live/) is routed the same way: its WebSocket and its WebRTC
   `POST` like a new session or, carrying a resume token, like a resume; `/v1/live/sessions/{id}/hangup`
   on the session id.
@@ -41,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from server.auth import REPLICA_ID, RESUME_HEADER, RESUME_SUBPROTOCOL_PREFIX, check_secret, session_id_prefix
+from server.client_secrets import PREFIX as KEY_PREFIX
 
 BACKEND = "duplex"
 RESUME_BACKEND = "duplex_resume"
@@ -144,6 +149,11 @@ def _backend(name: str, replicas: list[Replica], o: ProxyOptions, resume: bool) 
             f"    acl {acl} req.hdr(sec-websocket-protocol) -m beg {RESUME_SUBPROTOCOL_PREFIX}{r.id}.",
             f"    acl {acl} urlp(resume_token) -m beg {r.id}.",
             f"    use-server {r.id} if {acl}",
+            # An ephemeral key (server/client_secrets.py) is held by the replica that minted it, whose id
+            # follows `ek_`: as a bearer header or an API-key subprotocol (browsers).
+            f"    acl key_{acl} req.hdr(authorization) -m beg \"Bearer {KEY_PREFIX}{r.id}.\"",
+            f"    acl key_{acl} req.hdr(sec-websocket-protocol) -m sub \"api-key.{KEY_PREFIX}{r.id}.\"",
+            f"    use-server {r.id} if key_{acl}",
             # A request that names a session (a WebRTC call's hangup): its id starts with the replica's.
             f"    acl call_{acl} path_beg /v1/realtime/calls/{session_id_prefix(r.id)}",
             f"    acl call_{acl} path_beg /v1/live/sessions/{session_id_prefix(r.id)}",  # GPT-Live's hangup

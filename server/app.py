@@ -84,7 +84,8 @@ def create_app(config: ServerConfig, model: InteractionModel | None = None) -> F
     docs: dict[str, Any] = {} if config.api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="duplex", version="0.1.0", lifespan=lifespan, **docs)
     # Ephemeral keys for browser apps (POST /v1/realtime/client_secrets), taken by the transports.
-    app.state.client_secrets = secrets_store = client_secrets.ClientSecrets(config.ephemeral_key_ttl)
+    secrets_store = client_secrets.ClientSecrets(config.ephemeral_key_ttl, replica_id=config.replica_id)
+    app.state.client_secrets = secrets_store
     app.add_middleware(APIKeyMiddleware, api_key=config.api_key, client_secrets=secrets_store)
     # No key to stop a DNS-rebinding page: its Host does (behind a named proxy, the proxy's name is public).
     if config.is_loopback() and not config.api_key and not config.forwarded_allow_ips:

@@ -16,10 +16,13 @@ open as many as they like until they expire): used, it is spent; a resume needs 
 for `--ephemeral-key-ttl` seconds (a shorter `expires_after.seconds` is kept; a longer one is cut to
 it); a late one is refused 401 `client_secret_expired`, a spent one `client_secret_used`.
 
-Keys are `ek_` + 32 random bytes (secrets.token_urlsafe), kept in memory only as their SHA-256 (a
-heap dump or a debugger shows no usable key), at most MAX_KEYS at once: minting evicts expired keys
-first and past the cap is refused (429). Nothing here logs a key. A key is checked whether or not the
-server has a key of its own: a client that presents one gets it checked and spent.
+Keys are `ek_`, the minting replica's id and a dot, then 32 random bytes (secrets.token_urlsafe): the
+replica holds the key, so behind the cluster's proxy a connection that carries it is routed to that
+replica, as a resume token is (deploy/haproxy.py; the id is no secret, the random part is). Keys are
+kept in memory only as their SHA-256 (a heap dump or a debugger shows no usable key), at most MAX_KEYS
+at once: minting evicts expired keys first and past the cap is refused (429). Nothing here logs a key.
+A key is checked whether or not the server has a key of its own: a client that presents one gets it
+checked and spent.
 
 The `session` given at minting is validated then (the checks of `session.update`), reported back, and
 kept with the key; once the key is redeemed, the transport hands it to its connection
@@ -103,8 +106,9 @@ class ClientSecrets:
     """This process's ephemeral keys. `clock`: monotonic seconds (tests may pass their own)."""
 
     def __init__(self, ttl_s: float, max_keys: int = MAX_KEYS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, replica_id: str = "") -> None:
         self.ttl_s = ttl_s
+        self.prefix = f"{PREFIX}{replica_id}." if replica_id else PREFIX  # what the proxy routes on
         self.max_keys = max_keys
         self._clock = clock
         self._grants: dict[bytes, _Grant] = {}
@@ -123,7 +127,7 @@ class ClientSecrets:
         if len(self._grants) >= self.max_keys:
             raise Full(f"{self.max_keys} ephemeral keys are waiting to be used; try again when some expire "
                        f"(they last {self.ttl_s:g} s)")
-        key = PREFIX + secrets.token_urlsafe(32)
+        key = self.prefix + secrets.token_urlsafe(32)
         self._grants[_digest(key)] = _Grant(now + life, session)
         return key, int(time.time() + life)
 

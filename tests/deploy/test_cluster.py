@@ -193,6 +193,35 @@ async def test_a_gpt_live_session_through_the_proxy_resumes_on_its_replica(clust
     cluster.wait_idle()
 
 
+async def test_an_ephemeral_key_reaches_the_replica_that_minted_it(cluster: Cluster) -> None:
+    """A browser app's backend mints a key through the proxy (any replica answers); the page connects
+    with it through the proxy. Only the replica that minted the key holds it: the proxy routes on the
+    replica id the key carries, even when balancing would choose the other (it holds fewer sessions)."""
+    http = cluster.url.replace("ws://", "http://").removesuffix("/v1/realtime")
+    for carrier in ("header", "subprotocol"):
+        minted = httpx.post(http + "/v1/realtime/client_secrets", json={}, timeout=10)
+        assert minted.status_code == 200, minted.text
+        key = minted.json()["value"]
+        minter = key.removeprefix("ek_").split(".")[0]
+        assert minter in ("r1", "r2"), key
+        held = []  # one session on the minting replica: least connections alone would pick the other
+        while not any(token_replica(r["resume_token"]) == minter for _, r in held):
+            assert len(held) < 3, "the proxy never placed a session on the key's replica"
+            held.append(await start_session(cluster.url))
+        for ws, r in held:
+            if token_replica(r["resume_token"]) != minter:
+                await ws.close()
+        await asyncio.sleep(AGENT_SETTLE)
+        kwargs: dict[str, Any] = ({"additional_headers": {"Authorization": f"Bearer {key}"}} if carrier == "header"
+                                  else {"subprotocols": ["realtime", "openai-insecure-api-key." + key]})
+        ws, resume = await start_session(cluster.url, **kwargs)
+        assert token_replica(resume["resume_token"]) == minter, (carrier, key[:6], resume["resume_token"][:3])
+        await ws.close()
+        for held_ws, _ in held:
+            await held_ws.close()
+        cluster.wait_idle()
+
+
 async def _until(ws: ClientConnection, etype: str, timeout: float = 10.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -23,12 +23,14 @@ it every second; a replica killed with -9 stops renewing, and after `lease_s` an
 Every operation returns a plain result and counts failures instead of raising: when the store is down,
 sessions go on where they are (only cross-replica resume is lost).
 
-Nothing read back is trusted more than the store is: with the cluster secret, every snapshot, log
-record and token binding carries an HMAC-SHA256 (over its kind, the session it belongs to and its
-bytes) and one whose MAC does not verify is refused as if it were not there, so whoever can write to
-Redis cannot make a replica restore a conversation, replay micro-turns or resume a session that no
-replica wrote. Reads are bounded: a snapshot over MAX_SNAPSHOT_BYTES and a log over MAX_LOG_BYTES are
-refused inside Redis, before they cross the network.
+Nothing read back is trusted more than the store is: with the cluster secret, every snapshot, log record
+and token binding carries an HMAC-SHA256 (over its kind, the session it belongs to and its bytes) and one
+whose MAC does not verify is refused as if it were not there, so whoever can write to Redis cannot make a
+replica restore a conversation, replay micro-turns or resume a session that no replica wrote. A log
+record's MAC covers its position too, and an append must find the log as long as its writer left it: a
+record dropped, moved or planted in between fails the read back or stops the writes (only a cut of the
+newest records is not seen by the MACs). Reads are bounded: a snapshot over MAX_SNAPSHOT_BYTES and a log
+over MAX_LOG_BYTES are refused inside Redis, before they cross the network.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ LOG_PAGE = 512  # log records per read
 _MAC_BYTES = 16
 
 
+def _at(session_id: str, index: int) -> str:
+    """What a log record's MAC is bound to: its session and its place in the log."""
+    return f"{session_id}#{index}"
+
+
 def _token_key(token: str) -> str:
     return f"{PREFIX}t:{hashlib.sha256(token.encode()).hexdigest()}"
 
@@ -99,6 +106,7 @@ class SessionStore:
         self._log_page = client.register_script(LOAD_LOG_PAGE)
         self._bind_token = client.register_script(BIND_TOKEN)
         self.refused = 0  # entries read back whose MAC did not verify, or over their bound
+        self._log_len: dict[str, int] = {}  # session id -> its stored log's length after our last append
 
     @classmethod
     def from_url(cls, url: str, replica_id: str, ttl_s: float, lease_s: float = 3.0,
@@ -184,6 +192,7 @@ class SessionStore:
 
     async def release(self, claim: Claim) -> bool:
         """The session closed for good: forget it (only if still ours)."""
+        self._log_len.pop(claim.session_id, None)
         try:
             ok = await self._release(keys=[f"{PREFIX}lease:{claim.session_id}", f"{PREFIX}s:{claim.session_id}",
                                            f"{PREFIX}log:{claim.session_id}"],
@@ -195,6 +204,7 @@ class SessionStore:
 
     async def hand_off(self, claim: Claim) -> bool:
         """Give the session up but keep its snapshot (a drain): another replica may claim it at once."""
+        self._log_len.pop(claim.session_id, None)
         try:
             ok = await self._hand_off(keys=[f"{PREFIX}lease:{claim.session_id}"],
                                       args=[f"{self.replica_id}:{claim.epoch}"])
@@ -228,15 +238,30 @@ class SessionStore:
 
     async def append_log(self, claim: Claim, records: list[bytes], restart: bool = False) -> int | None:
         """Append to the session's micro-turn log (`restart`: it begins again, from these); returns its
-        length, or None when the claim is stale or the store fails."""
+        length, or None when the claim is stale, the log is not as long as this replica left it (written
+        by someone else: no more appends) or the store fails."""
+        sid = claim.session_id
+        key = f"{PREFIX}log:{sid}"
         try:
-            n = int(await self._append_log(keys=[f"{PREFIX}s:{claim.session_id}", f"{PREFIX}log:{claim.session_id}"],
-                                           args=[str(claim.epoch), self.ttl_s, "1" if restart else "0",
-                                                 *(self._seal(b"log", claim.session_id, r) for r in records)]))
+            # Each record is sealed with the index it will have: the log's length as we last left it
+            # (asked of the store once, when this replica first appends to the session).
+            base = 0 if restart else self._log_len.get(sid)
+            if base is None:
+                base = int(await self._r.llen(key))
+            n = int(await self._append_log(keys=[f"{PREFIX}s:{sid}", key],
+                                           args=[str(claim.epoch), self.ttl_s, "1" if restart else "0", base,
+                                                 *(self._seal(b"log", _at(sid, base + i), r)
+                                                   for i, r in enumerate(records))]))
         except RedisError as exc:
             self._failed("append_log", exc)
             return None
-        return n if n >= 0 else None
+        if n == -2:
+            self._refuse(f"the micro-turn log of {sid} is not as long as this replica left it ({base})")
+        if n < 0:
+            self._log_len.pop(sid, None)
+            return None
+        self._log_len[sid] = n
+        return n
 
     async def load_log(self, session_id: str) -> list[bytes] | None:
         """The session's micro-turn log, oldest first; empty when there is none or the store fails; None
@@ -251,7 +276,8 @@ class SessionStore:
                     self._refuse(f"the micro-turn log of {session_id} is over {MAX_LOG_BYTES} bytes")
                     return None
                 for stored in page:
-                    record = self._open(b"log", session_id, stored if isinstance(stored, bytes) else stored.encode())
+                    record = self._open(b"log", _at(session_id, len(records)),
+                                        stored if isinstance(stored, bytes) else stored.encode())
                     if record is None:
                         return None
                     records.append(record)

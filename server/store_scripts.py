@@ -89,16 +89,20 @@ return 1
 """
 
 # KEYS[1] = session hash, KEYS[2] = log key; ARGV[1] = epoch, ARGV[2] = ttl s, ARGV[3] = '1' to start the
-# log again, ARGV[4..] = records. Returns the log's length, or -1 when the epoch is stale.
+# log again, ARGV[4] = the length the writer expects the log to have (its records are MACed with the
+# indexes that follow it), ARGV[5..] = records. Returns the log's length, -1 when the epoch is stale, -2
+# when the log is not as long as expected (someone else wrote to it).
 APPEND_LOG = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
   return -1
 end
 if ARGV[3] == '1' then
   redis.call('DEL', KEYS[2])
+elseif redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[4]) then
+  return -2
 end
 local n = 0
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   n = redis.call('RPUSH', KEYS[2], ARGV[i])
 end
 if n == 0 then

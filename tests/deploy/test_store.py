@@ -167,6 +167,42 @@ async def test_what_the_store_holds_is_used_only_when_a_replica_wrote_it(redis_u
         await b.aclose()
 
 
+async def test_a_log_record_is_bound_to_its_place(redis_url: str) -> None:
+    """Genuine records of one session's log, dropped or reordered by whoever writes to Redis: the MAC
+    covers each record's index, so the replay is refused rather than run on a log with a hole; and the
+    owner stops appending to a log someone else lengthened."""
+    secret = "cluster-secret"
+    a = SessionStore.from_url(redis_url, "r1", ttl_s=30, lease_s=LEASE_S, secret=secret)
+    b = SessionStore.from_url(redis_url, "r2", ttl_s=30, lease_s=LEASE_S, secret=secret)
+    raw = aioredis.Redis.from_url(redis_url)
+    key = "duplex:log:sess_r1_pos"
+    try:
+        claim = await a.claim("sess_r1_pos")
+        assert claim is not None
+        assert await a.append_log(claim, [b"t0", b"t1"]) == 2 and await a.append_log(claim, [b"t2"]) == 3
+        assert await b.load_log("sess_r1_pos") == [b"t0", b"t1", b"t2"]
+        stored = await raw.lrange(key, 0, -1)
+        await raw.delete(key)
+        await raw.rpush(key, stored[0], stored[2])  # t1 dropped: t2 now sits at index 1
+        assert await b.load_log("sess_r1_pos") is None
+        await raw.delete(key)
+        await raw.rpush(key, stored[1], stored[0], stored[2])  # t0 and t1 swapped
+        assert await b.load_log("sess_r1_pos") is None
+        await raw.delete(key)
+        await raw.rpush(key, *stored, stored[2])  # a genuine record replayed at the end
+        assert await b.load_log("sess_r1_pos") is None
+        assert await a.append_log(claim, [b"t3"]) is None, "the owner does not append after a stranger's record"
+        assert b.refused == 3 and a.refused == 1
+        # A restart (a failed rebuild) writes the log afresh, and appends go on from it.
+        assert await a.append_log(claim, [b"u0"], restart=True) == 1 and await a.append_log(claim, [b"u1"]) == 2
+        assert await b.load_log("sess_r1_pos") == [b"u0", b"u1"]
+        assert await a.release(claim)
+    finally:
+        await raw.aclose()
+        await a.aclose()
+        await b.aclose()
+
+
 async def test_reads_are_bounded_before_they_cross_the_network(redis_url: str, caplog: pytest.LogCaptureFixture,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A snapshot or a micro-turn log grown past its bound in Redis is refused there, not read whole."""

@@ -24,7 +24,7 @@ import json
 import random
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from typing import Any
 
 import numpy as np
@@ -71,6 +71,8 @@ async def _session(url: str, seconds: float, delay: int, seed: int, start_at: fl
         else:
             await set_session(ws, pace="realtime")
 
+        all_back = asyncio.Event()
+
         async def reader() -> None:
             async for msg in ws:
                 ev = json.loads(msg)
@@ -78,6 +80,8 @@ async def _session(url: str, seconds: float, delay: int, seed: int, start_at: fl
                     k = index.get(base64.b64decode(ev["delta"]))
                     if k is not None and k in sent:
                         lat.append(time.monotonic() - sent[k] - delay * PERIOD)
+                        if len(lat) == n:
+                            all_back.set()
                 elif ev["type"] == "error":
                     print(f"server error: {ev['error']}", file=sys.stderr)
 
@@ -87,7 +91,9 @@ async def _session(url: str, seconds: float, delay: int, seed: int, start_at: fl
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             sent[k] = time.monotonic()
             await ws.send(frame)
-        await asyncio.sleep((delay + 2) * PERIOD)
+        # The last echoes: done once every chunk is back, else what came within (delay + 2) micro-turns.
+        with suppress(TimeoutError):
+            await asyncio.wait_for(all_back.wait(), (delay + 2) * PERIOD)
         task.cancel()
         if protocol == "live":  # frees the session now rather than after the resume grace
             await ws.send(json.dumps({"type": "session.close"}))

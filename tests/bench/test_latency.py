@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
 from bench import latency
+from bench._server import local_server
 
 pytestmark = pytest.mark.serial  # it measures the server's added latency: run alone (Makefile, test)
+
+
+@pytest.fixture(scope="module")
+def echo1() -> Iterator[str]:
+    """An echo:1 server as `bench.latency` starts its own (a start is seconds on a busy machine), for the
+    tests after the first, which passes no --url: the bench's own server is tested there."""
+    with local_server("--model", "echo:1", "--max-sessions", "16", "--background", "none") as url:
+        yield url
 
 
 def test_latency_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -22,11 +32,11 @@ def test_latency_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert row["missed_deadlines"] >= 0 and row["tick_lateness_ms_p99"] is not None
 
 
-def test_latency_bench_measures_both_protocols_alternately(capsys: pytest.CaptureFixture[str]) -> None:
+def test_latency_bench_measures_both_protocols_alternately(echo1: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`--protocol realtime,live`: one server, one run, a row per (protocol, sessions), every chunk of
     each protocol's rounds echoed back through its own wire."""
     assert latency.main(["--sessions", "2", "--seconds", "2", "--protocol", "realtime,live", "--rounds", "2",
-                         "--json"]) == 0
+                         "--url", echo1, "--json"]) == 0
     out = capsys.readouterr()
     report = json.loads(out.out)
     assert report["protocols"] == ["realtime", "live"] and report["rounds"] == 2
@@ -42,8 +52,8 @@ def test_latency_bench_measures_both_protocols_alternately(capsys: pytest.Captur
                       "2 session(s), live, round 2/2", "2 session(s), realtime, round 2/2"]
 
 
-def test_latency_bench_one_protocol_keeps_its_shape(capsys: pytest.CaptureFixture[str]) -> None:
-    assert latency.main(["--sessions", "1", "--seconds", "1", "--protocol", "live"]) == 0
+def test_latency_bench_one_protocol_keeps_its_shape(echo1: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert latency.main(["--sessions", "1", "--seconds", "1", "--protocol", "live", "--url", echo1]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:2] == ["protocol", "sessions"]
     assert table[1].split()[:3] == ["live", "1", "5/5"]

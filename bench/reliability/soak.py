@@ -50,6 +50,7 @@ import numpy as np
 from bench._server import ServerUnderTest, histogram_above, parse_metrics, scrape
 from bench.reliability._common import (
     LoopLag,
+    ProcSample,
     descendants,
     fit_line,
     fit_slope,
@@ -62,6 +63,7 @@ from bench.reliability._echo_client import EchoClient
 
 MAX_SESSIONS = 256
 MAX_MINUTES = 600.0
+END_SETTLE = 2.0  # seconds the server is given to close the sessions that left before it is compared
 LATE_MS = 200.0  # an echo later than one micro-turn past its due time is late (the clients' late_after)
 
 
@@ -267,6 +269,23 @@ def conversation_clip(gap: float) -> np.ndarray:
     return np.concatenate([said, np.zeros(round(gap * SAMPLE_RATE), dtype="<i2")])
 
 
+def _settled(server: ServerUnderTest, pid: int, report: SoakReport,
+             wait: float) -> tuple[ProcSample | None, dict[str, float]]:
+    """The server's /proc figures and /metrics once it holds no session and its descriptors, threads and
+    tasks are back at their start values, or as they are after `wait` seconds (then the judge says which
+    one is not). Polled, so a server that cleans up at once is compared at once."""
+    deadline = time.monotonic() + wait
+    while True:
+        end = proc_sample(pid)
+        metrics = scrape(server.url)
+        clean = (end is not None and end.fds <= report.fds_start and end.threads <= report.threads_start
+                 and int(metrics.get("duplex_asyncio_tasks", -1)) == report.tasks_start
+                 and server.sessions_held() == 0)
+        if clean or time.monotonic() >= deadline:
+            return end, metrics
+        time.sleep(0.1)
+
+
 def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, seed: int, churn: float,
          every: float, warmup: float, max_rss_slope: float, gap: float = 4.0, rss_every: float = 1.0) -> SoakReport:
     health = server.healthz()
@@ -307,10 +326,8 @@ def soak(server: ServerUnderTest, model: str, sessions: int, minutes: float, see
 
     t_wall0 = time.time()
     asyncio.run(run_all())
-    # Every session has left with 1000; give the server a moment to close them, then compare.
-    time.sleep(2.0)
-    end = proc_sample(pid)
-    metrics = scrape(server.url)
+    # Every session has left with 1000; give the server a moment (up to 2 s) to close them, then compare.
+    end, metrics = _settled(server, pid, report, END_SETTLE)
     report.missed_deadlines = int(metrics.get("duplex_missed_deadlines_total", 0) - missed0)
     report.tasks_end = int(metrics.get("duplex_asyncio_tasks", -1))
     after = [s for s in report.samples if s.t >= warmup]

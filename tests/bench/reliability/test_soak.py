@@ -15,8 +15,6 @@ from bench._server import ServerUnderTest
 from bench.reliability import soak
 from bench.reliability._common import LoopLag, fit_line, fit_slope
 
-pytestmark = pytest.mark.serial  # it measures lateness and memory over a run: run alone (Makefile, test)
-
 
 def test_fit_slope() -> None:
     assert fit_slope([0, 1, 2, 3], [5, 7, 9, 11]) == pytest.approx(2.0)
@@ -50,14 +48,16 @@ def test_rss_slopes_are_fitted_to_the_dense_series_and_its_per_minute_floor() ->
     assert any("RSS grows 10.0 MB per 10 min" in f for f in leak.failures), leak.failures
 
 
+@pytest.mark.serial  # it measures lateness and memory over a run: run alone (Makefile, test); the rest is arithmetic
 def test_short_soak_of_echo() -> None:
     with ServerUnderTest("--model", "echo", "--background", "none", "--log-level", "warning") as server:
-        # 18 s: the suite's budget is 10 minutes; samples every second keep the checks' counts.
-        r = soak.soak(server, "echo", sessions=4, minutes=0.3, seed=3, churn=3.0, every=1.0, warmup=5.0,
+        # 12 s: the suite's budget is 10 minutes; samples every second keep the checks' counts, and seed 3
+        # makes every kind of churn happen (4 leaves, 7 drops and resumes measured).
+        r = soak.soak(server, "echo", sessions=4, minutes=0.2, seed=3, churn=3.0, every=1.0, warmup=4.0,
                       max_rss_slope=float("inf"))
     summary = soak.summary(r)
     assert r.leaves > 0 and r.drops > 0 and r.resumes_ok > 0, f"the churn did not happen: {summary}"
-    assert r.chunks_sent > 200 and r.echoes_returned > 0, summary  # of 4 x 18 s x 5 a second, less the churn
+    assert r.chunks_sent > 150 and r.echoes_returned > 0, summary  # of 4 x 12 s x 5 a second, less the churn
     assert r.missed_deadlines == 0, summary
     # Late echoes are judged as the bench judges them: those the soak client's own loop stalls explain are
     # the client's (it shares two cores with the server), the rest are the server's and must be none.
@@ -67,9 +67,9 @@ def test_short_soak_of_echo() -> None:
     assert r.tasks_start > 0 and r.tasks_end == r.tasks_start, summary
     assert r.threads_end <= max(r.threads_start, r.threads_after_warmup), summary
     assert not r.faults and not r.server_errors, summary
-    assert len(r.samples) >= 12
-    # The RSS-only readings, one a second, are what the slope is fitted to.
-    assert len(r.rss_series) >= 14 and r.rss_points >= 10 and all(mb > 10 for _, mb in r.rss_series), summary
+    assert len(r.samples) >= 9
+    # The RSS-only readings, one a second, are what the slope is fitted to (those after the warm-up).
+    assert len(r.rss_series) >= 10 and r.rss_points >= 6 and all(mb > 10 for _, mb in r.rss_series), summary
     assert r.rss_slope_mb_per_10min is not None and r.rss_slope_se_mb_per_10min is not None, summary
     # The server's loop-lag probe ran (10 a second) and the loop never stalled for a micro-turn.
     assert r.server_loop_probes >= 80 and r.server_loop_lag_over_200ms == 0, summary

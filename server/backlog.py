@@ -38,7 +38,9 @@ class Backlog:
         return len(self._items)
 
     def add_output(self, out: TickOutput, tick: int) -> None:
-        self._add(int(out.audio.nbytes) + 2 * len(out.text) + 2 * len(out.user_text) + 64, out, tick)
+        # Text in UTF-8 bytes: counted in characters, 4-byte ones held twice the bound.
+        size = int(out.audio.nbytes) + len(out.text.encode()) + len(out.user_text.encode()) + 64
+        self._add(size, out, tick)
 
     def add_event(self, event: dict[str, Any]) -> None:
         self._add(len(json.dumps(event, separators=(",", ":"))), event, -1)

@@ -251,7 +251,10 @@ def generate(tokens: int = 2) -> None:
 
     from models.background.llamacpp_backend import bundled_gguf
 
-    llm = Llama(model_path=str(bundled_gguf()), n_ctx=256, n_threads=1, seed=0, verbose=False)
+    # One thread for the prompt too (llama-cpp-python's `n_threads_batch` defaults to every core): the set-up
+    # runs this beside pip and the compile, where batch threads spin-waiting for each other made a 2-token
+    # check cost ~2.5 s of CPU instead of ~0.5 s.
+    llm = Llama(model_path=str(bundled_gguf()), n_ctx=256, n_threads=1, n_threads_batch=1, seed=0, verbose=False)
     out = llm.create_chat_completion(messages=[{"role": "user", "content": "Say hello."}], max_tokens=tokens)
     text = out["choices"][0]["message"]["content"] or ""  # type: ignore[index]
     print(f"bindings ok: {text.strip()!r}")

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,9 +20,35 @@ from models.background import Done, ReasonerError, TextDelta
 from models.background.llamacpp_backend import LlamaCppConfig, LlamaCppReasoner, SentenceEnds, bundled_gguf
 
 
+def _generation_threads() -> int:
+    return sum(t.name.startswith("duplex-background") for t in threading.enumerate())
+
+
 @pytest.fixture(scope="module")
-def reasoner() -> LlamaCppReasoner:
-    return LlamaCppReasoner(LlamaCppConfig(max_tokens=48))
+def started() -> Iterator[tuple[LlamaCppReasoner, int, int]]:
+    """The one reasoner of this module (loading the weights and measuring their token costs is ~2 s of CPU a
+    reasoner: tests that need other settings swap its `config`, `_configured`), with the generation threads
+    counted before and after it was made, before any request (for the thread test, whatever ran first)."""
+    before = _generation_threads()
+    r = LlamaCppReasoner(LlamaCppConfig(max_tokens=48))
+    yield r, before, _generation_threads()
+    asyncio.run(r.aclose())
+
+
+@pytest.fixture(scope="module")
+def reasoner(started: tuple[LlamaCppReasoner, int, int]) -> LlamaCppReasoner:
+    return started[0]
+
+
+@contextlib.contextmanager
+def _configured(r: LlamaCppReasoner, **changes: Any) -> Iterator[LlamaCppReasoner]:
+    """`r` with these settings for the requests made inside the block (each request reads `r.config`)."""
+    old = r.config
+    r.config = dataclasses.replace(old, **changes)
+    try:
+        yield r
+    finally:
+        r.config = old
 
 
 def test_bundled_gguf_is_found_inside_the_installed_package() -> None:
@@ -52,39 +82,40 @@ async def test_generation_thread_is_niced_and_off_the_event_loop(reasoner: Llama
     assert nice == min(19, base + reasoner.config.nice)
 
 
-async def test_the_generation_thread_exists_before_the_first_request() -> None:
+async def test_the_generation_thread_exists_before_the_first_request(
+    started: tuple[LlamaCppReasoner, int, int],
+) -> None:
     """A server's thread count must not grow with its first question (bench.reliability.soak compares the count at
     the end with the one before the first session)."""
-    def generation_threads() -> int:
-        return sum(t.name.startswith("duplex-background") for t in threading.enumerate())
-
-    before = generation_threads()
+    reasoner, before, made = started
+    assert made == before + 1  # counted when the reasoner was made, before any request
+    async for _ in reasoner.stream([{"role": "user", "content": "Say hi."}], []):
+        pass
+    assert _generation_threads() == before + 1
     fresh = LlamaCppReasoner(LlamaCppConfig(max_tokens=2))
     try:
-        assert generation_threads() == before + 1
-        async for _ in fresh.stream([{"role": "user", "content": "Say hi."}], []):
-            pass
-        assert generation_threads() == before + 1
+        assert _generation_threads() == before + 2
     finally:
         await fresh.aclose()
-    assert generation_threads() == before
+    assert _generation_threads() == before + 1  # closing ends the thread
 
 
 async def test_closing_the_stream_stops_generation_and_frees_the_thread(reasoner: LlamaCppReasoner) -> None:
     long = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
-    stream = reasoner.stream(long, [])
-    got = 0
-    async for d in stream:
-        got += isinstance(d, TextDelta)
-        if got == 3:
-            break
-    await stream.aclose()
-    # The one generation thread must be free again within about a token, not after 48 tokens.
+    with _configured(reasoner, max_tokens=256, max_sentences=0):  # left running, ~5 s of one core or more
+        stream = reasoner.stream(long, [])
+        got = 0
+        async for d in stream:
+            got += isinstance(d, TextDelta)
+            if got == 3:
+                break
+        await stream.aclose()
+    # The one generation thread must be free again within about a token, not after the 253 tokens left.
     t0 = time.perf_counter()
     first = None
     async for _ in reasoner.stream([{"role": "user", "content": "Say hi."}], []):
-        if first is None:
-            first = time.perf_counter() - t0
+        first = time.perf_counter() - t0
+        break  # the wait for the first token is what is measured (breaking stops this one too)
     assert first is not None and first < 3.0, f"second request waited {first:.2f}s for the thread"
 
 
@@ -107,23 +138,20 @@ def test_the_bindings_load_the_libraries_the_server_runs() -> None:
     assert loaded.parent == server.parent == llama_server_build.build_dir().resolve()
 
 
-async def test_the_same_conversation_gets_the_same_answer_whatever_came_before() -> None:
+async def test_the_same_conversation_gets_the_same_answer_whatever_came_before(reasoner: LlamaCppReasoner) -> None:
     """Each request samples from the configured seed, so an answer depends on its own messages only: not on
     how many requests (of any session) came before it. A benchmark's run with an overlap and its clean run
     must hear the same reply to the same question."""
-    warm = LlamaCppReasoner(LlamaCppConfig(max_tokens=24, temperature=1.0))
     question = [{"role": "user", "content": "Name a colour and an animal."}]
 
     async def answer(messages: list[dict[str, str]]) -> str:
-        return "".join([d.text async for d in warm.stream(messages, []) if isinstance(d, TextDelta)])
+        return "".join([d.text async for d in reasoner.stream(messages, []) if isinstance(d, TextDelta)])
 
-    try:
+    with _configured(reasoner, max_tokens=24, temperature=1.0):
         first = await answer(question)
         others = {await answer([{"role": "user", "content": f"Tell me a fact about the number {n}."}])
-                  for n in range(3)}
+                  for n in range(2)}
         again = await answer(question)
-    finally:
-        await warm.aclose()
     assert first and again == first, (first, again)
     assert len(others) > 1, others  # temperature 1.0 does sample: different prompts, different answers
 
@@ -146,17 +174,15 @@ def test_sentence_ends_are_counted_and_list_numbers_are_not() -> None:
     assert said(["No end here", "."], 1) == "No end here."  # an end with nothing after it is the answer's end
 
 
-async def test_an_answer_stops_after_its_sentences() -> None:
+async def test_an_answer_stops_after_its_sentences(reasoner: LlamaCppReasoner) -> None:
     # A story runs to the token cap unless stopped; stopped, it frees the one generation thread sooner.
+    # 64 tokens hold the story's first two sentences (they end at its 25th and 47th tokens).
     messages = [{"role": "system", "content": "Answer briefly."},
                 {"role": "user", "content": "tell me a long story about a dragon and a knight"}]
     answers = {}
     for limit in (0, 1):
-        r = LlamaCppReasoner(LlamaCppConfig(max_tokens=120, max_sentences=limit))
-        try:
-            deltas = [d async for d in r.stream(messages, [])]
-        finally:
-            await r.aclose()
+        with _configured(reasoner, max_tokens=64, max_sentences=limit):
+            deltas = [d async for d in reasoner.stream(messages, [])]
         done = deltas[-1]
         assert isinstance(done, Done)
         answers[limit] = ("".join(d.text for d in deltas if isinstance(d, TextDelta)), done)
@@ -165,6 +191,7 @@ async def test_an_answer_stops_after_its_sentences() -> None:
     counted.feed(whole + " ", 0)
     assert counted.count >= 2, whole  # the story has more than one sentence
     assert whole.startswith(cut) and cut.rstrip().endswith((".", "!", "?")) and len(cut) < len(whole)
+    assert answers[0][1].finish_reason == "length"  # unlimited, it ran to the cap
     assert answers[1][1].finish_reason == "stop" and answers[1][1].tokens < answers[0][1].tokens
 
 

@@ -25,6 +25,7 @@ from bench.fdbench.runner import run
 from bench.wsclient import open_session
 from streaming.types import TICK_SAMPLES
 from streaming.wav import read_wav
+from tests.bench._bench_clip import keep_first
 from tests.conftest import ServerProc, start_server
 
 TASKS = ("synthetic_pause_handling", "user_interruption")  # v1.0 and a v1.5 sample (input and clean_input)
@@ -75,6 +76,7 @@ def test_live_realtime_run_records_both_placements(tmp_path: Path, echo0: Server
     data = tmp_path / "rt"
     generate(data, samples=1, v15_samples=0, seed=3, tasks=("synthetic_pause_handling",))
     sample = find_samples(data)[0]
+    keep_first(sample.file("input.wav"), 4.0)  # the first speech and silence after it (the clip is 7.6 s)
     summary = run(data, live_url(echo0), pace="realtime", protocol="live")
     assert summary.failed == {}
     inp, _ = read_wav(sample.file("input.wav"))

@@ -7,6 +7,7 @@ per micro-turn starting two micro-turns after the model's `delegate` event (a fa
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,10 +15,9 @@ import pytest
 from models.base import BackgroundChunk, TickInput, TickOutput, wait_work
 from models.cascade import CascadeModel, load_cascade, parse_options
 from models.speech.asr import transcribe_words
-from models.speech.tts import synthesize
 from models.speech.vad import speech_segments
-from streaming.resample import resample
 from streaming.types import SAMPLE_RATE, TICK_SAMPLES
+from tests.models._cascade_shared import speech
 
 TICK = 0.2
 ANSWER = (
@@ -26,11 +26,6 @@ ANSWER = (
     "Many visitors walk along the river in the evening."
 )
 _ids = itertools.count()
-
-
-def speech(text: str) -> np.ndarray:
-    audio, sr = synthesize(text)
-    return resample(audio, sr, SAMPLE_RATE)
 
 
 def silence(seconds: float) -> np.ndarray:
@@ -226,15 +221,18 @@ def test_typed_text_is_a_question_and_cancel_stops_the_answer(model: CascadeMode
 
 
 def test_say_mode_speaks_typed_text(model: CascadeModel) -> None:
-    # asr=sphinx: typed text needs no ears, and loading Whisper for it cost this test ~5 s.
-    m = CascadeModel(parse_options("typed_text=say,ack=false,asr=sphinx"))
+    # Both options are read where they act (each step), so the shared model serves: loading a model of
+    # its own ("typed_text=say,ack=false,asr=sphinx") cost this test 5-15 s.
+    plain = model.opts
+    model.opts = replace(plain, typed_text="say", ack=False)
     try:
-        c = Conversation(m)
+        assert model.opts.typed_text == "say" and not model.opts.ack
+        c = Conversation(model)
         c.step(silence(TICK), text=("Hello from the cascade.",))
         c.feed(silence(3))
         assert "Hello from the cascade." in c.spoken_text() and not c.events("delegate")
     finally:
-        m.shutdown()
+        model.opts = plain
 
 
 def test_options_parse_and_name_their_errors() -> None:

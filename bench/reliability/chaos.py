@@ -232,6 +232,9 @@ async def client_never_reads(ctx: Ctx) -> None:
     rss0 = proc_sample(pid)
     held0 = ctx.server.sessions_held()
     loop = asyncio.get_running_loop()
+    cut_key = 'duplex_dropped_events_total{reason="outbox_full"}'  # counts the events dropped when it cuts one
+    cuts0 = scrape(ctx.server.url).get(cut_key, 0.0)
+    waited: list[float] = []
 
     def flood() -> tuple[list[dict[str, Any]], tuple[int | None, str], int, int, Any]:
         client = NeverReader(ctx.server.ws_url, "127.0.0.1", ctx.server.port)
@@ -246,7 +249,12 @@ async def client_never_reads(ctx: Ctx) -> None:
                 if not client.send(event):
                     break  # the server stopped reading from us: it may have given up on us, as it should
                 sent += 1
-            time.sleep(3.0)
+            # Seconds for the server to see that we do not read: it is done once it has cut us (its
+            # counter of events dropped for a full outbox moves), else it is judged after 3 s.
+            flooded = time.monotonic()
+            while time.monotonic() < flooded + 3.0 and scrape(ctx.server.url).get(cut_key, 0.0) <= cuts0:
+                time.sleep(0.1)
+            waited.append(time.monotonic() - flooded)
             rss = proc_sample(pid)
             closing, code, count = client.drain()
             return closing, (code, client.close_reason), count, sent, rss
@@ -257,7 +265,8 @@ async def client_never_reads(ctx: Ctx) -> None:
     if rss0 is not None and rss1 is not None:
         r.notes.append(f"server RSS {rss0.rss_bytes / 2**20:.0f} -> {rss1.rss_bytes / 2**20:.0f} MB while it "
                        "held the unread events")
-    r.notes.append(f"the client sent {sent} events and read {received} once it started reading")
+    r.notes.append(f"the client sent {sent} events and read {received} once it started reading"
+                   + (f" (it was cut {waited[0]:.1f} s after its last send)" if waited else ""))
     # Told why: a duplex.session.closing event, or (the server cannot queue an event for a client whose
     # queue is full) the close frame's code and reason, which the client reads after what was queued.
     r.told = f"closing={closing[0].get('reason') if closing else None!r} close {code} {reason!r}"[:200]

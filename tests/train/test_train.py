@@ -26,6 +26,16 @@ from train.losses import Batch, LossWeights, sft_loss
 TURNS = 24
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The module's models are tiny (dim 32): a second intra-op thread buys nothing, and on the shared 2-core
+    box, beside the other xdist worker, its spinning cost each training step 2-15 s instead of 0.2 s."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     old = os.environ.get("DUPLEX_TTS_DETERMINISTIC")

@@ -38,7 +38,10 @@ def sphinx_cascade(config: pytest.Config) -> CascadeModel:
     """A cascade loaded with `asr=sphinx`, one per test process (shut down when pytest ends, with
     `config`); sessions are per test, as with `default_cascade`."""
     if not _sphinx:
-        m = load_cascade("asr=sphinx")
-        _sphinx.append(m)
-        config.add_cleanup(m.shutdown)
+        _sphinx.append(load_cascade("asr=sphinx"))
+        config.add_cleanup(_shut_sphinx)
     return _sphinx[0]
+
+
+def _shut_sphinx() -> None:
+    _sphinx.pop().shutdown()  # and let it go before the interpreter's exit, as fixtures' models are

@@ -5,18 +5,20 @@ synthesised at test time, stepped in media pace."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from models.cascade import CascadeModel, load_cascade
+from models.cascade import CascadeModel
 from models.cascade.options import CascadeOptions
 from models.cascade.policy import OVERLAP_END_MS, RESUME_MS, Decision, TurnPolicy, TurnState
-from models.speech.asr import ASR_RATE, WhisperTranscriber
+from models.speech.asr import ASR_RATE
 from models.speech.overlap import DEFAULT_WEIGHTS, OverlapProbe, OverlapProbeError, ProbeWeights, features
 from streaming.types import TICK_SAMPLES
-from tests.models.test_cascade import TICK, _talking, speech, speech_start
+from tests.models._cascade_shared import sphinx_cascade
+from tests.models.test_cascade import TICK, Conversation, _talking, speech, speech_start
 from train.overlap import fit, judged_clip, render
 
 
@@ -40,28 +42,26 @@ def _paused_after(m: CascadeModel, cut: np.ndarray) -> float:
     return c.n * TICK - speech_start(cut, offset=t0 * TICK)
 
 
-def test_an_interruption_pauses_the_reply_sooner_than_its_length_alone_would(model: CascadeModel) -> None:
+def test_an_interruption_pauses_the_reply_sooner_than_its_length_alone_would(
+    model: CascadeModel, pytestconfig: pytest.Config
+) -> None:
     assert model.overlap_probe is not None, "the overlap probe ships with duplex and needs only Whisper"
     # The rule before the probe: pause at 400 ms of speech. asr=sphinx: without Whisper there is no probe
     # and no overlap words either, so length alone decides, and the variant loads in a fraction of the time.
-    late = load_cascade("barge_in_early_ms=0,asr=sphinx")
-    try:
-        cut = speech("Sorry, may I say something?")  # not a training sentence
-        early, length_only = _paused_after(model, cut), _paused_after(late, cut)
-        # Heard from the end of the micro-turn in which the overlap reached barge_in_early_ms of speech.
-        assert early <= CascadeOptions().barge_in_early_ms / 1000 + 0.25, (early, length_only)
-        assert early < length_only, (early, length_only)
-    finally:
-        late.shutdown()
+    late = sphinx_cascade(pytestconfig)
+    assert late.overlap_probe is None and late.whisper is None
+    cut = speech("Sorry, may I say something?")  # not a training sentence
+    early, length_only = _paused_after(model, cut), _paused_after(late, cut)
+    # Heard from the end of the micro-turn in which the overlap reached barge_in_early_ms of speech.
+    assert early <= CascadeOptions().barge_in_early_ms / 1000 + 0.25, (early, length_only)
+    assert early < length_only, (early, length_only)
 
 
 @pytest.mark.parametrize("backchannel", ["Uh-huh.", "Mm-hm.", "Yeah."])
 def test_a_backchannel_never_stops_the_reply(model: CascadeModel, backchannel: str) -> None:
     """The probe hears only the first 100-300 ms and pauses about one backchannel in five (train.overlap,
     voices held out); Whisper's words, a micro-turn or two later, resume those. Either way it goes on."""
-    c = _talking(model)
-    t0 = c.n
-    c.feed(np.concatenate([speech(backchannel), np.zeros(round(0.6 * TICK_SAMPLES / TICK), dtype=np.float32)]))
+    c, t0 = _over_reply(model, backchannel)
     assert c.s.overlap.p_interrupt is not None  # asked
     loud = [c.loud(i) for i in range(t0, c.n)]
     assert not c.events("yielded") and loud[-1], loud
@@ -119,10 +119,12 @@ def test_training_clips_start_at_the_onset_and_the_fit_separates() -> None:
     assert np.mean((p >= 0.5) == np.array([False] * 60 + [True] * 60)) > 0.9
 
 
-def test_the_probe_tells_interruptions_it_was_not_trained_on_from_backchannels() -> None:
+def test_the_probe_tells_interruptions_it_was_not_trained_on_from_backchannels(model: CascadeModel) -> None:
     """Most of the time, not always (train.overlap measures ~0.88 with the voices held out): over a few
     renderings in several voices, the majority of each kind is judged right."""
-    probe = OverlapProbe(WhisperTranscriber())
+    # The probe the default cascade loaded (on its own Whisper replica, warmed up): the shipped weights.
+    probe = model.overlap_probe
+    assert isinstance(probe, OverlapProbe) and probe.weights.meta == ProbeWeights.load(DEFAULT_WEIGHTS).meta
     # The shipped weights were trained where the default cascade asks them; another setting is told how
     # to retrain.
     assert probe.mismatch(CascadeOptions().barge_in_early_ms) is None
@@ -232,27 +234,47 @@ def test_stop_alone_stops_the_reply(model: CascadeModel) -> None:
     assert not yielded and all(loud[-3:]), loud
 
 
+_runs: dict[tuple[int, str], tuple[Conversation, int]] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_runs() -> Iterator[None]:
+    """The shared runs hold their sessions, and through them the model: let them go with the module
+    (a model kept to the interpreter's exit is freed after the libraries it needs)."""
+    yield
+    _runs.clear()
+
+
+def _over_reply(m: CascadeModel, said: str) -> tuple[Conversation, int]:
+    """A conversation in which `said` (then 0.6 s of silence) played over the assistant's reply, and the
+    micro-turn it started in. Run once per model and text: "Yeah." over the reply is asked both as a
+    backchannel and as the counterpart of "Stop." (the tests only read it)."""
+    key = (id(m), said)
+    if key not in _runs:
+        c = _talking(m)
+        t0 = c.n
+        c.feed(np.concatenate([speech(said), np.zeros(round(0.6 * TICK_SAMPLES / TICK), dtype=np.float32)]))
+        _runs[key] = (c, t0)
+    return _runs[key]
+
+
 def _overlap_over_reply(m: CascadeModel, said: str) -> tuple[list[bool], bool]:
     """The assistant's audibility per micro-turn while `said` (then 0.6 s of silence) plays over its
     reply, and whether it yielded (dropped the rest of the reply)."""
-    c = _talking(m)
-    t0 = c.n
-    c.feed(np.concatenate([speech(said), np.zeros(round(0.6 * TICK_SAMPLES / TICK), dtype=np.float32)]))
+    c, t0 = _over_reply(m, said)
     return [c.loud(i) for i in range(t0, c.n)], bool(c.events("yielded"))
 
 
-def test_a_two_word_backchannel_does_not_stop_the_reply(model: CascadeModel) -> None:
+def test_a_two_word_backchannel_does_not_stop_the_reply(model: CascadeModel, pytestconfig: pytest.Config) -> None:
     """"Oh wow, really?" is longer than the 400 ms pause by length (and, with its comma, spans most of
     barge_in_max_ms): Whisper's words (rule 2c) keep the reply going; without them it pauses and is cut."""
     loud, yielded = _overlap_over_reply(model, "Oh wow, really?")
     # A half word misheard ("oh why") may pause it for a micro-turn; the next transcript resumes it.
     assert not yielded and sum(loud) >= len(loud) - 1, loud
-    plain = load_cascade("overlap_words=false,asr=sphinx")  # no Whisper: no words, no probe, length alone
-    try:
-        loud, yielded = _overlap_over_reply(plain, "Oh wow, really?")
-        assert sum(loud) < len(loud) - 1, loud  # the rule by length alone pauses it
-    finally:
-        plain.shutdown()
+    plain = sphinx_cascade(pytestconfig)  # no Whisper: no words, no probe, length alone
+    assert plain.whisper is None and plain.overlap_probe is None
+    loud, yielded = _overlap_over_reply(plain, "Oh wow, really?")
+    assert sum(loud) < len(loud) - 1, loud  # the rule by length alone pauses it
 
 
 def test_an_interruption_that_opens_with_okay_still_stops_the_reply(model: CascadeModel) -> None:

@@ -89,8 +89,9 @@ async def test_the_generation_thread_exists_before_the_first_request(
     the end with the one before the first session)."""
     reasoner, before, made = started
     assert made == before + 1  # counted when the reasoner was made, before any request
-    async for _ in reasoner.stream([{"role": "user", "content": "Say hi."}], []):
-        pass
+    with _configured(reasoner, max_tokens=2):
+        async for _ in reasoner.stream([{"role": "user", "content": "Say hi."}], []):
+            pass
     assert _generation_threads() == before + 1
     fresh = LlamaCppReasoner(LlamaCppConfig(max_tokens=2))
     try:

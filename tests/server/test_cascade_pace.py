@@ -13,6 +13,7 @@ from bench.fdbench.generate import generate
 from bench.fdbench.runner import run
 from models.speech.vad import speech_segments
 from streaming.wav import read_wav
+from tests.bench._bench_clip import keep_first
 from tests.server._background_stub import ScriptedOpenAI
 
 pytestmark = pytest.mark.serial  # real-time and media pace must agree to a micro-turn: run alone (Makefile, test)
@@ -39,6 +40,11 @@ def test_media_and_real_time_pace_agree_within_one_micro_turn(duplex_server, tmp
                                "--background-model", "scripted", "--late-input-ms", "150")
         realtime, media = tmp_path / "realtime", tmp_path / "media"
         generate(realtime, samples=1, v15_samples=0, seed=11, tasks=("candor_turn_taking",))
+        # The user's turn ends at 6.3 s of the 11.5 s clip; the acknowledgment starts ~0.7 s later and the
+        # answer ~1.5 s later (both paces): 9 s leaves room for both to start, and a real-time run lasts
+        # as long as its clip.
+        for sample in (realtime / "candor_turn_taking").iterdir():
+            keep_first(sample / "input.wav", 9.0)
         shutil.copytree(realtime, media)
         # One real-time session at a time: this checks agreement, not capacity (bench.fdbench measures
         # that), and a second session on a 2-core machine can push the spoken answer past the clip's end.

@@ -10,9 +10,11 @@ and draw every measured span where the scorer's own numbers put it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +39,28 @@ if not Path(CHROMIUM).exists():
 def _runs(root: Path) -> tuple[Path, Path]:
     """The set run by echo (both samples) and by the cascade (the turn-taking sample)."""
     echo, cascade = root / "echo", root / "cascade"
-    generate(echo, samples=1, v15_samples=1, seed=5, tasks=("candor_turn_taking", "user_backchannel"))
-    shutil.copytree(echo / "candor_turn_taking", cascade / "candor_turn_taking")
-    srv = start_server("--model", "echo:0", tmp_path=root)
-    try:
-        assert not run(echo, srv.ws_url, pace="media").failed
-    finally:
-        srv.stop()
     stub = ScriptedOpenAI().start()
     # asr=sphinx: the cascade's final transcripts from pocketsphinx, not Whisper, whose load took ~18 of
     # the ~24 s this server needed to start on a busy 2-core machine (5.7 s without it); what is drawn
-    # here (speech, the server's log) does not depend on which ASR the reasoner hears.
-    srv = start_server("--model", "cascade:asr=sphinx", "--background", "openai", "--background-url", stub.base_url,
-                       "--background-model", "scripted", tmp_path=root)
+    # here (speech, the server's log) does not depend on which ASR the reasoner hears. It is the slowest
+    # part, so it starts first, while the set is generated and run by echo.
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(start_server, "--model", "cascade:asr=sphinx", "--background", "openai",
+                               "--background-url", stub.base_url, "--background-model", "scripted", tmp_path=root)
+        try:
+            generate(echo, samples=1, v15_samples=1, seed=5, tasks=("candor_turn_taking", "user_backchannel"))
+            shutil.copytree(echo / "candor_turn_taking", cascade / "candor_turn_taking")
+            srv = start_server("--model", "echo:0", tmp_path=root)
+            try:
+                assert not run(echo, srv.ws_url, pace="media").failed
+            finally:
+                srv.stop()
+            srv = starting.result()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                starting.result().stop()
+            stub.stop()
+            raise
     try:
         assert not run(cascade, srv.ws_url, pace="media", timeout=60).failed
     finally:
@@ -124,7 +135,8 @@ def test_report_opens_and_draws_the_scorers_spans(
 
     # 3. each span is where the scorer's numbers put it: in the page's data and in the drawing
     data = json.loads(page.locator("#fdb-data").text_content() or "")
-    echo_row = score(runs[0], progress=False)["samples"]["candor_turn_taking/1"]
+    rows = [score(r, progress=False)["samples"]["candor_turn_taking/1"] for r in runs]  # once per run, not per span
+    echo_row = rows[0]
     assert echo_row["raw_latency"] < 0  # the echo says the question back while it is being asked
     svg = first.locator("svg.timeline")
     x0, pps = float(svg.get_attribute("data-x0") or 0), float(svg.get_attribute("data-pps") or 0)
@@ -133,7 +145,7 @@ def test_report_opens_and_draws_the_scorers_spans(
     for i in range(spans.count()):
         g = spans.nth(i)
         run_i, metric = int(g.get_attribute("data-run") or -1), g.get_attribute("data-metric") or ""
-        row = score(runs[run_i], progress=False)["samples"]["candor_turn_taking/1"]
+        row = rows[run_i]
         sample = next(s for s in find_samples(runs[run_i]) if s.name == "candor_turn_taking/1")
         ref = _reference(sample.kind, metric, sample)
         start, end = float(g.get_attribute("data-start") or 0), float(g.get_attribute("data-end") or 0)

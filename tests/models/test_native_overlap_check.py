@@ -2,16 +2,15 @@
 
 import json
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from bench.fdbench.generate import generate
-from models.interaction import NativeModel, load_native
-from models.interaction.options import NativeOptions
+from bench.fdbench import generate as fdbench
+from models.interaction import NativeModel
 from models.interaction.overlap_check import (
     BYSTANDER_TICKS,
     FREE,
@@ -30,6 +29,7 @@ from models.turns.level import speech_db
 from streaming.resample import resample
 from streaming.types import TICK_SECONDS
 from streaming.wav import read_wav
+from tests.models._native_shipped import shipped_model, without
 from tests.models.native_steps import step_through
 from train.episodes import Speaker
 
@@ -120,11 +120,19 @@ def _pcm(audio: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def checker() -> Iterator[OverlapChecker]:
-    c = OverlapChecker()
+def native() -> Iterator[NativeModel]:
+    """One load of the shipped model for the module (`shipped_model`); each run switches its checks."""
+    with shipped_model() as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def checker(native: NativeModel) -> OverlapChecker:
+    """The shipped model's own overlap checker (`OverlapChecker.for_mode("words")`: Whisper and the probe)."""
+    c = native.floor.overlaps
+    assert isinstance(c, OverlapChecker)
     c._ready.result(timeout=120)  # Whisper and the probe loaded: a cold start is late work, not this test's
-    yield c
-    c.shutdown()
+    return c
 
 
 def test_real_whisper_reads_the_overlap_once_there_is_enough_of_it(checker: OverlapChecker) -> None:
@@ -156,6 +164,17 @@ def _stepped(model: NativeModel, sample: Path, name: str, after: int) -> str:
     return step_through(model, resample(audio, sr, RATE), name, ticks=_span(sample)[0] + after)
 
 
+def _sample(out: Path, seed: int, task: str, number: int, spk: fdbench.Speaker,
+            gap: tuple[float, float] = (2.0, 3.0)) -> Path:
+    """Sample `number` of the generator's `task` set for `seed` (`generate(out, samples=0, v15_samples=number,
+    seed=seed, tasks=(task,), overlap_gap=gap)`'s last one), made alone: each sample has a generator of its
+    own, seeded by (seed, task, index), so the ones before it need not be made (~1 s of TTS each)."""
+    folder = out / "v1.5" / task / str(number)
+    folder.mkdir(parents=True)
+    fdbench.overlap_sample(task, gap)(folder, random.Random(f"{seed}/{task}/{number - 1}"), spk)
+    return folder
+
+
 def _span(sample: Path) -> tuple[int, int]:
     start, end = json.loads((sample / "metadata.json").read_text())["timestamps"]
     return int(start / TICK_SECONDS), int(end / TICK_SECONDS)
@@ -163,7 +182,7 @@ def _span(sample: Path) -> tuple[int, int]:
 
 @pytest.mark.timeout(400)
 def test_the_shipped_model_talks_through_a_backchannel_with_the_check_and_still_stops_for_interruptions(
-    tmp_path: Path,
+    tmp_path: Path, native: NativeModel,
 ) -> None:
     """The failure the check is for (README, *Backchannels*): in an FD-bench-layout sample (the generator,
     seed 4343: "Right." in espeak en-us+m3, 0.6 s into the reply) the shipped checkpoint alone stops for the
@@ -172,29 +191,21 @@ def test_the_shipped_model_talks_through_a_backchannel_with_the_check_and_still_
     probe is sure), and one that opens like a backchannel ("Okay stop, ...") once the words say so, within
     1 s."""
     os.environ.setdefault("DUPLEX_TTS_DETERMINISTIC", "1")
-    torch.set_num_threads(1)
     # Each sample has a generator of its own (seed, task, index): the first few are those of any larger set.
-    generate(tmp_path, samples=0, v15_samples=3, seed=4343, tasks=("user_backchannel",))
-    generate(tmp_path, samples=0, v15_samples=2, seed=4343, tasks=("user_interruption",))
-    generate(tmp_path / "7373", samples=0, v15_samples=6, seed=7373, tasks=("user_interruption",),
-             overlap_gap=(0.6, 1.0))
-    right = tmp_path / "v1.5" / "user_backchannel" / "3"
-    interruptions = {"2": tmp_path / "v1.5" / "user_interruption" / "2",
-                     "hold": tmp_path / "7373" / "v1.5" / "user_interruption" / "6"}
+    spk = fdbench.Speaker()
+    right = _sample(tmp_path, 4343, "user_backchannel", 3, spk)
+    interruptions = {"2": _sample(tmp_path, 4343, "user_interruption", 2, spk),
+                     "hold": _sample(tmp_path / "7373", 7373, "user_interruption", 6, spk, gap=(0.6, 1.0))}
     assert json.loads((right / "metadata.json").read_text())["current_turn_text"] == "Right."
     said = {name: json.loads((s / "metadata.json").read_text())["current_turn_text"]
             for name, s in interruptions.items()}
     assert said["2"].startswith("Okay stop") and said["hold"].startswith("Hold on")
     runs: dict[str, str] = {}
-    for mode in ("off", "words"):
-        opts = NativeOptions(threads=1, kv_budget_mb=64, voice="piper", query="heard", overlap_check=mode)
-        model = load_native("tiny", None, device="cpu", options=opts)
-        try:
+    for mode, off in (("off", ("query", "overlaps")), ("words", ("query",))):  # --native-query heard
+        with without(native, *off) as model:
             runs[mode] = _stepped(model, right, f"bc-{mode}", after=_span(right)[1] - _span(right)[0] + 2)
             for name, after in (("2", 5), ("hold", 2)) if mode == "words" else (("hold", 8),):
                 runs[f"{name}-{mode}"] = _stepped(model, interruptions[name], name, after)
-        finally:
-            model.shutdown()
     start, end = _span(right)
     assert runs["off"][start] == "S" and runs["off"][end] == ".", f"no failure shown: {runs['off']}"
     assert runs["words"][start : end + 1] == "S" * (end + 1 - start), f"stopped for 'Right.': {runs['words']}"

@@ -12,10 +12,9 @@ import torch
 
 from bench.fdbench.generate import generate
 from models.base import Event
-from models.interaction import load_native
+from models.interaction import NativeModel
 from models.interaction.config import ACTIONS
 from models.interaction.onset import BYSTANDER, PENDING, WAITED, decide, keener
-from models.interaction.options import NativeOptions
 from models.interaction.session import NativeSession
 from models.interaction.turn_check import (
     FINISHED,
@@ -35,6 +34,7 @@ from models.turns.work import LATE
 from streaming.resample import resample
 from streaming.types import TICK_SAMPLES, TICK_SECONDS
 from streaming.wav import read_wav
+from tests.models._native_shipped import shipped_model, without
 from tests.models.native_steps import step_through
 from train.episodes import Speaker
 
@@ -190,10 +190,17 @@ def test_a_late_or_failed_verdict_leaves_the_decision_to_the_model() -> None:
 
 
 @pytest.fixture(scope="module")
-def checker() -> Iterator[TurnChecker]:
-    c = TurnChecker()
-    yield c
-    c.shutdown()
+def native() -> Iterator[NativeModel]:
+    """One load of the shipped model for the module (`shipped_model`); each test switches its checks."""
+    with shipped_model() as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def checker(native: NativeModel) -> TurnChecker:
+    """The shipped model's own turn checker (`TurnChecker.for_mode("words")`: Whisper and the text model)."""
+    assert isinstance(native.floor.checker, TurnChecker)
+    return native.floor.checker
 
 
 def _pcm(audio: np.ndarray) -> np.ndarray:
@@ -220,7 +227,7 @@ def test_real_whisper_and_the_text_model_judge_a_question_finished_and_a_cut_cla
 
 
 @pytest.mark.timeout(300)
-def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_without() -> None:
+def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_without(native: NativeModel) -> None:
     """The failure the check is for (README, *Whether the user finished*): one short sentence alone, the
     first thing said, in an espeak voice. Alone, the shipped checkpoint leaves it unanswered; with the
     verdict it answers within 0.6 s of its end, and still waits through an unfinished clause, up to the
@@ -229,7 +236,6 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     on the micro-turn the model decides it (no second transcription to wait for: query.py). Typed, the
     words are known as they arrive: a typed look-up is handed off, a typed question answered (alone,
     the model answered both: bench.native.handoff --typed)."""
-    torch.set_num_threads(1)
     question = _say("What is the tallest mountain in Europe?")
     head = _say("I was hoping that my brother could")
     lead, after = np.zeros(RATE // 2, np.float32), np.zeros(3 * RATE, np.float32)
@@ -242,20 +248,17 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
     p_end = (len(lead) + len(head)) // TICK_SAMPLES
     runs: dict[str, str] = {}
     answered: list[NativeSession] = []
-    for mode in ("off", "words"):
-        opts = NativeOptions(threads=1, kv_budget_mb=64, voice="piper", query="whisper", turn_check=mode)
-        model = load_native("tiny", None, device="cpu", options=opts)
-        try:
-            runs[mode] = step_through(model, q_audio, f"q-{mode}", sessions=answered)
-            if mode == "words":
-                runs["late"] = step_through(model, q_audio, "q-late", ticks=q_end + 7, late=2)
-                paused = step_through(model, p_audio, "p-words")
-                looked = step_through(model, np.concatenate([lead, request, after]), "r-words", events=handed)
-                quiet = np.zeros(6 * RATE, np.float32)
-                typed_look = step_through(model, quiet, "t-look", typed={2: "Can you search for a hotel in Rome?"})
-                typed_ask = step_through(model, quiet, "t-ask", typed={2: "How do I keep my desk tidy?"})
-        finally:
-            model.shutdown()
+    # --native-query whisper; the turn check off (the model alone), then on
+    with without(native, "checker") as model:
+        runs["off"] = step_through(model, q_audio, "q-off", sessions=answered)
+    model = native
+    runs["words"] = step_through(model, q_audio, "q-words", sessions=answered)
+    runs["late"] = step_through(model, q_audio, "q-late", ticks=q_end + 7, late=2)
+    paused = step_through(model, p_audio, "p-words")
+    looked = step_through(model, np.concatenate([lead, request, after]), "r-words", events=handed)
+    quiet = np.zeros(6 * RATE, np.float32)
+    typed_look = step_through(model, quiet, "t-look", typed={2: "Can you search for a hotel in Rome?"})
+    typed_ask = step_through(model, quiet, "t-ask", typed={2: "How do I keep my desk tidy?"})
     assert "S" not in runs["off"], f"the model alone answered; the test no longer shows the failure: {runs['off']}"
     on = runs["words"]
     assert "S" not in on[: q_end - 1] and "S" in on[q_end : q_end + 4], f"no answer within 0.6 s: {on}"
@@ -279,13 +282,14 @@ def test_the_shipped_model_answers_one_short_question_with_the_check_and_not_wit
 
 
 @pytest.mark.timeout(300)
-def test_the_shipped_model_answers_the_user_and_not_a_television_heard_over_its_reply(tmp_path: Path) -> None:
+def test_the_shipped_model_answers_the_user_and_not_a_television_heard_over_its_reply(
+    tmp_path: Path, native: NativeModel,
+) -> None:
     """FD-bench v1.5 background speech (the generator, seed 9595, sample 1: "Can you recommend a good book
     about history?" in espeak en-us, then a sports line mixed 10.5 dB under it while the model replies).
     The question is answered; the television line is not, once it ends (before whose: the model took the
     floor 0.2 s after it, in 4 of the set's 10). The same line at the user's own level is a turn, answered."""
     os.environ.setdefault("DUPLEX_TTS_DETERMINISTIC", "1")
-    torch.set_num_threads(1)
     generate(tmp_path, samples=0, v15_samples=1, seed=9595, tasks=("background_speech",))
     sample = tmp_path / "v1.5" / "background_speech" / "1"
     mixed, sr = read_wav(sample / "input.wav")
@@ -293,13 +297,9 @@ def test_the_shipped_model_answers_the_user_and_not_a_television_heard_over_its_
     gain = json.loads((sample / "generation.json").read_text())["overlap_gain"]
     start, end = (round(t / TICK_SECONDS) for t in json.loads((sample / "metadata.json").read_text())["timestamps"])
     assert gain < 0.5, "a line well under the user's voice"
-    opts = NativeOptions(threads=1, kv_budget_mb=64, voice="piper", query="heard")
-    model = load_native("tiny", None, device="cpu", options=opts)
-    try:
+    with without(native, "query") as model:  # --native-query heard; the turn and overlap checks on
         runs = {name: step_through(model, resample(x.astype(np.float32), sr, RATE), name, ticks=end + 10)
                 for name, x in (("tv", mixed), ("user", clean + (mixed - clean) / gain))}
-    finally:
-        model.shutdown()
     assert "S" in runs["tv"][:start], f"the question went unanswered: {runs['tv']}"
     assert "S" not in runs["tv"][end:], f"it answered the television: {runs['tv']}"
     assert "S" in runs["user"][end:], f"the same words at the user's level went unanswered: {runs['user']}"

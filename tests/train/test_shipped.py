@@ -69,9 +69,19 @@ def _native(tmp_path: Path, *args: str) -> ServerProc:
 
 
 @pytest.fixture(scope="module")
-def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    """One server for the module's conversations as shipped, each its own session."""
-    server = _native(tmp_path_factory.mktemp("native"), "--background", "none")
+def reasoner() -> Iterator[ScriptedOpenAI]:
+    """The background reasoner: an OpenAI-compatible server on loopback giving one result."""
+    scripted = ScriptedOpenAI(answer="The pool closes at nine.").start()
+    yield scripted
+    scripted.stop()
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory, reasoner: ScriptedOpenAI) -> Iterator[ServerProc]:
+    """One server for the module's conversations as shipped, each its own session, with a background
+    reasoner to hand look-ups to (a start costs ~5 s idle, ~20 s on the loaded box: one for the module)."""
+    server = _native(tmp_path_factory.mktemp("native"), "--background", "openai", "--background-url",
+                     reasoner.base_url, "--background-model", "scripted")
     yield server
     server.stop()
 
@@ -85,11 +95,15 @@ def _silence(seconds: float) -> np.ndarray:
 
 
 @pytest.mark.timeout(300)
-async def test_shipped_model_replies_to_a_question_with_words_and_not_before(native: ServerProc) -> None:
+async def test_shipped_model_replies_to_a_question_with_words_and_not_before(
+    native: ServerProc, reasoner: ScriptedOpenAI,
+) -> None:
     """An espeak question after 0.6 s of silence: silent through both, a reply within 2 s, and in Piper's
     voice (`--voice auto`: its flow head has not earned it) words Whisper tiny.en hears as the phrase."""
     question = _speech("Could you tell me what time the bakery opens tomorrow?")
+    asked = len(reasoner.requests)
     played = await _play(native.ws_url, np.concatenate([_silence(0.6), question, _silence(3.0)]))
+    assert len(reasoner.requests) == asked, f"it handed the question off: {reasoner.requests[-1]}"
     spoken = [bool(a.any()) for a in played]
     end = int((0.6 * RATE + len(question)) // TURN)
     assert not any(spoken[: end - 2]), f"spoke in the leading silence or over the question: {spoken}"
@@ -116,32 +130,28 @@ async def test_shipped_model_waits_through_a_mid_sentence_pause(native: ServerPr
 
 
 @pytest.mark.timeout(300)
-async def test_shipped_model_hands_a_look_up_to_the_reasoner_and_answers_a_question_itself(tmp_path: Path) -> None:
+async def test_shipped_model_hands_a_look_up_to_the_reasoner_and_answers_a_question_itself(
+    native: ServerProc, reasoner: ScriptedOpenAI,
+) -> None:
     """Served as shipped. A look-up request in an espeak voice, then silence: its words ask for a look-up
     (turn_check.py), so the floor the model takes is a hand-off to the background reasoner (an
     OpenAI-compatible server on loopback giving one result), and when the result has streamed into its
     background channel it says it, word for word, in Piper's voice: Whisper hears the result's words in
     what the client got. Then, in another session, a plain question in another voice, one the model alone
     handed off (bench.native.handoff, before the words settled it): answered by the model, not handed off."""
-    reasoner = ScriptedOpenAI(answer="The pool closes at nine.").start()
-    try:
-        server = _native(tmp_path, "--background", "openai", "--background-url", reasoner.base_url,
-                         "--background-model", "scripted")
-        request = _speech("Can you check when the swimming pool closes?")  # one of train/_texts.LOOKUPS
-        played = await _play(server.ws_url, np.concatenate([_silence(0.6), request, _silence(7.0)]))
-        asked_first = len(reasoner.requests)
-        question = _speech("Why do people enjoy watching the sea?", "espeak:en-029")
-        replied = await _stream(server.ws_url, np.concatenate([_silence(0.6), question, _silence(3.0)]))
-        server.stop()
-    finally:
-        reasoner.stop()
-    assert asked_first, "it never handed the request to the reasoner"
+    before = len(reasoner.requests)
+    request = _speech("Can you check when the swimming pool closes?")  # one of train/_texts.LOOKUPS
+    played = await _play(native.ws_url, np.concatenate([_silence(0.6), request, _silence(7.0)]))
+    asked_first = len(reasoner.requests)
+    question = _speech("Why do people enjoy watching the sea?", "espeak:en-029")
+    replied = await _stream(native.ws_url, np.concatenate([_silence(0.6), question, _silence(3.0)]))
+    assert asked_first > before, "it never handed the request to the reasoner"
     assert len(reasoner.requests) == asked_first, f"it handed the question off too: {reasoner.requests[-1]}"
     q_end = int((0.6 * RATE + len(question)) // TURN)
     assert any(replied[q_end : q_end + 10]), f"the question went unanswered: {replied}"
     # The request is the user's words as Whisper heard them (--native-query auto: models/interaction/query.py),
     # not pocketsphinx's guesses for an espeak voice.
-    asked = _words(reasoner.requests[0]["messages"][-1]["content"])
+    asked = _words(reasoner.requests[before]["messages"][-1]["content"])
     assert {"swimming", "pool", "closes"} <= set(asked), f"the reasoner was asked {asked!r}"
     end = int((0.6 * RATE + len(request)) // TURN)
     heard = transcribe(np.concatenate(played[end:]), RATE)

@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from tests.conftest import ServerProc, start_server
 from tests.server._background_stub import ScriptedOpenAI
-from tests.server.test_ws_image_vision import frame_event, jpeg_url, step, until
+from tests.server.test_ws_image_vision import MODEL, frame_event, jpeg_url, step, until
 from tests.wsclient import TICK, recv_event, send, start_session
 
 MADE_UP = "The card I'm holding says A new laptop model with 32GB of RAM."
@@ -46,7 +46,7 @@ def stub() -> Iterator[ScriptedOpenAI]:
 @pytest.fixture(scope="module")
 def server(stub: ScriptedOpenAI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     """A fresh server: its vision worker starts with the module's first picture."""
-    srv = start_server("--model", "cascade:classic", "--background", "openai", "--background-url", stub.base_url,
+    srv = start_server("--model", MODEL, "--background", "openai", "--background-url", stub.base_url,
                        "--background-model", "stub", tmp_path=tmp_path_factory.mktemp("server"))
     yield srv
     srv.stop()

@@ -22,6 +22,11 @@ from tests.models.test_vision_models import astronaut, card
 from tests.server._background_stub import ScriptedOpenAI
 from tests.wsclient import TICK, recv_event, send, start_session
 
+# The default voice's smallest build for one session at a time: one pocketsphinx process with one decoder
+# (the default starts 2 processes of 3 decoders, ~1 s of CPU each, for 6 sessions talking at once). These
+# tests send silence and typed text; what they check (the vision worker, the reasoner's prompt) is the same.
+MODEL = "cascade:classic,asr_processes=1,asr_decoders=1"
+
 
 @pytest.fixture(scope="module")
 def stub() -> Iterator[ScriptedOpenAI]:
@@ -33,7 +38,7 @@ def stub() -> Iterator[ScriptedOpenAI]:
 @pytest.fixture(scope="module")
 def server(stub: ScriptedOpenAI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
     """One server for the module: starting the cascade and its vision worker is most of each test's time."""
-    srv = start_server("--model", "cascade:classic", "--background", "openai", "--background-url", stub.base_url,
+    srv = start_server("--model", MODEL, "--background", "openai", "--background-url", stub.base_url,
                        "--background-model", "stub", tmp_path=tmp_path_factory.mktemp("server"))
     yield srv
     srv.stop()

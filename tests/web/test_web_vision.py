@@ -35,7 +35,8 @@ def y4m(path: Path, rgb: Image.Image, frames: int = 10) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc]:
-    srv = start_server("--model", "cascade:classic", "--background", "none",
+    # One pocketsphinx process with one decoder: one browser session (the default builds 6 decoders).
+    srv = start_server("--model", "cascade:classic,asr_processes=1,asr_decoders=1", "--background", "none",
                        tmp_path=tmp_path_factory.mktemp("server"))
     yield srv
     srv.stop()

@@ -330,10 +330,13 @@ def test_rl_step_rolls_out_through_the_server_step(tmp_path: Path) -> None:
 
 def test_some_episodes_have_digital_silence_on_the_mic(spk: Speaker) -> None:
     """Exact zeros (a muted or file-fed mic) must be in the data: the first shipped checkpoint never saw
-    them and spoke into them. Seeds 0-7 draw the noise level from a fixed set that includes 0.0."""
-    zero_ticks = []
+    them and spoke into them. Seeds 0-7 draw the noise level from a fixed set that includes 0.0: they are
+    built in turn until both kinds have been seen (each is ~1 s of TTS)."""
+    zero_ticks: list[int] = []
     for seed in range(8):
         user = make_episode(seed, 30, spk).user.reshape(30, -1)
         zero_ticks.append(int((np.abs(user).max(axis=1) == 0).sum()))
+        if any(zero_ticks) and not all(zero_ticks):
+            break
     assert any(zero_ticks), f"no episode has a digitally silent micro-turn: {zero_ticks}"
     assert not all(zero_ticks), f"every episode is noiseless: {zero_ticks}"

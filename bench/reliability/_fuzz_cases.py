@@ -243,6 +243,12 @@ def simple_event(draw: st.DrawFn, m: SessionModel) -> tuple[dict[str, Any], str]
         return ev, "either"  # due only when no response is running, which depends on the audio so far
     if etype == "duplex.background.request":
         return ev, "error"  # the fuzz server runs no background reasoner
+    if etype == "response.create" and ev.get("response") is not None:
+        # docs/api.md: `response` is an object of this response's settings, each checked as session.update
+        # checks it: anything else is refused (invalid_response); an empty one changes nothing; drawn
+        # keys may or may not be settings.
+        response = ev["response"]
+        return ev, ("error" if not isinstance(response, dict) else "ok" if not response else "either")
     return ev, "ok"
 
 

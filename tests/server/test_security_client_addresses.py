@@ -3,6 +3,8 @@ that never connects, sessions opened as fast as it can; on a real server, with r
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from aiortc import RTCPeerConnection
@@ -22,6 +24,15 @@ async def _offer() -> str:
     sdp: str = pc.localDescription.sdp
     await pc.close()  # the server's side will never hear from it: an offer that never connects
     return sdp
+
+
+async def _until_free(http: httpx.AsyncClient, url: str) -> None:
+    """Until the server holds no session: it frees one just after the close handshake, not before."""
+    for _ in range(50):
+        if (await http.get(url + "/healthz")).json()["sessions"] == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("a closed session kept its place for 5 s")
 
 
 async def _first_event(url: str, **headers: str) -> tuple[ClientConnection, dict]:
@@ -44,6 +55,7 @@ async def test_a_forged_forwarding_header_and_a_pending_offer_do_not_make_anothe
         assert foreign.status_code == 403, foreign.text  # another site's page may not end the call (it did)
         assert (await http.post(srv.url + call + "/hangup")).status_code == 200
         for _ in range(2):  # the place is free again; the third and fourth sessions of the minute
+            await _until_free(http, srv.url)
             ws, first = await _first_event(srv.ws_url)
             assert first["type"] == "session.created", first
             await ws.close()

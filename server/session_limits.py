@@ -57,18 +57,12 @@ class SessionLimits:
 
 def reasoner_usage(s: Session) -> dict[str, Any] | None:
     """The reasoner's report on its context (server/background_context.py); None: the session has no
-    reasoner. A protocol may wrap the session's worker (the GPT-Live socket's LiveContext holds it as
-    `inner`): the report is the worker's, however deep."""
-    hook: object = s.background
-    for _ in range(4):  # wrappers are one deep today; the bound keeps a cycle from looping
-        usage = getattr(getattr(hook, "context", None), "usage", None)
-        if callable(usage):
-            report: dict[str, Any] = usage()
-            return report
-        hook = getattr(hook, "inner", None)
-        if hook is None:
-            break
-    return None
+    reasoner."""
+    usage = getattr(getattr(s.background, "context", None), "usage", None)
+    if not callable(usage):
+        return None
+    report: dict[str, Any] = usage()
+    return report
 
 
 def usage_event(s: Session, now: float, max_s: float | None) -> dict[str, Any]:

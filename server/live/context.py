@@ -60,6 +60,12 @@ class LiveContext:
         self._epoch = 0  # the newest epoch a commentary chunk carried
         self.started_at = time.time()  # unix time the session started (its `expires_at` counts from here)
 
+    @property
+    def context(self) -> object:
+        """The worker's reasoner context (its usage report), seen through this wrapper as the other
+        BackgroundHook parts are."""
+        return getattr(self.inner, "context", None)
+
     # -- BackgroundHook ------------------------------------------------------------------------
 
     def drain(self) -> list[BackgroundChunk]:

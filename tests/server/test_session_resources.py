@@ -9,6 +9,7 @@ collector ran, and the server's thread count climbed by four for every session t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -23,6 +24,15 @@ SETTLE_S = 8.0  # s the closed sessions get to let go of their threads (a droppe
 
 def _threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _names(pid: int) -> list[str]:
+    """The server's threads by name (a failure says which kind grew)."""
+    names = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            names.append(open(f"/proc/{pid}/task/{tid}/comm").read().strip())  # noqa: SIM115
+    return sorted(names)
 
 
 async def _session_at_16k(ws_url: str) -> None:
@@ -44,9 +54,14 @@ async def test_sessions_at_other_rates_leave_no_threads_behind(duplex_server) ->
     # short grace, so that a close frame lost on a loaded machine cannot pass for a leak.
     srv = duplex_server("--model", "echo:1", "--background", "none", "--resume-grace", "1")
     pid = srv.proc.pid
-    await _session_at_16k(srv.ws_url)  # warm-up: threads the server starts once, lazily
-    await asyncio.sleep(0.5)
-    start = _threads(pid)
+    # Warm-up: threads the server starts once, lazily, and keeps: the default executor's grow with the work
+    # that overlaps (on a loaded machine, up to its bound), so the warm-up overlaps as much as the test will.
+    await asyncio.gather(*(_session_at_16k(srv.ws_url) for _ in range(6)))
+    deadline, last = time.monotonic() + SETTLE_S, -1
+    while _threads(pid) != last and time.monotonic() < deadline:  # until the warm-up's sessions have let go
+        last = _threads(pid)
+        await asyncio.sleep(1.0)
+    start, before = _threads(pid), _names(pid)
     for _ in range(6):
         await _session_at_16k(srv.ws_url)
     # A session ends a moment after its socket (the close runs on the server's loop): on a loaded machine
@@ -54,5 +69,6 @@ async def test_sessions_at_other_rates_leave_no_threads_behind(duplex_server) ->
     deadline = time.monotonic() + SETTLE_S
     while _threads(pid) > start and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert _threads(pid) <= start, f"{_threads(pid)} threads after 6 more sessions, {start} before them"
+    assert _threads(pid) <= start, (f"{_threads(pid)} threads after 6 more sessions, {start} before them: "
+                                    f"{_names(pid)} against {before}")
     assert srv.stop() == 0
